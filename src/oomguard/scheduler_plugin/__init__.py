@@ -1,0 +1,1 @@
+"""Scheduler side of oomguard (issue 4): `dask scheduler --preload oomguard.scheduler_plugin`."""

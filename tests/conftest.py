@@ -1,0 +1,26 @@
+"""Shared test set-up.
+
+`capabilities.require` skips a test whose machine capability is missing, and fails it
+instead when OOMGUARD_STRICT=1 (CI sets it), so a green CI run means it really ran.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+ARTIFACTS = pathlib.Path(__file__).resolve().parent.parent / "artifacts"
+
+
+@pytest.fixture
+def artifacts_dir() -> pathlib.Path:
+    """Where tests leave files worth looking at (screenshots, reports); CI keeps them."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    return ARTIFACTS
+
+
+def pytest_report_header(config):
+    strict = os.environ.get("OOMGUARD_STRICT", "") not in ("", "0")
+    return f"oomguard strict mode: {'on (missing capabilities fail)' if strict else 'off'}"
