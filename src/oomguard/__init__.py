@@ -4,6 +4,7 @@ The public surface; everything else is private (`oomguard._*`).
 """
 
 from . import _config  # noqa: F401  (registers oomguard's Dask config defaults)
+from ._api import Failures, install
 from ._causes import Cause, Kind
 from ._exceptions import (
     CgroupError,
@@ -22,6 +23,7 @@ __all__ = [
     "CgroupError",
     "ConfigError",
     "FailureEvent",
+    "Failures",
     "Kind",
     "OomguardError",
     "PipelineAborted",
@@ -30,4 +32,5 @@ __all__ = [
     "SignatureRow",
     "TraceParseError",
     "__version__",
+    "install",
 ]

@@ -1,0 +1,525 @@
+"""The scheduler side: the decision-maker for worker deaths and task failures.
+
+It takes the death decision from Dask: `allowed_failures` is raised so Dask never raises
+`KilledWorker` first, and each unexpected worker removal waits for its nanny's death report
+(or a grace timeout: `worker_lost`). Only the tasks the dead worker was *executing* (from its
+flight record) are blamed; the rest were displaced and are rescheduled without a count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pickle
+import time
+from typing import TYPE_CHECKING, Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+from distributed.utils import get_ip
+
+from .. import _config, _report
+from .._causes import Cause, Kind, kind_of
+from .._exceptions import ReportError
+from .._models import FailureEvent
+from .._policy import AbortDecision, FailurePolicy
+from .._signature import fingerprint, fingerprint_dask, fingerprint_stack, scrub
+from .._store import FailureStore
+from ..worker_plugin import EVENT_TOPIC, REPORT_HANDLER
+from ._deaths import Death, DeathLedger, Removal
+from ._pipelines import PipelineNames
+
+if TYPE_CHECKING:
+    from distributed import Scheduler
+
+logger = logging.getLogger("oomguard.scheduler")
+
+QUERY_HANDLER = "oomguard_query"
+#: Dask's own death-counting, raised out of the way while oomguard owns the decision.
+_NEVER = 2**31
+_UNFINISHED = ("processing", "queued", "no-worker")
+_RUNNABLE = ("waiting", "processing", "queued", "no-worker")
+
+
+class OomguardSchedulerPlugin(SchedulerPlugin):
+    """Classifies every failure as INFRA or USER, blames only executing shards, aborts a
+    pipeline whose shard is a deterministic crasher, and keeps the history.
+
+    Load with ``dask scheduler --preload oomguard.scheduler_plugin`` or
+    ``oomguard.install(client)``; it installs the worker side on every nanny and worker.
+    """
+
+    name = "oomguard"
+    idempotent = True
+
+    def __init__(self, **config: Any):
+        # Keys as in oomguard.scheduler.* with dashes or underscores; unset ones come from
+        # the scheduler's Dask config in start().
+        self.config = {k.replace("_", "-"): v for k, v in config.items()}
+        self._reset()
+
+    def _reset(self) -> None:
+        self.scheduler: Scheduler | None = None
+        self.store: FailureStore | None = None
+        self.policy: FailurePolicy | None = None
+        self.ledger: DeathLedger | None = None
+        self.pipelines = PipelineNames()
+        self._aborted: set[Any] = set()  # keys we erred with PipelineAborted
+        self._timer: asyncio.Task | None = None
+        self._saved_allowed_failures: int | None = None
+        self._original_task_erred = None
+        self._workers: dict[str, Any] = {}  # address -> WorkerState, to read after removal
+        self._persisted: dict[str, Any] = {}  # pipeline -> last status written
+        self.stats: dict[str, Any] = {
+            "reports": 0,
+            "rejected": {},
+            "deaths": 0,
+            "displaced": 0,
+            "aborts": 0,
+            "internal_errors": 0,
+            "latencies": [],
+        }
+        self._logged: set[str] = set()
+
+    def __getstate__(self):
+        return {"config": self.config}
+
+    def __setstate__(self, state):
+        self.config = state["config"]
+        self._reset()
+
+    # --- configuration ----------------------------------------------------------------
+
+    def _setting(self, key: str, getter, *args):
+        if key in self.config:
+            with _config.dask.config.set({f"oomguard.scheduler.{key}": self.config[key]}):
+                return getter(f"scheduler.{key}", *args)
+        return getter(f"scheduler.{key}", *args)
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    async def start(self, scheduler: Scheduler) -> None:
+        grace = self._setting("report-grace-timeout", _config.get_seconds)
+        self.policy = FailurePolicy(
+            max_shard_infra_failures=self._setting(
+                "max-shard-infra-failures", _config.get_int, 1
+            ),
+            abort_on_repeat_signature=self._setting(
+                "abort-on-repeat-signature", _config.get_bool
+            ),
+        )
+        path = self._setting("store", _config.get_optional_path) or os.path.join(
+            scheduler.local_directory or ".", "oomguard.sqlite3"
+        )
+        self.store = FailureStore(
+            path, max_events=self._setting("max-events", _config.get_int, 1)
+        )
+        await asyncio.to_thread(self.store.start)
+        self.ledger = DeathLedger(grace)
+        self.scheduler = scheduler
+        self._saved_allowed_failures = scheduler.allowed_failures
+        scheduler.allowed_failures = _NEVER
+        scheduler.handlers[REPORT_HANDLER] = self._handle_report
+        scheduler.handlers[QUERY_HANDLER] = self._handle_query
+        original = scheduler.stream_handlers.get("task-erred")
+        if original is None:
+            logger.error(
+                "oomguard: this Dask version has no 'task-erred' stream handler; task "
+                "exceptions will not be recorded."
+            )
+        else:
+            self._original_task_erred = original
+            scheduler.stream_handlers["task-erred"] = self._task_erred
+        for addr, ws in scheduler.workers.items():
+            self._workers[addr] = ws
+        self._timer = asyncio.create_task(self._expire_loop(min(grace / 4, 0.5)))
+        await self._install_worker_side(scheduler)
+        logger.info("oomguard: watching failures; store at %s", path)
+
+    async def _install_worker_side(self, scheduler: Scheduler) -> None:
+        from ..worker_plugin import OomguardNannyPlugin, OomguardWorkerPlugin
+        from ..worker_plugin._paths import default_crash_dir
+
+        nanny_plugin = OomguardNannyPlugin()
+        await scheduler.register_nanny_plugin(
+            comm=None,
+            plugin=pickle.dumps(nanny_plugin),
+            name=nanny_plugin.name,
+            idempotent=True,
+        )
+        # Workers already running get the worker plugin now; restarted ones get it from
+        # their nanny. The crash dir must agree with the nanny's, so read the same config.
+        crash_dir = _config.get_optional_path("worker.crash-dir") or default_crash_dir()
+        worker_plugin = OomguardWorkerPlugin(
+            crash_dir, _config.get_seconds("worker.sample-interval")
+        )
+        await scheduler.register_worker_plugin(
+            comm=None,
+            plugin=pickle.dumps(worker_plugin),
+            name=worker_plugin.name,
+            idempotent=True,
+        )
+
+    async def close(self) -> None:
+        scheduler = self.scheduler
+        if scheduler is None:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        if self.ledger is not None:
+            for death in self.ledger.drain():
+                self._guard(self._decide, "close", death)
+        if self._saved_allowed_failures is not None:
+            scheduler.allowed_failures = self._saved_allowed_failures
+        for name, fn in ((REPORT_HANDLER, self._handle_report), (QUERY_HANDLER, self._handle_query)):
+            if scheduler.handlers.get(name) == fn:
+                del scheduler.handlers[name]
+        if self._original_task_erred is not None:
+            scheduler.stream_handlers["task-erred"] = self._original_task_erred
+        if self.store is not None:
+            self._persist_pipelines(final=True)
+            await asyncio.to_thread(self.store.close)
+        self.scheduler = None
+
+    # --- graphs and task states (hot path: O(1), no I/O) ------------------------------
+
+    def update_graph(self, scheduler, *, client, keys, tasks, annotations, stimulus_id, **kw):
+        try:
+            names = self.pipelines.observe(tasks, keys, annotations, stimulus_id)
+            for pipeline, shards in names.items():
+                self.policy.pipeline_submitted(pipeline, shards)
+        except Exception:
+            self._internal_error("update_graph")
+
+    def transition(self, key, start, finish, *args, stimulus_id, **kwargs):
+        try:
+            if finish == "memory" or finish == "erred":
+                pipeline = self.pipelines.end(key)
+                if pipeline is not None:
+                    if finish == "memory":
+                        self.policy.shard_done(pipeline, str(key))
+                    else:
+                        aborted = key in self._aborted
+                        self.policy.shard_erred(pipeline, str(key), aborted=aborted)
+            elif finish == "forgotten":
+                self._aborted.discard(key)
+                gone = self.pipelines.forget(key)
+                if gone is not None and not gone[1]:
+                    self.policy.shard_forgotten(gone[0], str(key))
+            elif start == "released" and finish in _RUNNABLE:
+                # A finished shard runs again: its result was lost, or the client
+                # retried it.
+                pipeline = self.pipelines.reopen(key)
+                if pipeline is not None:
+                    self.policy.shard_reopened(pipeline, str(key))
+        except Exception:
+            self._internal_error("transition")
+
+    def add_worker(self, scheduler, worker):
+        ws = scheduler.workers.get(worker)
+        if ws is not None:
+            self._workers[worker] = ws
+
+    # --- worker deaths ----------------------------------------------------------------
+
+    def log_event(self, topic, msg):
+        # Dask publishes this before it reschedules the dead worker's tasks.
+        if topic != "all" or not isinstance(msg, dict) or msg.get("action") != "remove-worker":
+            return
+        try:
+            address = msg.get("worker")
+            ws = self._workers.pop(address, None)
+            if msg.get("expected") or self.ledger is None:
+                return
+            processing = {str(k): k for k in msg.get("processing-tasks") or ()}
+            guess = {}
+            if ws is not None:
+                guess = {str(ts.key): ts.key for ts in ws.executing if str(ts.key) in processing}
+            removal = Removal(
+                worker=address,
+                host=ws.host if ws is not None else _host_of(address),
+                time=time.time(),
+                processing=processing,
+                executing_guess=guess,
+                nthreads=ws.nthreads if ws is not None else 1,
+            )
+            death = self.ledger.removed(removal, time.monotonic())
+            if death is not None:
+                self._decide(death)
+        except Exception:
+            self._internal_error("log_event")
+
+    async def _handle_report(self, report: Any = None, **extra: Any) -> dict:
+        """RPC from a nanny: one death report, msgpack bytes, validated here."""
+        try:
+            if not isinstance(report, bytes | bytearray | memoryview):
+                raise ReportError("report", f"expected msgpack bytes, got {type(report).__name__}", "wrong_type")
+            clean = _report.decode(bytes(report))
+        except ReportError as e:
+            self._reject(e)
+            return {"status": "rejected", "reason": e.reason, "field": e.field}
+        except Exception:
+            self._internal_error("report")
+            return {"status": "error"}
+        try:
+            self.stats["reports"] += 1
+            latencies = self.stats["latencies"]
+            latencies.append(max(0.0, time.time() - clean["time"]))
+            del latencies[:-1000]
+            if clean.get("cause") is None:
+                return {"status": "ok"}
+            death = self.ledger.reported(clean, time.monotonic())
+            if death is not None:
+                self._decide(death)
+        except Exception:
+            self._internal_error("report")
+            return {"status": "error"}
+        return {"status": "ok"}
+
+    def _reject(self, e: ReportError) -> None:
+        rejected = self.stats["rejected"]
+        rejected[e.reason] = rejected.get(e.reason, 0) + 1
+        if e.reason not in self._logged:
+            self._logged.add(e.reason)
+            logger.warning("oomguard: rejected a death report (%s); further ones are counted", e)
+
+    async def _expire_loop(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                for death in self.ledger.expired(time.monotonic()):
+                    self._decide(death)
+                self._persist_pipelines()
+            except Exception:
+                self._internal_error("expire")
+
+    def _decide(self, death: Death) -> None:
+        """Turn one death into failure events; abort a pipeline if a shard is doomed."""
+        self.stats["deaths"] += 1
+        report, removal = death.report, death.removal
+        cause = report["cause"] if report is not None else Cause.WORKER_LOST
+        processing = removal.processing if removal is not None else {}
+        if report is not None:
+            blamed = {e["key"]: e for e in report["executing"]}
+        else:
+            # No flight record: trust the scheduler's (heartbeat-late) view of what was
+            # executing; failing that, a worker busy with no more tasks than threads.
+            guess = removal.executing_guess or (
+                processing if len(processing) <= removal.nthreads else {}
+            )
+            blamed = {k: None for k in guess}
+        keys = {s: processing.get(s) for s in blamed}
+        for s, key in keys.items():
+            if key is None:
+                keys[s] = self._find_key(s)
+        for s, key in processing.items():
+            if s not in blamed:
+                self.stats["displaced"] += 1
+                pipeline = self.pipelines.get(key)
+                if pipeline is not None:
+                    self.policy.displaced(pipeline, s)
+        worker = death.worker
+        host = report["host"] if report is not None else removal.host
+        evidence = dict(report["evidence"]) if report is not None else {
+            "source": "no death report within the grace timeout"
+        }
+        when = report["time"] if report is not None else removal.time
+        decisions = []
+        for s, entry in (blamed or {"": None}).items():
+            key = keys.get(s)
+            sig = self._death_signature(cause, report, entry, key)
+            event = FailureEvent(
+                kind=Kind.INFRA.value,
+                cause=str(cause),
+                shard=s,
+                pipeline=(self.pipelines.get(key) or "") if key is not None else "",
+                worker=worker,
+                host=host,
+                signature_id=sig.id,
+                signature_title=sig.title,
+                evidence=evidence,
+                attempt=self.policy.attempt(s) if s else 1,
+                time=when,
+            )
+            example = scrub((report.get("crash") or {}).get("text") or "") if report else ""
+            self.store.add(event, grouping_version=sig.grouping_version, example=example)
+            if s and event.pipeline:
+                decision = self.policy.record(event)
+                if decision is not None:
+                    decisions.append(decision)
+        for decision in decisions:
+            self._abort(decision)
+
+    def _death_signature(self, cause, report, entry, key):
+        crash = (report or {}).get("crash") or {}
+        if cause == Cause.NATIVE_CRASH and crash.get("text"):
+            return fingerprint(crash["text"])
+        if entry is not None and entry.get("stack"):
+            return fingerprint_stack(str(cause), [tuple(f) for f in entry["stack"]])
+        # No sample: the task's function (its key prefix) stands in for the stack.
+        prefix = entry["prefix"] if entry else self._prefix(key)
+        return fingerprint_stack(str(cause), [("<task>", None, prefix or "<no task>")])
+
+    def _prefix(self, key) -> str:
+        ts = self.scheduler.tasks.get(key) if key is not None else None
+        return ts.prefix.name if ts is not None else ""
+
+    def _find_key(self, s: str):
+        # Rare: a report whose removal never came. Only then scan for the key.
+        for key in self.scheduler.tasks:
+            if str(key) == s:
+                return key
+        return None
+
+    # --- task exceptions --------------------------------------------------------------
+
+    def _task_erred(self, key=None, stimulus_id=None, **msg):
+        extra = None
+        try:
+            extra = self._on_task_erred(key, msg)
+        except Exception:
+            self._internal_error("task-erred")
+        self._original_task_erred(key=key, stimulus_id=stimulus_id, **msg)
+        if extra is not None:
+            self._guard(self._abort, "abort", extra)
+
+    def _on_task_erred(self, key, msg) -> AbortDecision | None:
+        ts = self.scheduler.tasks.get(key)
+        if ts is None or ts.state != "processing" or ts.run_id != msg.get("run_id"):
+            return None
+        exception_text = msg.get("exception_text") or ""
+        traceback_text = msg.get("traceback_text") or ""
+        memory = exception_text.startswith("MemoryError")
+        cause = Cause.MEMORY_ERROR if memory else Cause.EXCEPTION
+        sig = fingerprint_dask(exception_text, traceback_text)
+        shard = str(key)
+        pipeline = self.pipelines.get(key) or ""
+        worker = msg.get("worker") or ""
+        event = FailureEvent(
+            kind=kind_of(cause).value,
+            cause=cause.value,
+            shard=shard,
+            pipeline=pipeline,
+            worker=worker,
+            host=_host_of(worker),
+            signature_id=sig.id,
+            signature_title=sig.title,
+            evidence={"exception": exception_text[:500], "retries_left": ts.retries},
+            attempt=self.policy.attempt(shard),
+            time=time.time(),
+        )
+        self.store.add(
+            event,
+            grouping_version=sig.grouping_version,
+            example=scrub(f"{traceback_text}\n{exception_text}"),
+        )
+        decision = self.policy.record(event) if pipeline else None
+        if memory and decision is None:
+            # INFRA: a MemoryError is retried like a death, never from the user's retries.
+            ts.retries += 1
+        return decision
+
+    # --- aborting ---------------------------------------------------------------------
+
+    def _abort(self, decision: AbortDecision) -> None:
+        self.stats["aborts"] += 1
+        scheduler = self.scheduler
+        exc = pickle.dumps(decision.exception())
+        keys = [
+            k
+            for k in self.pipelines.keys_of(decision.pipeline)
+            if (ts := scheduler.tasks.get(k)) is not None and ts.state in _UNFINISHED
+        ]
+        self._aborted.update(keys)
+        stimulus_id = f"oomguard-abort-{time.time()}"
+        recs: dict = {}
+        for key in keys:
+            ts = scheduler.tasks.get(key)
+            if ts is None or ts.state not in _UNFINISHED:
+                continue  # erred already as a dependent of an earlier one
+            recs.update(
+                scheduler.transition(
+                    key, "erred", exception=exc, cause=key, stimulus_id=stimulus_id,
+                    worker=None,
+                )
+            )
+        scheduler.transitions(recs, stimulus_id=stimulus_id)
+        logger.error("oomguard: %s", decision.message)
+        scheduler.log_event(
+            "oomguard", {"action": "pipeline-aborted", "pipeline": decision.pipeline,
+                         "shard": decision.shard, "message": decision.message}
+        )
+
+    def _persist_pipelines(self, final: bool = False) -> None:
+        """Write changed pipeline statuses; forget finished pipelines with no live keys."""
+        for name in self.policy.pipelines():
+            status = self.policy.status(name)
+            if final or self._persisted.get(name) != status:
+                self.store.upsert_pipeline(status)
+                self._persisted[name] = status
+            if status.status != "running" and not self.pipelines.has_live(name):
+                self.policy.forget_pipeline(name)
+                self._persisted.pop(name, None)
+
+    # --- queries ----------------------------------------------------------------------
+
+    async def _handle_query(self, what: str = "", **filters: Any) -> Any:
+        """RPC for `oomguard.Failures` and `oomguard report`: JSON-able rows."""
+        store = self.store
+        if what == "pipeline":
+            name = filters.get("name", "")
+            if name in self.policy.pipelines():
+                return self.policy.status(name).to_dict()
+            row = await asyncio.to_thread(store.pipeline, name)
+            return row.to_dict() if row else None
+        if what == "pipelines":
+            await asyncio.to_thread(store.flush)
+            self._persist_pipelines(final=True)
+            await asyncio.to_thread(store.flush)
+            rows = await asyncio.to_thread(store.pipelines, filters.get("limit", 100))
+            return [r.to_dict() for r in rows]
+        if what == "stats":
+            return self.metrics_snapshot()
+        readers = {
+            "events": store.events,
+            "signatures": store.signatures,
+            "shard": store.shard,
+            "signature": store.signature,
+        }
+        if what not in readers:
+            raise ValueError(f"unknown oomguard query {what!r}; expected one of "
+                             f"{', '.join(sorted(readers) + ['pipeline', 'pipelines', 'stats'])}")
+        await asyncio.to_thread(store.flush)
+        rows = await asyncio.to_thread(readers[what], **filters)
+        if rows is None:
+            return None
+        if isinstance(rows, list):
+            return [r.to_dict() for r in rows]
+        return rows.to_dict()
+
+    def metrics_snapshot(self) -> dict:
+        return {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.stats.items()
+                if k != "latencies"}
+
+    # --- never take the scheduler down ------------------------------------------------
+
+    def _guard(self, fn, where, *args):
+        try:
+            fn(*args)
+        except Exception:
+            self._internal_error(where)
+
+    def _internal_error(self, where: str) -> None:
+        self.stats["internal_errors"] += 1
+        if where not in self._logged:
+            self._logged.add(where)
+            logger.exception("oomguard scheduler plugin failed in %s (logged once)", where)
+
+
+def _host_of(address: str) -> str:
+    from distributed.comm import get_address_host
+
+    try:
+        return get_address_host(address)
+    except Exception:
+        return ""

@@ -1,0 +1,446 @@
+"""The nanny side: learn each worker process's exit, gather the evidence, send one report.
+
+Dask's nanny reads the exit code in `WorkerProcess.mark_stopped` and drops it; `NannyPlugin`
+has no worker-exit hook (dask/distributed#5465). So, on this nanny instance only, we wrap:
+
+- `nanny.instantiate`: after each worker process starts, remember its PID, put it in its own
+  memory cgroup, and snapshot the cgroup counters;
+- `nanny.process.mark_stopped`: read the PID and exit code before Dask forgets them;
+- `nanny.log_event`: notice `worker-restart-memory`, the nanny's own memory kill.
+
+Each wrap checks for the attribute first and says in the log when it is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from distributed.core import Status
+from distributed.diagnostics.plugin import NannyPlugin
+
+from .. import _cgroup, _config, _report
+from .._exceptions import CgroupError
+from .._flight import read_flight_record
+from ._paths import crash_path, default_crash_dir, flight_path
+from ._worker import OomguardWorkerPlugin
+
+if TYPE_CHECKING:
+    from distributed import Nanny
+
+logger = logging.getLogger("oomguard.nanny")
+
+#: Handler the scheduler plugin registers; without it the nanny falls back to log_event.
+REPORT_HANDLER = "oomguard_death_report"
+EVENT_TOPIC = "oomguard-death"
+
+_CLOSING = (Status.closing, Status.closed, Status.closing_gracefully, Status.failed)
+
+
+@dataclass
+class _Life:
+    """What the nanny knows of one worker process while it lives."""
+
+    pid: int
+    started: float
+    address: str | None
+    name: str
+    memory_limit: int | None
+    group: _cgroup.ChildGroup | None = None
+    cgroup_path: str | None = None
+    cgroup_version: int | None = None
+    cgroup_before: dict | None = None
+    missing: list[str] = field(default_factory=list)
+
+
+class OomguardNannyPlugin(NannyPlugin):
+    """Turns every worker-process death into one death report sent to the scheduler.
+
+    Load with ``dask worker --preload-nanny oomguard.worker_plugin``, or at runtime with
+    ``oomguard.install(client)``. Also installs `OomguardWorkerPlugin` in the worker.
+    """
+
+    name = "oomguard-nanny"
+    idempotent = True
+
+    crash_dir: str | None
+    cgroup_limit: str | None
+    sample_interval: float | None
+    max_report_size: int | None
+
+    def __init__(
+        self,
+        *,
+        crash_dir: str | None = None,
+        cgroup_limit: str | None = None,
+        sample_interval: float | None = None,
+        max_report_size: int | None = None,
+    ):
+        # None: read oomguard.worker.* from the nanny's Dask config in setup().
+        self.crash_dir = crash_dir
+        self.cgroup_limit = cgroup_limit
+        self.sample_interval = sample_interval
+        self.max_report_size = max_report_size
+        self._reset()
+
+    def _reset(self) -> None:
+        self._nanny: Nanny | None = None
+        self._life: _Life | None = None
+        self._memory_kills: dict[int, dict] = {}
+        self._use_cgroups = False
+        self._closing = False
+        self._tasks: set[asyncio.Task] = set()
+        self._delegate: OomguardNannyPlugin | None = None
+        self.reports_sent = 0
+        self.errors = 0
+
+    def __getstate__(self):
+        return {
+            "crash_dir": self.crash_dir,
+            "cgroup_limit": self.cgroup_limit,
+            "sample_interval": self.sample_interval,
+            "max_report_size": self.max_report_size,
+        }
+
+    def __setstate__(self, state):
+        self.__init__(**state)
+
+    # --- set-up -----------------------------------------------------------------------
+
+    def _resolve_config(self) -> None:
+        if self.crash_dir is None:
+            self.crash_dir = _config.get_optional_path("worker.crash-dir") or default_crash_dir()
+        if self.cgroup_limit is None:
+            self.cgroup_limit = _config.get_choice(
+                "worker.cgroup-limit", ("auto", "true", "false")
+            )
+        if self.sample_interval is None:
+            self.sample_interval = _config.get_seconds("worker.sample-interval")
+        if self.max_report_size is None:
+            self.max_report_size = _config.get_bytes("worker.max-report-size")
+
+    def _decide_cgroups(self) -> None:
+        if self.cgroup_limit == "false":
+            return
+        ok, reason = _cgroup.can_create_child()
+        if ok:
+            self._use_cgroups = True
+        elif self.cgroup_limit == "true":
+            raise CgroupError(
+                f"oomguard.worker.cgroup-limit is true but a per-worker memory cgroup "
+                f"cannot be made here: {reason}. Set it to 'auto' to go on without one."
+            )
+        else:
+            logger.info("oomguard: no per-worker memory cgroups (%s)", reason)
+
+    async def setup(self, nanny: Nanny) -> None:
+        self._resolve_config()
+        self._decide_cgroups()
+        assert self.crash_dir is not None
+        os.makedirs(self.crash_dir, mode=0o700, exist_ok=True)
+        missing = [
+            attr
+            for attr in ("instantiate", "log_event", "worker_kwargs", "process")
+            if not hasattr(nanny, attr)
+        ]
+        if missing:
+            logger.error(
+                "oomguard cannot watch worker deaths on this Dask version: the nanny has "
+                "no %s. Worker deaths will not be reported.",
+                ", ".join(missing),
+            )
+            return
+        active = getattr(nanny, "_oomguard_nanny_plugin", None)
+        if active is not None and active is not self and not active._closing:
+            # Loaded twice (preload, then again by the scheduler): the first one keeps
+            # watching; Nanny.plugin_add does not tear down the instance it replaces.
+            self._delegate = active
+            return
+        nanny._oomguard_nanny_plugin = self
+        self._nanny = nanny
+        worker_plugin = OomguardWorkerPlugin(self.crash_dir, self.sample_interval or 0.5)
+        self._add_worker_plugin(nanny.worker_kwargs, worker_plugin)
+        if nanny.process is not None:
+            self._add_worker_plugin(nanny.process.worker_kwargs, worker_plugin)
+
+        original_instantiate = nanny.instantiate
+        original_log_event = nanny.log_event
+
+        async def instantiate(*args, **kwargs):
+            result = await original_instantiate(*args, **kwargs)
+            self._guard(self._on_started, "instantiate")
+            return result
+
+        def log_event(topic, msg):
+            if topic == "worker-restart-memory" and isinstance(msg, dict):
+                self._guard(self._on_memory_kill, "log_event", msg)
+            return original_log_event(topic, msg)
+
+        nanny.instantiate = instantiate  # type: ignore[method-assign]
+        nanny.log_event = log_event  # type: ignore[method-assign]
+        if nanny.process is not None and nanny.process.pid is not None:
+            # Installed at runtime: the current worker process is already running.
+            self._guard(self._on_started, "setup")
+
+    @staticmethod
+    def _add_worker_plugin(kwargs: dict, plugin: OomguardWorkerPlugin) -> None:
+        plugins = tuple(
+            p for p in kwargs.get("plugins", ()) if getattr(p, "name", None) != plugin.name
+        )
+        kwargs["plugins"] = plugins + (plugin,)
+
+    async def teardown(self, nanny: Nanny) -> None:
+        # Nanny.close tears plugins down *before* it kills the worker: that kill is
+        # requested, never a failure.
+        if self._delegate is not None:
+            await self._delegate.teardown(nanny)
+            return
+        self._closing = True
+        if getattr(nanny, "_oomguard_nanny_plugin", None) is self:
+            # Back to Dask's own methods (the wraps live on the instance only).
+            for attr in ("instantiate", "log_event"):
+                nanny.__dict__.pop(attr, None)
+            nanny._oomguard_nanny_plugin = None
+        for task in list(self._tasks):
+            try:
+                await asyncio.wait_for(asyncio.shield(task), 5)
+            except Exception:
+                pass
+        life, self._life = self._life, None
+        if life is not None and life.group is not None:
+            # The worker may still be in it; remove() moves it to the parent first.
+            await asyncio.to_thread(life.group.remove)
+
+    # --- the worker process's life ----------------------------------------------------
+
+    def _on_started(self) -> None:
+        nanny = self._nanny
+        if nanny is None or nanny.process is None:
+            return
+        wp = nanny.process
+        pid = wp.pid
+        if pid is None:
+            return
+        if self._life is not None and self._life.pid == pid:
+            return
+        self._wrap_mark_stopped(wp)
+        life = _Life(
+            pid=pid,
+            started=time.time(),
+            address=wp.worker_address,
+            name=str(nanny.name),
+            memory_limit=nanny.memory_manager.memory_limit,
+        )
+        if self._use_cgroups:
+            try:
+                life.group = _cgroup.ChildGroup.create(
+                    f"oomguard-worker-{pid}", life.memory_limit
+                )
+                life.group.add_pid(pid)
+            except Exception as e:
+                life.missing.append(f"per-worker cgroup: {e}")
+                if life.group is not None:
+                    life.group.remove()
+                    life.group = None
+        if life.group is not None:
+            life.cgroup_path, life.cgroup_version = life.group.path, life.group.version
+        else:
+            info = _cgroup.detect(pid)
+            life.cgroup_path, life.cgroup_version = info.path, info.version
+            if info.path is None:
+                life.missing.append(f"cgroup: {info.reason or 'not found'}")
+        if life.cgroup_path is not None and life.cgroup_version is not None:
+            life.cgroup_before = _cgroup.read_memory_counters(
+                life.cgroup_path, life.cgroup_version
+            ).to_dict()
+        self._life = life
+
+    def _wrap_mark_stopped(self, wp: Any) -> None:
+        if getattr(wp, "_oomguard_wrapped", False):
+            return
+        if not hasattr(wp, "mark_stopped"):
+            logger.error(
+                "oomguard cannot read worker exit codes on this Dask version: "
+                "WorkerProcess has no mark_stopped. Worker deaths will not be reported."
+            )
+            return
+        original = wp.mark_stopped
+
+        def mark_stopped():
+            exit_facts = None
+            try:
+                if wp.status != Status.stopped and wp.process is not None:
+                    exit_facts = (
+                        wp.process.pid,
+                        wp.process.exitcode,
+                        wp.status == Status.stopping,  # Nanny.kill: close or restart
+                        wp.worker_address,
+                    )
+            except Exception:
+                self._internal_error("mark_stopped")
+            original()
+            if exit_facts is not None:
+                self._guard(self._on_exit, "mark_stopped", *exit_facts)
+
+        wp.mark_stopped = mark_stopped
+        wp._oomguard_wrapped = True
+
+    def _on_memory_kill(self, msg: dict) -> None:
+        pid = msg.get("pid")
+        if isinstance(pid, int):
+            self._memory_kills[pid] = {"rss": msg.get("rss"), "time": time.time()}
+
+    def _on_exit(self, pid: int, exitcode: int | None, stopping: bool, address) -> None:
+        nanny = self._nanny
+        life = self._life if self._life is not None and self._life.pid == pid else None
+        if life is not None:
+            self._life = None
+        requested = stopping or self._closing or (nanny is not None and nanny.status in _CLOSING)
+        death_time = time.time()
+        task = asyncio.ensure_future(
+            self._report(pid, exitcode, requested, address, life, death_time)
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _report(self, pid, exitcode, requested, address, life, death_time) -> None:
+        try:
+            report = await asyncio.to_thread(
+                self._build, pid, exitcode, requested, address, life, death_time
+            )
+            if report is not None and report.get("cause") is not None:
+                await self._send(report)
+        except Exception:
+            self._internal_error("report")
+
+    def _build(self, pid, exitcode, requested, address, life, death_time) -> dict | None:
+        """Gather the evidence (files, counters, kernel log) and build the report."""
+        assert self.crash_dir is not None
+        nanny = self._nanny
+        missing: list[str] = list(life.missing) if life else ["worker start not observed"]
+        crash_text = _read_text(crash_path(self.crash_dir, pid), missing)
+        flight = read_flight_record(flight_path(self.crash_dir, pid))
+        missing.extend(flight["missing"])
+        executing = _executing(flight)
+        sample = flight["sample"] or {}
+        cgroup_after = None
+        if life is not None and life.cgroup_path is not None:
+            cgroup_after = _cgroup.read_memory_counters(
+                life.cgroup_path, life.cgroup_version
+            ).to_dict()
+        kernel_victim = None
+        if exitcode in (-9, 255, None):
+            kernel_victim = _cgroup.kernel_oom_victims(_cgroup.read_kernel_log()).get(pid)
+        memory_kill = self._memory_kills.pop(pid, None)
+        report = _report.build_report(
+            worker=address or (life.address if life else "") or "",
+            nanny=nanny.address if nanny is not None else "",
+            name=life.name if life else (str(nanny.name) if nanny else ""),
+            host=socket.gethostname(),
+            pid=pid,
+            exitcode=exitcode,
+            time=death_time,
+            started=life.started if life else None,
+            memory_limit=life.memory_limit if life else None,
+            executing=executing,
+            crash_text=crash_text,
+            cgroup_before=life.cgroup_before if life else None,
+            cgroup_after=cgroup_after,
+            cgroup_path=life.cgroup_path if life else None,
+            cgroup_version=life.cgroup_version if life else None,
+            rss_sampled=sample.get("rss"),
+            rss_time=sample.get("time"),
+            host_memory=_cgroup.host_memory(),
+            nanny_memory_kill=memory_kill,
+            kernel_log_victim=kernel_victim,
+            requested_close=requested,
+            missing=missing,
+            max_bytes=self.max_report_size or _report.MAX_REPORT_BYTES,
+        )
+        for path in (crash_path(self.crash_dir, pid), flight_path(self.crash_dir, pid)):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        if life is not None and life.group is not None:
+            life.group.remove()
+        return report
+
+    async def _send(self, report: dict) -> None:
+        nanny = self._nanny
+        if nanny is None:
+            return
+        data = _report.encode(report)
+        try:
+            await nanny.scheduler.oomguard_death_report(report=data)
+            self.reports_sent += 1
+            return
+        except Exception as e:
+            # No scheduler plugin: still leave a trace in the scheduler's event log.
+            logger.warning(
+                "oomguard: scheduler did not take the death report (%s); "
+                "sending it as a '%s' event instead",
+                e,
+                EVENT_TOPIC,
+            )
+        nanny.log_event(EVENT_TOPIC, {"report": data})
+        self.reports_sent += 1
+
+    # --- never take the nanny down ----------------------------------------------------
+
+    def _guard(self, fn, where: str, *args) -> None:
+        try:
+            fn(*args)
+        except Exception:
+            self._internal_error(where)
+
+    def _internal_error(self, where: str) -> None:
+        self.errors += 1
+        if self.errors == 1:
+            logger.exception("oomguard nanny plugin failed in %s (logged once)", where)
+
+
+def _read_text(path: str, missing: list[str], limit: int = 1 << 20) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit)
+    except FileNotFoundError:
+        missing.append("crash file: not found")
+        return None
+    except OSError as e:
+        missing.append(f"crash file: {e.strerror or e}")
+        return None
+    return data.decode("utf-8", "replace") or None
+
+
+def _executing(flight: dict) -> list[dict]:
+    """Join the executing slots with the last sample's stacks."""
+    sample = flight.get("sample") or {}
+    tasks = sample.get("tasks") if isinstance(sample.get("tasks"), dict) else {}
+    out = []
+    for slot in flight["executing"]:
+        seen = tasks.get(slot["key"]) or {}
+        out.append(
+            {
+                "key": slot["key"],
+                "prefix": _prefix(slot["key"]),
+                "start": float(slot["start"]),
+                "thread": int(seen.get("thread") or 0),
+                "stack": seen.get("stack"),
+                "stack_time": sample.get("time") if seen else None,
+            }
+        )
+    return out
+
+
+def _prefix(key: str) -> str:
+    from distributed.utils import key_split
+
+    if key.startswith("(") and "," in key:
+        key = key[1:].split(",", 1)[0].strip("'\"")
+    return key_split(key)

@@ -1,0 +1,162 @@
+"""The worker-process side: faulthandler to a crash file, and the flight recorder."""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import TYPE_CHECKING, Any
+
+import psutil
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from .. import _cgroup
+from .._flight import FlightRecorder
+from ._paths import crash_path, flight_path
+
+if TYPE_CHECKING:
+    from distributed import Worker
+
+logger = logging.getLogger("oomguard.worker")
+
+#: Fatal signals faulthandler.enable() covers; SIGTERM is registered separately with
+#: chain=True so its default action (termination) still happens after the dump.
+_STACK_LIMIT = 64
+
+
+class OomguardWorkerPlugin(WorkerPlugin):
+    """Runs inside each worker process.
+
+    Dumps every thread's stack to a crash file on SIGSEGV/SIGABRT/SIGBUS/SIGFPE/SIGILL and
+    SIGTERM, and keeps a flight record of the executing tasks and their last sampled stacks,
+    which the nanny reads when the process dies (even by SIGKILL, when nothing can run).
+    """
+
+    name = "oomguard-worker"
+    idempotent = True
+
+    crash_dir: str
+    sample_interval: float
+
+    def __init__(self, crash_dir: str, sample_interval: float = 0.5):
+        self.crash_dir = crash_dir
+        self.sample_interval = sample_interval
+        self._worker: Worker | None = None
+        self._recorder: FlightRecorder | None = None
+        self._crash_file: Any = None
+        self._slots: dict[Any, int] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.errors = 0
+
+    def __getstate__(self):
+        return {"crash_dir": self.crash_dir, "sample_interval": self.sample_interval}
+
+    def __setstate__(self, state):
+        self.__init__(**state)
+
+    def setup(self, worker: Worker) -> None:
+        self._worker = worker
+        pid = os.getpid()
+        os.makedirs(self.crash_dir, mode=0o700, exist_ok=True)
+        self._crash_file = open(crash_path(self.crash_dir, pid), "w")
+        faulthandler.enable(file=self._crash_file, all_threads=True)
+        faulthandler.register(
+            signal.SIGTERM, file=self._crash_file, all_threads=True, chain=True
+        )
+        self._recorder = FlightRecorder.create(flight_path(self.crash_dir, pid))
+        # Tasks already executing when the plugin arrives at runtime.
+        for ts in list(worker.state.executing):
+            self._slots[ts.key] = self._recorder.task_started(str(ts.key))
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._sample_loop, name="oomguard-sampler", daemon=True
+        )
+        self._thread.start()
+
+    def teardown(self, worker: Worker) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2 * self.sample_interval + 1)
+        if self._crash_file is not None:
+            try:
+                faulthandler.unregister(signal.SIGTERM)
+                faulthandler.disable()
+            finally:
+                self._crash_file.close()
+                self._crash_file = None
+        if self._recorder is not None:
+            # The nanny removes the files once it has read them; a clean teardown means
+            # there is nothing to read.
+            self._recorder.close(remove=True)
+            self._recorder = None
+            try:
+                os.unlink(crash_path(self.crash_dir, os.getpid()))
+            except OSError:
+                pass
+
+    # Hot path: called for every task transition on the worker's event loop.
+    def transition(self, key, start, finish, **kwargs) -> None:
+        try:
+            if finish == "executing":
+                rec = self._recorder
+                if rec is not None:
+                    self._slots[key] = rec.task_started(str(key))
+            elif start == "executing" or start == "long-running":
+                slot = self._slots.pop(key, None)
+                if slot is not None and self._recorder is not None:
+                    self._recorder.task_finished(slot)
+        except Exception:
+            self._internal_error("transition")
+
+    def _sample_loop(self) -> None:
+        while not self._stop.wait(self.sample_interval):
+            try:
+                self.sample()
+            except Exception:
+                self._internal_error("sampler")
+
+    def sample(self) -> None:
+        """Record the executing threads' stacks, RSS and cgroup usage (sampler thread)."""
+        worker, rec = self._worker, self._recorder
+        if worker is None or rec is None:
+            return
+        active = dict(worker.active_threads)
+        frames = sys._current_frames()
+        tasks: dict[str, Any] = {}
+        for ident, key in active.items():
+            frame = frames.get(ident)
+            if frame is None:
+                continue
+            stack = traceback.extract_stack(frame)[-_STACK_LIMIT:]
+            tasks[str(key)] = {
+                "thread": ident,
+                "stack": [[fs.filename, fs.lineno, fs.name] for fs in stack],
+            }
+        rec.write_sample(
+            {
+                "time": time.time(),
+                "rss": psutil.Process().memory_info().rss,
+                "cgroup_usage": self._cgroup_usage(),
+                "tasks": tasks,
+            }
+        )
+
+    def _cgroup_usage(self) -> int | None:
+        # Detected per sample: the nanny moves this process into its own group after it
+        # has started.
+        info = _cgroup.detect(os.getpid())
+        if info.path is None or info.version is None:
+            return None
+        return _cgroup.read_memory_counters(info.path, info.version).usage
+
+    def _internal_error(self, where: str) -> None:
+        # Never take the worker down; log the first one with its traceback, count all.
+        self.errors += 1
+        if self.errors == 1:
+            logger.exception("oomguard worker plugin failed in %s (logged once)", where)

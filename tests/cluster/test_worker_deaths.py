@@ -1,0 +1,250 @@
+"""Every worker death gives exactly one report with the right cause (issue 3).
+
+Real LocalCluster with nannies loaded through ``distributed.nanny.preload``, real signals,
+a real ctypes segfault, a real kernel OOM kill in a per-worker memory cgroup. The scheduler
+side here is a plain handler that decodes and validates the reports the nannies send.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import time
+
+import dask
+import pytest
+from capabilities import require
+from distributed import Client, LocalCluster
+
+from oomguard import _cgroup, _report
+from oomguard.worker_plugin import REPORT_HANDLER
+
+pytestmark = pytest.mark.timeout(240)
+
+LIMIT = 400 * 2**20  # each worker's memory limit, and its cgroup's
+
+
+def sleepy_task(seconds):
+    time.sleep(seconds)
+    return seconds
+
+
+def segfault_task(x):
+    time.sleep(0.3)
+    ctypes.string_at(0)
+
+
+def abort_task(x):
+    time.sleep(0.3)
+    os.abort()
+
+
+def exit_task(x):
+    time.sleep(0.3)
+    os._exit(3)
+
+
+def oom_task(limit):
+    # Sleep first so the sampler records this frame; then allocate past the cgroup
+    # limit in one go, faster than the nanny's 100 ms memory monitor.
+    time.sleep(0.6)
+    chunks = []
+    for _ in range(4):
+        chunks.append(bytearray(limit // 2))
+    return len(chunks)
+
+
+def creep_task(limit):
+    # Grow slowly to ~97% of the limit and stay there: the nanny's monitor (95%) sees it
+    # long before the kernel would (100%).
+    import psutil
+
+    time.sleep(0.3)
+    held = []
+    while psutil.Process().memory_info().rss < 0.97 * limit:
+        held.append(bytearray(8 * 2**20))
+        time.sleep(0.01)
+    time.sleep(30)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ok, reason = _cgroup.can_create_child()
+    require(ok, f"per-worker memory cgroups cannot be made here: {reason}")
+    with dask.config.set(
+        {
+            "distributed.nanny.preload": ["oomguard.worker_plugin"],
+            "oomguard.worker.cgroup-limit": "true",
+            "oomguard.worker.sample-interval": "100ms",
+            "distributed.scheduler.allowed-failures": 100,
+            # The kernel, not the nanny, must stop the OOM task; the nanny's own memory
+            # kill has its own cluster below.
+            "distributed.worker.memory.terminate": False,
+        }
+    ):
+        with _cluster(n_workers=2) as c:
+            yield c
+
+
+@contextlib.contextmanager
+def _cluster(n_workers):
+    with LocalCluster(
+        n_workers=n_workers,
+        threads_per_worker=1,
+        processes=True,
+        memory_limit=LIMIT,
+        dashboard_address=":0",
+    ) as cluster, Client(cluster) as client:
+        reports: list[dict] = []
+
+        def receive(report: bytes) -> None:
+            reports.append(_report.decode(report))
+
+        cluster.scheduler.handlers[REPORT_HANDLER] = receive
+        yield cluster, client, reports
+
+
+def _wait_for(predicate, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _kill_via(cluster, client, reports, fn, *args, send=None, settle=1.0):
+    """Run fn on the first worker; optionally send it a signal 0.8 s later; return the
+    worker's pid, the task's key and the reports that arrived."""
+    client.wait_for_workers(len(cluster.workers), timeout=60)
+    addr = sorted(client.scheduler_info()["workers"])[0]
+    pid = client.run(os.getpid, workers=[addr])[addr]
+    before = len(reports)
+    fut = client.submit(fn, *args, workers=[addr], allow_other_workers=False, pure=False)
+    if send is not None:
+        time.sleep(0.8)
+        os.kill(pid, send)
+    assert _wait_for(lambda: len(reports) > before), "no death report arrived"
+    time.sleep(settle)  # a second report for the same death would arrive by now
+    fut.cancel()
+    new = reports[before:]
+    return pid, fut.key, new
+
+
+def _the_report(new, pid):
+    assert len(new) == 1, [(r["cause"], r["pid"]) for r in new]
+    report = new[0]
+    assert report["pid"] == pid
+    assert report["schema"] == _report.SCHEMA_VERSION
+    return report
+
+
+def _executing_entry(report, key):
+    entries = [e for e in report["executing"] if e["key"] == str(key)]
+    assert entries, report["executing"]
+    return entries[0]
+
+
+def _stack_functions(entry):
+    return [frame[2] for frame in entry["stack"] or []]
+
+
+def test_sigkill_from_outside(cluster):
+    cl, client, reports = cluster
+    pid, key, new = _kill_via(cl, client, reports, sleepy_task, 30, send=signal.SIGKILL)
+    report = _the_report(new, pid)
+    assert report["cause"] == "sigkill"
+    assert report["exitcode"] == -9
+    entry = _executing_entry(report, key)
+    assert "sleepy_task" in _stack_functions(entry)
+
+
+def test_external_sigterm(cluster):
+    cl, client, reports = cluster
+    pid, key, new = _kill_via(cl, client, reports, sleepy_task, 30, send=signal.SIGTERM)
+    report = _the_report(new, pid)
+    assert report["cause"] == "sigterm"
+    _executing_entry(report, key)
+    # faulthandler is registered for SIGTERM: the dump names the task function.
+    assert "sleepy_task" in (report["crash"] or {}).get("text", "")
+    assert report["evidence"].get("host_available_bytes") is not None
+
+
+def test_segfault(cluster):
+    cl, client, reports = cluster
+    pid, key, new = _kill_via(cl, client, reports, segfault_task, 1)
+    report = _the_report(new, pid)
+    assert report["cause"] == "native_crash"
+    assert report["crash"]["signal"] == "SIGSEGV"
+    assert "Segmentation fault" in report["crash"]["text"]
+    assert "segfault_task" in report["crash"]["text"]
+    _executing_entry(report, key)
+
+
+def test_abort(cluster):
+    cl, client, reports = cluster
+    pid, key, new = _kill_via(cl, client, reports, abort_task, 1)
+    report = _the_report(new, pid)
+    assert report["cause"] == "native_crash"
+    assert report["crash"]["signal"] == "SIGABRT"
+    assert "abort_task" in report["crash"]["text"]
+
+
+def test_exit_status(cluster):
+    cl, client, reports = cluster
+    pid, key, new = _kill_via(cl, client, reports, exit_task, 1)
+    report = _the_report(new, pid)
+    assert report["cause"] == "exit"
+    assert report["exitcode"] == 3
+    _executing_entry(report, key)
+
+
+def test_kernel_oom_kill_in_per_worker_cgroup(cluster):
+    cl, client, reports = cluster
+    pid, key, new = _kill_via(cl, client, reports, oom_task, LIMIT)
+    report = _the_report(new, pid)
+    assert report["cause"] == "oom_kill", report["evidence"]
+    before, after = report["cgroup"]["before"], report["cgroup"]["after"]
+    assert after["oom_kill"] == before["oom_kill"] + 1
+    assert report["cgroup"]["path"].rstrip("/").endswith(f"oomguard-worker-{pid}")
+    assert after["limit"] == LIMIT
+    assert report["evidence"]["peak_bytes"] >= 0.9 * LIMIT
+    entry = _executing_entry(report, key)
+    assert "oom_task" in _stack_functions(entry)
+    # The per-worker group is gone with its worker.
+    assert not os.path.exists(report["cgroup"]["path"])
+
+
+def test_nanny_memory_termination():
+    with dask.config.set(
+        {
+            "distributed.nanny.preload": ["oomguard.worker_plugin"],
+            "oomguard.worker.cgroup-limit": "false",
+            "oomguard.worker.sample-interval": "100ms",
+            # The module's cluster fixture, still open, turned this off.
+            "distributed.worker.memory.terminate": 0.95,
+        }
+    ):
+        with _cluster(n_workers=1) as (cl, client, reports):
+            pid, key, new = _kill_via(cl, client, reports, creep_task, LIMIT)
+    report = _the_report(new, pid)
+    assert report["cause"] == "memory_terminate", report["evidence"]
+    assert report["exitcode"] == -signal.SIGTERM
+    assert report["evidence"]["nanny_memory_kill"] is True
+    assert report["evidence"]["rss_sampled_bytes"] > 0.5 * LIMIT
+    entry = _executing_entry(report, key)
+    assert "creep_task" in _stack_functions(entry)
+
+
+def test_clean_close_and_retirement_send_nothing(cluster):
+    cl, client, reports = cluster
+    client.wait_for_workers(2, timeout=60)
+    before = len(reports)
+    addr = sorted(client.scheduler_info()["workers"])[0]
+    client.retire_workers([addr], close_workers=True)
+    time.sleep(2)
+    client.restart()  # a requested restart of every worker is not a failure either
+    time.sleep(2)
+    assert reports[before:] == []
