@@ -1,14 +1,56 @@
-"""`oomguard fingerprint FILE...` (filled in by the signatures work)."""
+"""`oomguard fingerprint FILE...`: the crash signature of each trace file, one line per file."""
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
+
+_EPILOG = """\
+Each FILE may be a Python traceback, a faulthandler dump, a Dask worker's "Compute Failed"
+log block, or a JSON object with the scheduler's exception_text and traceback_text.
+
+Output: one line per FILE, in order: "<id>\\t<path>" (with --json: one JSON object per line
+with id, title, input_kind, error, message, frames, grouping_version, reason and path).
+
+Exit status: 0 when every FILE was read and held a trace; 1 when a FILE could not be read
+(it gets "oomguard: <path>: <reason>" on stderr and no output line) or held no trace (its
+line is still printed, input_kind "unparsed", and stderr says "not a trace: <reason>").
+"""
+
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("fingerprint", help="print the crash signature of each trace file")
+    p = sub.add_parser(
+        "fingerprint",
+        help="print the crash signature of each trace file",
+        description="Print the stable crash signature of each trace file.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("--json", action="store_true", help="print the full record as JSON")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    raise NotImplementedError
+    from ._signature import fingerprint
+
+    status = 0
+    for path in args.files:
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as exc:
+            print(f"oomguard: {path}: {exc.strerror or exc}", file=sys.stderr)
+            status = 1
+            continue
+        sig = fingerprint(data)
+        if args.json:
+            print(json.dumps({**sig.to_dict(), "path": path}))
+        else:
+            print(f"{sig.id}\t{path}")
+        if sig.input_kind == "unparsed":
+            print(f"oomguard: {path}: not a trace: {sig.reason}", file=sys.stderr)
+            status = 1
+        sys.stdout.flush()
+    return status

@@ -20,6 +20,7 @@ from distributed.utils import get_ip
 
 from .. import _config, _report
 from .._causes import Cause, Kind, kind_of
+from .._classify import evidence_summary
 from .._exceptions import ReportError
 from .._models import FailureEvent
 from .._policy import AbortDecision, FailurePolicy
@@ -323,6 +324,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         evidence = dict(report["evidence"]) if report is not None else {
             "source": "no death report within the grace timeout"
         }
+        evidence.setdefault("summary", evidence_summary(evidence, str(cause)))
         when = report["time"] if report is not None else removal.time
         decisions = []
         for s, entry in (blamed or {"": None}).items():
@@ -425,6 +427,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         self.stats["aborts"] += 1
         scheduler = self.scheduler
         exc = pickle.dumps(decision.exception())
+        text = f"PipelineAborted: {decision.message}"
         keys = [
             k
             for k in self.pipelines.keys_of(decision.pipeline)
@@ -437,10 +440,17 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             ts = scheduler.tasks.get(key)
             if ts is None or ts.state not in _UNFINISHED:
                 continue  # erred already as a dependent of an earlier one
+            # Only processing -> erred takes a worker; queued/no-worker -> erred do not.
+            extra = {"worker": ts.processing_on.address} if ts.processing_on else {}
             recs.update(
                 scheduler.transition(
-                    key, "erred", exception=exc, cause=key, stimulus_id=stimulus_id,
-                    worker=None,
+                    key,
+                    "erred",
+                    exception=exc,
+                    exception_text=text,
+                    cause=key,
+                    stimulus_id=stimulus_id,
+                    **extra,
                 )
             )
         scheduler.transitions(recs, stimulus_id=stimulus_id)

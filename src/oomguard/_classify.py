@@ -1,0 +1,382 @@
+"""Why did a worker process die? Facts in, one `Cause` out, plus evidence naming its sources.
+
+Pure code: no Dask, no I/O. The nanny gathers the facts (exit status, cgroup ``oom_kill``
+counters before and after, its own ``worker-restart-memory`` event, the kernel log, the
+faulthandler crash file) and `classify` applies the rules below, first match wins.
+
+====  =======================================================================  ================
+rule  when                                                                     cause
+====  =======================================================================  ================
+R1    the nanny or the user asked for the close (any exit status)              None
+R2    exit status 0                                                            None
+R3    exit signal SIGSEGV/SIGABRT/SIGBUS/SIGFPE/SIGILL                         native_crash
+R4    exit status unknown (None or 255) and the crash file says                native_crash
+      "Fatal Python error" (its signal, or SIGABRT for a Py_FatalError)
+R5    kernel OOM evidence (cgroup ``oom_kill`` after > before, or the kernel   oom_kill
+      log names the worker) and exit SIGKILL or unknown (None or 255)
+R6    the nanny's ``worker-restart-memory`` event and exit SIGTERM, SIGKILL    memory_terminate
+      or unknown
+R7    exit SIGTERM                                                             sigterm
+R8    exit SIGKILL                                                             sigkill
+R9    anything else: another positive status, another signal, unknown          exit
+====  =======================================================================  ================
+
+Precedence, and why:
+
+- R3/R4 before R5: the exit signal (or a faulthandler "Fatal Python error", which SIGKILL can
+  never produce) is direct proof of how *this* process died, while a moved ``oom_kill``
+  counter only says the kernel killed *something* in the group (a task's subprocess, say).
+  So ``oom_kill`` moved + exit -11 is a native crash; the evidence still shows the delta.
+- R5 before R6: when both the kernel and the nanny went after the worker and it died of
+  SIGKILL, the kernel's counter is the harder evidence; both are memory causes anyway.
+  With exit SIGTERM the kernel did not kill it (the OOM killer sends SIGKILL), so R6 wins.
+- R6 also takes an unknown exit status: the nanny's own event says it sent the signals.
+- A counter that could not be read (None) is "unknown", never "moved".
+- Exit status 255 counts as unknown: the nanny reports it when the status was already reaped.
+
+Example:
+
+>>> classify(DeathFacts(exitcode=-9, oom_kill_before=0, oom_kill_after=1))
+<Cause.OOM_KILL: 'oom_kill'>
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import signal as _signal
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ._causes import Cause
+
+#: Signals whose death means the process itself crashed in native code.
+NATIVE_SIGNALS = frozenset({"SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL"})
+
+#: Exit statuses that mean "we do not know how it ended".
+UNKNOWN_EXITCODES = frozenset({None, 255})
+
+# faulthandler.c's names for the fatal signals it handles (CPython 3.11-3.13).
+_FATAL_ERROR_SIGNALS = {
+    "segmentation fault": "SIGSEGV",
+    "aborted": "SIGABRT",
+    "bus error": "SIGBUS",
+    "floating point exception": "SIGFPE",
+    "illegal instruction": "SIGILL",
+}
+_FATAL_RE = re.compile(r"^Fatal Python error: ([^\n]*)", re.MULTILINE)
+
+_V1_OOM_SOURCE = "kernel cgroup counter memory.oom_control"
+_V2_OOM_SOURCE = "kernel cgroup counter memory.events"
+_PEAK_SOURCES = {
+    1: "kernel cgroup counter memory.max_usage_in_bytes",
+    2: "kernel cgroup counter memory.peak",
+}
+_LIMIT_SOURCES = {1: "kernel cgroup memory.limit_in_bytes", 2: "kernel cgroup memory.max"}
+_NANNY_EVENT_SOURCE = "nanny event worker-restart-memory"
+
+
+@dataclass(frozen=True)
+class DeathFacts:
+    """What the nanny knows about one death; every field may be unknown (None/False)."""
+
+    exitcode: int | None = None
+    oom_kill_before: int | None = None
+    oom_kill_after: int | None = None
+    nanny_memory_kill: bool = False
+    kernel_log_oom: bool = False
+    crash_signal: str | None = None  # from the crash file's "Fatal Python error" line
+    requested_close: bool = False
+
+
+def describe_signal(exitcode: int | None) -> str | None:
+    """The signal name for a negative (multiprocessing-style) exit status, else None.
+
+    >>> describe_signal(-11), describe_signal(-9), describe_signal(1), describe_signal(255)
+    ('SIGSEGV', 'SIGKILL', None, None)
+    """
+    if type(exitcode) is not int or exitcode >= 0:
+        return None
+    try:
+        return _signal.Signals(-exitcode).name
+    except ValueError:
+        return f"signal {-exitcode}"  # a real-time or unnamed signal
+
+
+def crash_signal(crash_text: str | None) -> str | None:
+    """The fatal signal a faulthandler dump reports, or None if it is no fatal-error dump.
+
+    A dump written for a registered signal (SIGTERM) has no "Fatal Python error" header.
+    Any other fatal error (Py_FatalError) ends in abort(), hence SIGABRT.
+
+    >>> crash_signal("Fatal Python error: Segmentation fault\\n\\nCurrent thread 0x1 ...")
+    'SIGSEGV'
+    """
+    if not isinstance(crash_text, str):
+        return None
+    m = _FATAL_RE.search(crash_text[:65536])  # the header is at the top; bound the scan
+    if m is None:
+        return None
+    return _FATAL_ERROR_SIGNALS.get(m.group(1).strip().lower(), "SIGABRT")
+
+
+def oom_counter_moved(before: int | None, after: int | None) -> bool | None:
+    """True/False when both counters were read, None (unknown) when either was not."""
+    if type(before) is not int or type(after) is not int:
+        return None
+    return after > before
+
+
+def explain(facts: DeathFacts) -> tuple[Cause | None, str]:
+    """`classify` plus the rule that decided, as a short phrase for the evidence."""
+    code = facts.exitcode
+    sig = describe_signal(code)
+    unknown = code in UNKNOWN_EXITCODES
+    if facts.requested_close:
+        return None, "R1 close requested by the nanny or user"
+    if code == 0:
+        return None, "R2 clean exit"
+    if sig in NATIVE_SIGNALS:
+        return Cause.NATIVE_CRASH, f"R3 exit signal {sig}"
+    if unknown and facts.crash_signal in NATIVE_SIGNALS:
+        return Cause.NATIVE_CRASH, f"R4 exit status unknown, crash file {facts.crash_signal}"
+    kernel_oom = bool(oom_counter_moved(facts.oom_kill_before, facts.oom_kill_after))
+    if (kernel_oom or facts.kernel_log_oom) and (sig == "SIGKILL" or unknown):
+        what = "oom_kill counter moved" if kernel_oom else "kernel log OOM kill"
+        return Cause.OOM_KILL, f"R5 {what}, exit {sig or 'unknown'}"
+    if facts.nanny_memory_kill and (sig in ("SIGTERM", "SIGKILL") or unknown):
+        return Cause.MEMORY_TERMINATE, f"R6 nanny memory kill, exit {sig or 'unknown'}"
+    if sig == "SIGTERM":
+        return Cause.SIGTERM, "R7 exit signal SIGTERM"
+    if sig == "SIGKILL":
+        return Cause.SIGKILL, "R8 exit signal SIGKILL, no kernel OOM evidence"
+    return Cause.EXIT, f"R9 exit {sig or ('status unknown' if unknown else f'status {code}')}"
+
+
+def classify(facts: DeathFacts) -> Cause | None:
+    """The cause of one worker death, or None when it was no failure (see the table above).
+
+    >>> classify(DeathFacts(exitcode=-15, nanny_memory_kill=True))
+    <Cause.MEMORY_TERMINATE: 'memory_terminate'>
+    >>> classify(DeathFacts(exitcode=-9, requested_close=True)) is None
+    True
+    """
+    return explain(facts)[0]
+
+
+def _int(value: Any) -> int | None:
+    return value if type(value) is int else None
+
+
+def _num(value: Any) -> int | float | None:
+    if type(value) is int or (type(value) is float and math.isfinite(value)):
+        return value
+    return None
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _nanny_killed(event: Any) -> bool:
+    # The event dict (even an empty one) means it was seen; a bare True is accepted too.
+    return isinstance(event, Mapping) or event is True
+
+
+def _kernel_log_is_worker(victim: Mapping[str, Any], pid: Any) -> bool:
+    # A victim with another PID is a child process of the worker, not the worker itself.
+    vpid = _int(victim.get("pid"))
+    return vpid is None or _int(pid) is None or vpid == pid
+
+
+def facts_from(report_like: Mapping[str, Any]) -> DeathFacts:
+    """The classification facts of a report-like mapping (see `evidence` for its keys)."""
+    r = _map(report_like)
+    cg = _map(r.get("cgroup"))
+    before, after = _map(cg.get("before")), _map(cg.get("after"))
+    victim = r.get("kernel_log_victim")
+    crash = _map(r.get("crash"))
+    return DeathFacts(
+        exitcode=_int(r.get("exitcode")),
+        oom_kill_before=_int(before.get("oom_kill")),
+        oom_kill_after=_int(after.get("oom_kill")),
+        nanny_memory_kill=_nanny_killed(r.get("nanny_memory_kill")),
+        kernel_log_oom=isinstance(victim, Mapping)
+        and _kernel_log_is_worker(victim, r.get("pid")),
+        crash_signal=crash_signal(crash.get("text")),
+        requested_close=bool(r.get("requested_close")),
+    )
+
+
+def evidence(report_like: Mapping[str, Any]) -> dict[str, Any]:
+    """Flat evidence for one death; each value's source is in its key or a ``*_source`` key.
+
+    `report_like` holds report fields (``exitcode``, ``pid``, ``memory_limit``, ``crash``,
+    ``cgroup`` with ``before``/``after`` counters, ``rss_sampled``, ``rss_time``, ``time``,
+    ``host_memory``) and the nanny's extras ``nanny_memory_kill`` (the event dict, or a
+    bool) and ``kernel_log_victim`` (a dict, e.g. ``{"pid": 12, "name": "python"}``).
+    Malformed parts are skipped, never raised on.
+
+    >>> ev = evidence({"exitcode": -9, "cgroup": {"version": 2,
+    ...     "before": {"oom_kill": 0}, "after": {"oom_kill": 1, "peak": 2**30}}})
+    >>> ev["signal"], ev["oom_kill_delta"], ev["oom_kill_source"], ev["peak_source"]
+    ('SIGKILL', 1, 'kernel cgroup counter memory.events', 'kernel cgroup counter memory.peak')
+    """
+    r = _map(report_like)
+    ev: dict[str, Any] = {}
+    code = _int(r.get("exitcode"))
+    ev["exitcode"] = code
+    ev["exitcode_source"] = "nanny: worker process exit status"
+    if code == 255:
+        ev["exitcode_note"] = "255 usually means the status was already reaped"
+    sig = describe_signal(code)
+    crash = _map(r.get("crash"))
+    text = crash.get("text") if isinstance(crash.get("text"), str) else None
+    fatal = crash_signal(text)
+    if sig is not None:
+        ev["signal"], ev["signal_source"] = sig, "exit status"
+    elif fatal is not None and code in UNKNOWN_EXITCODES:
+        ev["signal"], ev["signal_source"] = fatal, "faulthandler crash file"
+    if text is not None:
+        ev["crash_signal"] = fatal
+        ev["crash_stack"] = "Current thread" in text or "Stack (most recent call first)" in text
+        ev["crash_source"] = "faulthandler crash file"
+
+    cg = _map(r.get("cgroup"))
+    version = _int(cg.get("version"))
+    before, after = _map(cg.get("before")), _map(cg.get("after"))
+    if cg:
+        ev["cgroup_version"] = version
+        b, a = _int(before.get("oom_kill")), _int(after.get("oom_kill"))
+        ev["oom_kill_before"], ev["oom_kill_after"] = b, a
+        ev["oom_kill_delta"] = a - b if a is not None and b is not None else None
+        ev["oom_kill_source"] = _V2_OOM_SOURCE if version == 2 else _V1_OOM_SOURCE
+        if ev["oom_kill_delta"] is None:
+            ev["oom_kill_source"] += " (unreadable before or after the death)"
+        peak = _int(after.get("peak"))
+        if peak is None:
+            peak = _int(before.get("peak"))
+        if peak is not None:
+            ev["peak_bytes"] = peak
+            ev["peak_source"] = _PEAK_SOURCES.get(version or 1, _PEAK_SOURCES[1])
+        limit = _int(after.get("limit"))
+        if limit is None:
+            limit = _int(before.get("limit"))
+        if limit is not None:
+            ev["limit_bytes"] = limit
+            ev["limit_source"] = _LIMIT_SOURCES.get(version or 1, _LIMIT_SOURCES[1])
+        fb, fa = _int(before.get("failcnt")), _int(after.get("failcnt"))
+        if fb is not None and fa is not None:
+            ev["failcnt_delta"] = fa - fb
+            ev["failcnt_source"] = (
+                "kernel cgroup counter memory.events max"
+                if version == 2
+                else "kernel cgroup counter memory.failcnt"
+            )
+    mem_limit = _int(r.get("memory_limit"))
+    if mem_limit is not None:
+        ev["memory_limit_bytes"] = mem_limit
+        ev["memory_limit_source"] = "dask worker memory_limit"
+    rss = _int(r.get("rss_sampled"))
+    if rss is not None:
+        ev["rss_sampled_bytes"] = rss
+        ev["rss_source"] = "sampled RSS"
+        t, rt = _num(r.get("time")), _num(r.get("rss_time"))
+        if t is not None and rt is not None:
+            ev["rss_age_seconds"] = round(float(t - rt), 3)
+    host = _map(r.get("host_memory"))
+    if host:
+        ev["host_available_bytes"] = _int(host.get("available"))
+        ev["host_total_bytes"] = _int(host.get("total"))
+        ev["host_memory_source"] = "host memory after the death"
+
+    nanny = r.get("nanny_memory_kill")
+    ev["nanny_memory_kill"] = _nanny_killed(nanny)
+    ev["nanny_memory_kill_source"] = _NANNY_EVENT_SOURCE
+    if isinstance(nanny, Mapping) and _int(nanny.get("rss")) is not None:
+        ev["nanny_rss_bytes"] = nanny["rss"]
+
+    victim = r.get("kernel_log_victim")
+    if isinstance(victim, Mapping):
+        is_worker = _kernel_log_is_worker(victim, r.get("pid"))
+        ev["kernel_log_oom"] = is_worker
+        ev["kernel_log_victim_pid"] = _int(victim.get("pid"))
+        name = victim.get("name", victim.get("comm"))
+        if isinstance(name, str):
+            ev["kernel_log_victim_name"] = name[:256]
+        ev["kernel_log_victim_is_worker"] = is_worker
+        ev["kernel_log_source"] = "kernel log (dmesg)"
+    return ev
+
+
+def format_bytes(n: int | float) -> str:
+    """Binary units with two decimals, e.g. ``1.02 GiB``.
+
+    >>> format_bytes(2**30), format_bytes(1536)
+    ('1.00 GiB', '1.50 KiB')
+    """
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+_UNLIMITED = 2**60  # cgroup v1 reports "no limit" as ~2**63 rounded down to a page
+
+
+def _of_limit(ev: Mapping[str, Any]) -> str:
+    for key in ("limit_bytes", "memory_limit_bytes"):
+        limit = _int(ev.get(key))
+        if limit and limit < _UNLIMITED:
+            return f" of a {format_bytes(limit)} limit"
+    return ""
+
+
+def evidence_summary(evidence: Mapping[str, Any], cause: str) -> str:
+    """One short phrase for people, built from `evidence` only.
+
+    >>> evidence_summary({"oom_kill_delta": 1, "peak_bytes": 1095216660,
+    ...                   "limit_bytes": 2**30}, "oom_kill")
+    'kernel oom_kill counted, peak 1.02 GiB of a 1.00 GiB limit'
+    """
+    ev = _map(evidence)
+    code = _int(ev.get("exitcode"))
+    sig = ev.get("signal") if isinstance(ev.get("signal"), str) else None
+    if cause == Cause.OOM_KILL:
+        delta = _int(ev.get("oom_kill_delta"))
+        head = "kernel oom_kill counted" if delta else "kernel log shows an OOM kill"
+        peak = _int(ev.get("peak_bytes"))
+        rss = _int(ev.get("rss_sampled_bytes"))
+        if peak is not None:
+            return f"{head}, peak {format_bytes(peak)}{_of_limit(ev)}"
+        if rss is not None:
+            return f"{head}, {format_bytes(rss)} RSS (sampled){_of_limit(ev)}"
+        return head
+    if cause == Cause.MEMORY_TERMINATE:
+        rss = _int(ev.get("nanny_rss_bytes"))
+        if rss is None:
+            rss = _int(ev.get("rss_sampled_bytes"))
+        if rss is None:
+            return "nanny terminated it for memory"
+        return f"nanny terminated it at {format_bytes(rss)} RSS (sampled){_of_limit(ev)}"
+    if cause == Cause.NATIVE_CRASH:
+        stack = "faulthandler stack captured" if ev.get("crash_stack") else "no faulthandler stack"
+        return f"{sig or 'native crash'}, {stack}"
+    if cause == Cause.SIGTERM:
+        return "SIGTERM from outside the nanny"
+    if cause == Cause.SIGKILL:
+        if ev.get("oom_kill_delta") is None and "oom_kill_source" in ev:
+            return "SIGKILL, kernel OOM counters unreadable"
+        return "SIGKILL with no kernel OOM evidence"
+    if cause == Cause.WORKER_LOST:
+        return "no report from the nanny: host or pod died with it"
+    if cause == Cause.EXIT:
+        if sig is not None:
+            return f"killed by {sig}"
+        if code is None:
+            return "exit status unknown"
+        if code == 255:
+            return "exit status 255 (status possibly lost)"
+        return f"exit status {code}"
+    return str(cause)

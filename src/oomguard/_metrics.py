@@ -1,0 +1,337 @@
+"""oomguard's Prometheus metrics: one collector owning every `oomguard_*` metric.
+
+Knows nothing of Dask. The scheduler plugin makes one `OomguardMetrics`, registers it as a
+single collector into `prometheus_client.REGISTRY` (which Dask's scheduler serves on
+`/metrics`) in `start()`, and unregisters it in `close()`. Every recording method is O(1),
+does no I/O and never raises: it runs inside scheduler hooks.
+
+Label values come from fixed sets (`Cause`, `Kind`, the report validator's `REASONS`,
+`INTERNAL_ERROR_SITES`); anything else is counted under "other", so a bad report or a bug
+can never blow up the number of series. Task keys and signature ids are never labels.
+Every known label combination is created at 0 so alerts and dashboards see the series
+before the first failure.
+
+==================================  =========  ===========================================
+metric                              type       meaning
+==================================  =========  ===========================================
+oomguard_failures_total             counter    failure events, by {kind, cause}
+oomguard_worker_deaths_total        counter    unexpected worker deaths decided, by {cause}
+oomguard_pipeline_aborts_total      counter    pipelines aborted on a doomed shard
+oomguard_displaced_tasks_total      counter    tasks rescheduled off a dead worker, no count
+oomguard_reports_rejected_total     counter    death reports refused, by {reason}
+oomguard_report_latency_seconds     histogram  worker death to report at the scheduler
+oomguard_signatures                 gauge      distinct crash signatures in the store
+oomguard_signature_max_hosts        gauge      most distinct hosts any one signature hit
+oomguard_cgroup_workers             gauge      workers running under a per-worker cgroup
+oomguard_internal_errors_total      counter    oomguard's own bugs caught, by {where}
+==================================  =========  ===========================================
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
+
+from ._causes import DEATH_CAUSES, Cause, Kind, kind_of
+from ._report import REASONS
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+    from ._store import FailureStore
+
+OTHER = "other"
+
+#: Where the scheduler side catches its own errors; `internal_error(where)` takes these.
+INTERNAL_ERROR_SITES = frozenset(
+    {
+        "update_graph",
+        "transition",
+        "log_event",
+        "report",
+        "expire",
+        "close",
+        "task-erred",
+        "abort",
+        "store",
+        "metrics",
+        "dashboard",
+    }
+)
+
+#: Death-to-report latency: a report crosses one RPC (ms) but may wait for the nanny to
+#: notice the exit and read cgroup counters, and a grace timeout caps it at tens of seconds.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                   10.0, 30.0)  # fmt: skip
+
+_CAUSES = frozenset(c.value for c in Cause)
+_KINDS = frozenset(k.value for k in Kind)
+_DEATH_CAUSES = frozenset(c.value for c in DEATH_CAUSES)
+_REASONS = frozenset(REASONS)
+
+
+def _label(value: Any, allowed: frozenset[str]) -> str:
+    # str() of a StrEnum member is its value; anything unknown folds into one series.
+    try:
+        s = str(value)
+    except Exception:
+        return OTHER
+    return s if s in allowed else OTHER
+
+
+def _count(value: Any) -> float | None:
+    # A gauge of "how many": a non-negative finite number; bools and junk are refused.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if not math.isfinite(value) or value < 0:
+        return None
+    return float(value)
+
+
+class OomguardMetrics(Collector):
+    """Every oomguard metric, collected as one unit (register it once per registry).
+
+    >>> from prometheus_client import CollectorRegistry, generate_latest
+    >>> metrics = OomguardMetrics()
+    >>> registry = CollectorRegistry()
+    >>> registry.register(metrics)
+    >>> metrics.failure("infra", "oom_kill")
+    >>> registry.get_sample_value(
+    ...     "oomguard_failures_total", {"kind": "infra", "cause": "oom_kill"})
+    1.0
+    >>> b"oomguard_signatures" in generate_latest(registry)
+    True
+    """
+
+    failures: Counter
+    worker_deaths: Counter
+    pipeline_aborts: Counter
+    displaced_tasks: Counter
+    reports_rejected: Counter
+    report_latency_seconds: Histogram
+    signatures: Gauge
+    signature_max_hosts: Gauge
+    cgroup_workers: Gauge
+    internal_errors: Counter
+
+    def __init__(self) -> None:
+        # registry=None: the metrics belong to this collector, not to the global registry.
+        self.failures = Counter(
+            "oomguard_failures_total",
+            "Failure events recorded: worker deaths blamed on a shard, and task exceptions.",
+            ["kind", "cause"],
+            registry=None,
+        )
+        self.worker_deaths = Counter(
+            "oomguard_worker_deaths_total",
+            "Unexpected worker deaths decided by oomguard, by cause.",
+            ["cause"],
+            registry=None,
+        )
+        self.pipeline_aborts = Counter(
+            "oomguard_pipeline_aborts_total",
+            "Pipelines aborted because one of their shards would never finish.",
+            registry=None,
+        )
+        self.displaced_tasks = Counter(
+            "oomguard_displaced_tasks_total",
+            "Tasks rescheduled from a dead worker without counting it against them.",
+            registry=None,
+        )
+        self.reports_rejected = Counter(
+            "oomguard_reports_rejected_total",
+            "Death reports refused by the scheduler's validator, by reason.",
+            ["reason"],
+            registry=None,
+        )
+        self.report_latency_seconds = Histogram(
+            "oomguard_report_latency_seconds",
+            "Time from a worker's death (seen by its nanny) to its report at the scheduler.",
+            buckets=LATENCY_BUCKETS,
+            registry=None,
+        )
+        self.signatures = Gauge(
+            "oomguard_signatures",
+            "Distinct crash signatures in the failure store.",
+            registry=None,
+        )
+        self.signature_max_hosts = Gauge(
+            "oomguard_signature_max_hosts",
+            "The largest number of distinct hosts any one crash signature was seen on.",
+            registry=None,
+        )
+        self.cgroup_workers = Gauge(
+            "oomguard_cgroup_workers",
+            "Workers running under a per-worker memory cgroup.",
+            registry=None,
+        )
+        self.internal_errors = Counter(
+            "oomguard_internal_errors_total",
+            "Errors inside oomguard itself, caught so Dask carries on; see the scheduler log.",
+            ["where"],
+            registry=None,
+        )
+        self._metrics = (
+            self.failures,
+            self.worker_deaths,
+            self.pipeline_aborts,
+            self.displaced_tasks,
+            self.reports_rejected,
+            self.report_latency_seconds,
+            self.signatures,
+            self.signature_max_hosts,
+            self.cgroup_workers,
+            self.internal_errors,
+        )
+        # Pre-create every known series at 0: rate() and absent() alerts need them to exist.
+        for cause in Cause:
+            self.failures.labels(kind=kind_of(cause).value, cause=cause.value)
+        for cause in _DEATH_CAUSES:
+            self.worker_deaths.labels(cause=cause)
+        for reason in _REASONS | {OTHER}:
+            self.reports_rejected.labels(reason=reason)
+        for where in INTERNAL_ERROR_SITES | {OTHER}:
+            self.internal_errors.labels(where=where)
+
+    # -- the collector protocol ---------------------------------------------------------
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self._metrics:
+            yield from metric.collect()
+
+    def describe(self) -> list[Metric]:
+        # Lets a registry check names without sampling values.
+        return [m for metric in self._metrics for m in metric.describe()]
+
+    def register(self, registry: CollectorRegistry | None = None) -> bool:
+        """Register into `registry` (default: the global one Dask serves on `/metrics`).
+        False, not an error, when the names are taken (another oomguard in this process).
+
+        >>> metrics.register()
+        True
+        """
+        try:
+            (REGISTRY if registry is None else registry).register(self)
+        except ValueError:  # "Duplicated timeseries": a second scheduler in one process
+            return False
+        return True
+
+    def unregister(self, registry: CollectorRegistry | None = None) -> None:
+        """Undo `register`; a no-op when this collector is not registered there.
+
+        >>> metrics.unregister()
+        """
+        try:
+            (REGISTRY if registry is None else registry).unregister(self)
+        except KeyError:
+            pass
+
+    # -- recording (called from scheduler hooks: O(1), no I/O, never raises) -----------
+
+    def failure(self, kind: str, cause: str) -> None:
+        """One failure event of `kind` ("infra" | "user") with `cause` (a `Cause`).
+
+        >>> metrics.failure(Kind.INFRA, Cause.OOM_KILL)
+        """
+        self.failures.labels(kind=_label(kind, _KINDS), cause=_label(cause, _CAUSES)).inc()
+
+    def deaths(self, cause: str) -> None:
+        """One unexpected worker death, decided with `cause` (one of DEATH_CAUSES).
+
+        >>> metrics.deaths("worker_lost")
+        """
+        self.worker_deaths.labels(cause=_label(cause, _DEATH_CAUSES)).inc()
+
+    def pipeline_aborted(self) -> None:
+        """One pipeline aborted.
+
+        >>> metrics.pipeline_aborted()
+        """
+        self.pipeline_aborts.inc()
+
+    def displaced(self, n: int = 1) -> None:
+        """`n` tasks rescheduled from a dead worker without a count against them.
+
+        >>> metrics.displaced()
+        """
+        amount = _count(n)
+        if amount is None:
+            self.internal_error("metrics")
+            return
+        self.displaced_tasks.inc(amount)
+
+    def report_rejected(self, reason: str) -> None:
+        """One death report refused; `reason` is `ReportError.reason`.
+
+        >>> metrics.report_rejected("too_large")
+        """
+        self.reports_rejected.labels(reason=_label(reason, _REASONS)).inc()
+
+    def report_latency(self, seconds: float) -> None:
+        """Observe one death-to-report latency; clock skew below 0 counts as 0.
+
+        >>> metrics.report_latency(0.004)
+        """
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+            self.internal_error("metrics")
+            return
+        if math.isnan(seconds):
+            self.internal_error("metrics")
+            return
+        self.report_latency_seconds.observe(max(0.0, float(seconds)))
+
+    def set_signatures(self, n: int) -> None:
+        """The number of distinct signatures in the store.
+
+        >>> metrics.set_signatures(12)
+        """
+        self._set(self.signatures, n)
+
+    def set_signature_max_hosts(self, n: int) -> None:
+        """The largest number of distinct hosts any one signature was seen on.
+
+        >>> metrics.set_signature_max_hosts(3)
+        """
+        self._set(self.signature_max_hosts, n)
+
+    def set_cgroup_workers(self, n: int) -> None:
+        """The number of workers under a per-worker memory cgroup.
+
+        >>> metrics.set_cgroup_workers(8)
+        """
+        self._set(self.cgroup_workers, n)
+
+    def internal_error(self, where: str) -> None:
+        """One error caught inside oomguard at `where` (see INTERNAL_ERROR_SITES).
+
+        >>> metrics.internal_error("transition")
+        """
+        self.internal_errors.labels(where=_label(where, INTERNAL_ERROR_SITES)).inc()
+
+    def _set(self, gauge: Gauge, n: Any) -> None:
+        value = _count(n)
+        if value is None:
+            self.internal_error("metrics")
+            return
+        gauge.set(value)
+
+
+def store_totals(store: FailureStore) -> tuple[int, int]:
+    """(distinct signatures, most distinct hosts of one signature) from a failure store,
+    for `set_signatures` / `set_signature_max_hosts`. Blocking SQLite reads: call it from a
+    thread (`asyncio.to_thread`), never on the event loop.
+
+    >>> store_totals(store)
+    (4, 3)
+    """
+    rows = store.signatures(limit=None)
+    # Each row lists at most member_cap hosts; distinct_counts() has the true number then.
+    hosts = [
+        store.distinct_counts(r.id)["hosts"] if len(r.hosts) >= store.member_cap else len(r.hosts)
+        for r in rows
+    ]
+    return len(rows), max(hosts, default=0)

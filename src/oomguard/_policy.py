@@ -1,0 +1,678 @@
+"""Shard-failure accounting: when a shard is a deterministic crasher, and how a pipeline stands.
+
+Pure: no Dask, no I/O. The scheduler plugin maps task keys to pipelines and drives one
+`FailurePolicy` with what it sees (submissions, the end of each shard, failure events); the
+policy answers with an `AbortDecision` at most once per pipeline, and with a
+`PipelineStatus` whose summary is one plain sentence.
+
+Memory stays O(pipelines + failed shards): a pipeline is a handful of counters, and only a
+shard that failed at least once gets a record. The plugin therefore owns the contract that
+keeps counters right: each shard is submitted once, and ends once (done, erred or
+forgotten) unless `shard_reopened` says its result was lost and it runs again.
+"""
+
+from __future__ import annotations
+
+import shlex
+import signal
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._causes import DEATH_CAUSES, MEMORY_CAUSES, SHARD_CAUSES, Cause, Kind, kind_of
+from ._exceptions import PipelineAborted
+from ._models import FailureEvent, PipelineStatus
+
+__all__ = ["AbortDecision", "FailurePolicy", "describe_cause"]
+
+# Past this many infra failures of one shard only the counters grow, so a shard that keeps
+# dying cannot grow the policy without bound.
+_HISTORY_CAP = 64
+# Lists of workers and hosts in messages stop here ("and 3 more").
+_LIST_CAP = 5
+
+
+# --------------------------------------------------------------------------- words
+
+
+def _signal_name(evidence: dict[str, Any]) -> str:
+    sig = evidence.get("signal")
+    if isinstance(sig, str) and sig:
+        return sig if sig.upper().startswith("SIG") else f"SIG{sig.upper()}"
+    code = sig if isinstance(sig, int) else None
+    if code is None:
+        for k in ("exitcode", "exit_code"):
+            v = evidence.get(k)
+            # A negative exit status is the signal number (subprocess's convention).
+            if isinstance(v, int) and not isinstance(v, bool) and v < 0:
+                code = v
+                break
+    if code is None:
+        return ""
+    try:
+        return signal.Signals(abs(code)).name
+    except ValueError:
+        return f"signal {abs(code)}"
+
+
+def _exit_status(evidence: dict[str, Any]) -> int | None:
+    for k in ("exitcode", "exit_code"):
+        v = evidence.get(k)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+    return None
+
+
+def describe_cause(cause: Cause | str, evidence: dict[str, Any] | None = None) -> str:
+    """What happened, in the words people use, as a predicate for "the worker ...".
+
+    `memory_error` and `exception` read with the shard as subject ("it raised MemoryError").
+
+    >>> describe_cause("oom_kill")
+    'was OOM-killed by the kernel'
+    >>> describe_cause("native_crash", {"signal": "SIGABRT"})
+    'crashed (SIGABRT)'
+    """
+    ev = evidence or {}
+    c = Cause(cause)
+    if c is Cause.OOM_KILL:
+        return "was OOM-killed by the kernel"
+    if c is Cause.MEMORY_TERMINATE:
+        return "was killed by the nanny for exceeding its memory limit"
+    if c is Cause.NATIVE_CRASH:
+        name = _signal_name(ev)
+        return f"crashed ({name})" if name else "crashed in native code"
+    if c is Cause.SIGTERM:
+        return "was stopped by a SIGTERM from outside the nanny"
+    if c is Cause.SIGKILL:
+        return "was killed by SIGKILL with no kernel OOM evidence"
+    if c is Cause.EXIT:
+        status = _exit_status(ev)
+        return "exited with an error status" if status is None else f"exited with status {status}"
+    if c is Cause.WORKER_LOST:
+        return "was lost without a death report (its host or pod went away)"
+    if c is Cause.MEMORY_ERROR:
+        return "raised MemoryError"
+    return "raised an exception"
+
+
+def _subject(cause: str) -> str:
+    return "it" if kind_of(cause) is Kind.USER or cause == Cause.MEMORY_ERROR else "its worker"
+
+
+def _plural(n: int, word: str, plural: str | None = None) -> str:
+    return f"{n} {word if n == 1 else (plural or word + 's')}"
+
+
+def _times(n: int) -> str:
+    return "once" if n == 1 else f"{n} times"
+
+
+def _was(n: int) -> str:
+    return "was" if n == 1 else "were"
+
+
+def _shard_name(shard: str) -> str:
+    # Tuple keys already read as themselves; bare names get quotes so they stand out.
+    return shard if shard.startswith(("(", "[")) else repr(shard)
+
+
+def _shell_arg(s: str) -> str:
+    # Double quotes keep a tuple key readable; shlex.quote only where they would not be safe.
+    if shlex.quote(s) == s:
+        return s
+    if not any(ch in s for ch in '"$`\\!'):
+        return f'"{s}"'
+    return shlex.quote(s)
+
+
+def _listing(items: Iterable[str]) -> str:
+    items = list(items)
+    if len(items) <= _LIST_CAP:
+        return ", ".join(items)
+    return ", ".join(items[:_LIST_CAP]) + f" and {len(items) - _LIST_CAP} more"
+
+
+def _breakdown(counts: Counter[str]) -> str:
+    return ", ".join(f"{n} {cause}" for cause, n in counts.most_common())
+
+
+def _exception_name(evidence: dict[str, Any], title: str) -> str:
+    for k in ("exception_type", "exception"):
+        v = evidence.get(k)
+        if isinstance(v, str) and v:
+            return v.rsplit(".", 1)[-1]
+    head = title.split(":", 1)[0].split(" ", 1)[0].strip()
+    if head.isidentifier() and head[:1].isupper():
+        return head
+    return f"an exception ({title})" if title else "an exception"
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class AbortDecision:
+    """The policy's verdict that a pipeline must stop: one of its shards will never finish.
+
+    The plugin errs every unfinished task of `pipeline` with `exception()`.
+
+    >>> d = AbortDecision("etl", "('load', 7)", "oom_kill", 3, "3f2a", "MemoryError in load",
+    ...                   {}, ("tcp://a:1",), ("node-a",), "oomguard aborted ...")
+    >>> d.exception().shard
+    "('load', 7)"
+    """
+
+    pipeline: str
+    shard: str
+    cause: str
+    count: int
+    signature_id: str
+    signature_title: str
+    evidence: dict
+    workers: tuple[str, ...]
+    hosts: tuple[str, ...]
+    message: str
+
+    def exception(self) -> PipelineAborted:
+        """The exception every unfinished task of the pipeline errs with."""
+        return PipelineAborted(
+            self.message,
+            pipeline=self.pipeline,
+            shard=self.shard,
+            cause=self.cause,
+            count=self.count,
+            signature=self.signature_id,
+            evidence=self.evidence,
+        )
+
+
+@dataclass(slots=True)
+class _Failure:
+    cause: str
+    worker: str
+    host: str
+    signature_id: str
+
+
+@dataclass(slots=True)
+class _Shard:
+    pipeline: str
+    infra: int = 0
+    user: int = 0
+    failures: list[_Failure] = field(default_factory=list)  # infra only, capped
+    causes: Counter[str] = field(default_factory=Counter)  # infra causes
+    last_kind: str = ""
+    last_user: str = ""  # the exception's name, for "raised ValueError past its retries"
+    last_words: str = ""  # describe_cause of the last infra failure, with its evidence
+    ended: str = ""  # "" | "done" | "erred" | "aborted" | "forgotten"
+
+
+@dataclass(slots=True)
+class _Pipeline:
+    submitted: int = 0
+    done: int = 0
+    erred: int = 0
+    aborted: int = 0
+    forgotten: int = 0
+    displaced: int = 0
+    infra: int = 0
+    user: int = 0
+    memory_errors: int = 0
+    deaths: Counter[str] = field(default_factory=Counter)  # by cause, one per worker death
+    # worker -> time of its last death: one death that took several shards counts once.
+    last_death: dict[str, float] = field(default_factory=dict)
+    failed: dict[str, None] = field(default_factory=dict)  # ordered set of failed shards
+    erred_shards: list[str] = field(default_factory=list)  # first few, to name the culprit
+    decision: AbortDecision | None = None
+
+    def unfinished(self) -> int:
+        return max(0, self.submitted - self.done - self.erred - self.aborted - self.forgotten)
+
+
+# --------------------------------------------------------------------------- policy
+
+
+class FailurePolicy:
+    """Counts shard failures per pipeline and decides when a shard is a deterministic crasher.
+
+    A shard is one when its infra failures reach `max_shard_infra_failures`, or (with
+    `abort_on_repeat_signature`) when it died with the same signature on two different
+    workers for a cause that points at the shard (oom_kill, memory_terminate, native_crash,
+    memory_error). User exceptions are counted but never abort: task retries handle them.
+
+    >>> p = FailurePolicy(max_shard_infra_failures=3)
+    >>> p.pipeline_submitted("etl", ["a", "b"])
+    >>> ev = lambda w: FailureEvent("infra", "oom_kill", "a", "etl", w, "h", "sig1", "MemoryError")
+    >>> p.record(ev("tcp://w1")) is None
+    True
+    >>> p.record(ev("tcp://w2")).count
+    2
+    """
+
+    def __init__(
+        self, *, max_shard_infra_failures: int = 3, abort_on_repeat_signature: bool = True
+    ) -> None:
+        if (
+            isinstance(max_shard_infra_failures, bool)
+            or not isinstance(max_shard_infra_failures, int)
+            or max_shard_infra_failures < 1
+        ):
+            raise ValueError(
+                f"max_shard_infra_failures is {max_shard_infra_failures!r}; "
+                "expected an integer of at least 1."
+            )
+        self.max_shard_infra_failures = max_shard_infra_failures
+        self.abort_on_repeat_signature = bool(abort_on_repeat_signature)
+        self._pipelines: dict[str, _Pipeline] = {}
+        self._shards: dict[str, _Shard] = {}
+
+    # ---- lifecycle of shards
+
+    def _pipeline(self, name: str) -> _Pipeline:
+        p = self._pipelines.get(name)
+        if p is None:
+            p = self._pipelines[name] = _Pipeline()
+        return p
+
+    def _end(self, pipeline: str, shard: str, how: str) -> _Pipeline | None:
+        p = self._pipeline(pipeline)
+        rec = self._shards.get(shard)
+        if rec is not None and rec.pipeline == pipeline:
+            if rec.ended:  # ended already: a repeated call must not count twice
+                return None
+            rec.ended = how
+        return p
+
+    def pipeline_submitted(self, pipeline: str, shards: Iterable[str]) -> None:
+        """Add shards (task keys new to the scheduler) to `pipeline`; call once per graph.
+
+        >>> p = FailurePolicy(); p.pipeline_submitted("etl", ["a", "b"]); p.status("etl").status
+        'running'
+        """
+        if isinstance(shards, (str, bytes)):
+            raise TypeError(
+                f"shards is the string {shards!r}; expected an iterable of task keys."
+            )
+        p = self._pipeline(pipeline)
+        n = sum(1 for _ in shards)
+        p.submitted += n
+
+    def shard_done(self, pipeline: str, shard: str) -> None:
+        """The shard's task reached memory."""
+        p = self._end(pipeline, shard, "done")
+        if p is not None:
+            p.done += 1
+
+    def shard_erred(self, pipeline: str, shard: str, *, aborted: bool) -> None:
+        """The shard's task erred for good: by our abort (`aborted=True`), or otherwise (a user
+        error past its retries, KilledWorker, a failed dependency)."""
+        p = self._end(pipeline, shard, "aborted" if aborted else "erred")
+        if p is None:
+            return
+        if aborted:
+            p.aborted += 1
+        else:
+            p.erred += 1
+            if len(p.erred_shards) < _LIST_CAP:
+                p.erred_shards.append(shard)
+
+    def shard_forgotten(self, pipeline: str, shard: str) -> None:
+        """The shard's task was released or cancelled without a result."""
+        p = self._end(pipeline, shard, "forgotten")
+        if p is not None:
+            p.forgotten += 1
+
+    def shard_reopened(self, pipeline: str, shard: str) -> None:
+        """A finished shard's result was lost (its worker died holding it); it runs again."""
+        p = self._pipeline(pipeline)
+        rec = self._shards.get(shard)
+        if rec is not None and rec.pipeline == pipeline:
+            if rec.ended != "done":
+                return
+            rec.ended = ""
+        if p.done > 0:
+            p.done -= 1
+
+    def displaced(self, pipeline: str, shard: str) -> None:
+        """The shard was only queued on a worker that died; it was rescheduled uncounted."""
+        self._pipeline(pipeline).displaced += 1
+
+    # ---- failures
+
+    def attempt(self, shard: str) -> int:
+        """The number the next failure of `shard` gets (1 for its first failure).
+
+        >>> FailurePolicy().attempt("never-failed")
+        1
+        """
+        rec = self._shards.get(shard)
+        return 1 if rec is None else rec.infra + rec.user + 1
+
+    def record(self, event: FailureEvent) -> AbortDecision | None:
+        """Count one failure; return an `AbortDecision` the first time it makes its shard a
+        deterministic crasher, at most once per pipeline.
+
+        Raises ValueError naming the field for an unknown cause or a kind that contradicts it;
+        nothing is counted then.
+        """
+        try:
+            cause = Cause(event.cause)
+        except ValueError:
+            raise ValueError(
+                f"FailureEvent.cause is {event.cause!r}; expected one of "
+                f"{', '.join(c.value for c in Cause)}."
+            ) from None
+        kind = kind_of(cause)
+        if event.kind != kind:
+            raise ValueError(
+                f"FailureEvent.kind is {event.kind!r} but cause {cause.value!r} is {kind.value!r}."
+            )
+        if not isinstance(event.shard, str) or not event.shard:
+            raise ValueError(f"FailureEvent.shard is {event.shard!r}; expected a task key as str.")
+
+        p = self._pipeline(event.pipeline)
+        rec = self._shards.get(event.shard)
+        if rec is None or rec.pipeline != event.pipeline:
+            # A key reused by another pipeline starts over there.
+            if rec is not None:
+                old = self._pipelines.get(rec.pipeline)
+                if old is not None:
+                    old.failed.pop(event.shard, None)
+            rec = self._shards[event.shard] = _Shard(pipeline=event.pipeline)
+        p.failed[event.shard] = None
+        rec.last_kind = kind.value
+
+        if kind is Kind.USER:
+            rec.user += 1
+            p.user += 1
+            rec.last_user = _exception_name(event.evidence or {}, event.signature_title)
+            return None
+
+        rec.infra += 1
+        rec.causes[cause.value] += 1
+        rec.last_words = describe_cause(cause, event.evidence or {})
+        p.infra += 1
+        if cause is Cause.MEMORY_ERROR:
+            p.memory_errors += 1
+        elif cause in DEATH_CAUSES:
+            # Events of one death carry the same worker and time; time 0 means "unknown".
+            if not (event.time and p.last_death.get(event.worker) == event.time):
+                p.deaths[cause.value] += 1
+            p.last_death[event.worker] = event.time
+        new = _Failure(cause.value, event.worker, event.host, event.signature_id)
+        repeat = self._repeat_on_other_worker(rec, new)
+        if len(rec.failures) < _HISTORY_CAP:
+            rec.failures.append(new)
+
+        if p.decision is not None or rec.ended == "done":
+            return None
+        if rec.infra >= self.max_shard_infra_failures:
+            reason = "count"
+        elif repeat is not None:
+            reason = "repeat"
+        else:
+            return None
+        p.decision = self._decide(event, cause, rec, p, reason, repeat)
+        return p.decision
+
+    def _repeat_on_other_worker(self, rec: _Shard, new: _Failure) -> _Failure | None:
+        if not self.abort_on_repeat_signature or new.cause not in SHARD_CAUSES:
+            return None
+        if not new.signature_id:  # an unknown signature matches nothing
+            return None
+        for f in rec.failures:
+            if (
+                f.cause in SHARD_CAUSES
+                and f.signature_id == new.signature_id
+                and f.worker != new.worker
+            ):
+                return f
+        return None
+
+    def _decide(
+        self,
+        event: FailureEvent,
+        cause: Cause,
+        rec: _Shard,
+        p: _Pipeline,
+        reason: str,
+        repeat: _Failure | None,
+    ) -> AbortDecision:
+        workers = tuple(dict.fromkeys(f.worker for f in rec.failures if f.worker))
+        hosts = tuple(dict.fromkeys(f.host for f in rec.failures if f.host))
+        evidence = dict(event.evidence or {})
+        shard = _shard_name(event.shard)
+
+        if len(rec.causes) == 1:
+            what = f"{_subject(cause)} {describe_cause(cause, evidence)}"
+            if rec.infra > 1:
+                what += " each time"
+        else:
+            what = "; ".join(
+                f"{_times(n)} {_subject(c)} "
+                f"{describe_cause(c, evidence if c == cause else None)}"
+                for c, n in rec.causes.most_common()
+            )
+        summary = evidence.get("summary")
+        if isinstance(summary, str) and summary:
+            what += f" (last time: {summary})"
+
+        if reason == "count":
+            why = (
+                f"it failed {_times(rec.infra)}, reaching max-shard-infra-failures "
+                f"({self.max_shard_infra_failures}), so another retry would most likely "
+                "fail the same way"
+            )
+        else:
+            assert repeat is not None
+            why = (
+                f"it died with the same signature on two different workers "
+                f"({repeat.worker} and {event.worker}), so neither one bad node nor "
+                "preemption explains it"
+            )
+
+        crashed = sum(
+            1 for s in p.failed if (r := self._shards.get(s)) is not None and r.infra > 0
+        )
+        tally = f"{_plural(p.done, 'shard')} done, {crashed} crashed at least once"
+        if p.erred:
+            tally += f", {p.erred} erred"
+        tally += f", {p.unfinished()} unfinished now being aborted"
+
+        if cause in MEMORY_CAUSES:
+            todo = (
+                "give this shard more memory (a larger worker memory limit, or split its "
+                "input so the shard is smaller), then resubmit"
+            )
+        elif cause is Cause.NATIVE_CRASH:
+            todo = (
+                "fix the native crash at the signature's stack (often a C extension, or a "
+                "bad input reaching one), then resubmit"
+            )
+        else:
+            todo = (
+                "find out what keeps killing the workers (preemption, an outside OOM killer "
+                "such as earlyoom or systemd-oomd, pod limits), since the shard may not be at "
+                "fault, then resubmit"
+            )
+        sig = event.signature_title or "unknown"
+        if event.signature_id:
+            sig += f" (id {event.signature_id})"
+        message = (
+            f"oomguard aborted pipeline {event.pipeline!r} because shard {shard} failed "
+            f"{_times(rec.infra)}: {what}. "
+            f"Crash signature: {sig}. "
+            f"Workers: {_listing(workers) or 'unknown'}; hosts: {_listing(hosts) or 'unknown'}. "
+            f"oomguard treats the shard as a deterministic crasher because {why}. "
+            f"Pipeline tally: {tally}. "
+            f"Next: {todo}; `oomguard report --shard {_shell_arg(event.shard)}` shows every "
+            "failure of this shard with its evidence."
+        )
+        return AbortDecision(
+            pipeline=event.pipeline,
+            shard=event.shard,
+            cause=cause.value,
+            count=rec.infra,
+            signature_id=event.signature_id,
+            signature_title=event.signature_title,
+            evidence=evidence,
+            workers=workers,
+            hosts=hosts,
+            message=message,
+        )
+
+    # ---- reading
+
+    def pipelines(self) -> list[str]:
+        """Names of the pipelines the policy holds, oldest first."""
+        return list(self._pipelines)
+
+    def tracked_shards(self) -> int:
+        """How many shards have a failure record (the policy's only per-shard state)."""
+        return len(self._shards)
+
+    def forget_pipeline(self, pipeline: str) -> None:
+        """Drop a pipeline and its shards' records (after the plugin persisted its status)."""
+        p = self._pipelines.pop(pipeline, None)
+        if p is None:
+            return
+        for shard in p.failed:
+            rec = self._shards.get(shard)
+            if rec is not None and rec.pipeline == pipeline:
+                del self._shards[shard]
+
+    def status(self, pipeline: str) -> PipelineStatus:
+        """Where `pipeline` stands, with a one-sentence summary naming the layer that failed.
+
+        >>> p = FailurePolicy(); p.pipeline_submitted("etl", ["a"]); p.shard_done("etl", "a")
+        >>> p.status("etl").summary
+        'the 1 shard finished.'
+        """
+        p = self._pipelines.get(pipeline)
+        if p is None:
+            raise KeyError(
+                f"unknown pipeline {pipeline!r}; the policy holds {len(self._pipelines)} "
+                "pipeline(s), see FailurePolicy.pipelines()."
+            )
+        if p.decision is not None:
+            status = "aborted"
+        elif p.unfinished() > 0:
+            status = "running"
+        elif p.erred > 0:
+            status = "failed"
+        elif p.infra > 0:
+            status = "succeeded_after_infra_failures"
+        else:
+            status = "succeeded"
+        return PipelineStatus(
+            name=pipeline,
+            status=status,
+            shards_done=p.done,
+            shards_failed=p.erred,
+            shards_aborted=p.aborted,
+            infra_failures=p.infra,
+            user_failures=p.user,
+            summary=self._summary(status, p),
+            abort_reason=p.decision.message if p.decision is not None else "",
+        )
+
+    # ---- summaries
+
+    def _infra_clause(self, p: _Pipeline, retried: str) -> str:
+        parts = []
+        n_deaths = sum(p.deaths.values())
+        if n_deaths:
+            parts.append(
+                f"{_plural(n_deaths, 'worker death')} ({_breakdown(p.deaths)}) {retried}"
+            )
+        if p.memory_errors:
+            parts.append(f"{_plural(p.memory_errors, 'MemoryError')} in task code")
+        return ", and ".join(parts)
+
+    def _shard_story(self, shard: str, rec: _Shard) -> str:
+        name = _shard_name(shard)
+        if len(rec.causes) == 1:
+            (cause,) = rec.causes
+            if cause == Cause.MEMORY_ERROR:
+                return f"shard {name} raised MemoryError {_times(rec.infra)}"
+            return f"a worker {rec.last_words} at shard {name} {_times(rec.infra)}"
+        return f"shard {name} failed {_times(rec.infra)} ({_breakdown(rec.causes)})"
+
+    def _summary(self, status: str, p: _Pipeline) -> str:
+        finished = f"{_plural(p.done, 'shard')} finished"
+        if status == "aborted":
+            d = p.decision
+            assert d is not None
+            rec = self._shards.get(d.shard)
+            if rec is not None and rec.pipeline == d.pipeline and rec.infra:
+                story = self._shard_story(d.shard, rec)
+            else:
+                story = f"shard {_shard_name(d.shard)} failed {_times(d.count)}"
+            tally = [f"{_plural(p.done, 'shard')} had finished"]
+            if p.erred:
+                tally.append(f"{p.erred} erred")
+            left = p.unfinished()
+            if p.aborted or not left:
+                tally.append(f"{p.aborted} {_was(p.aborted)} aborted")
+            if left:
+                still = "still " if p.aborted else ""
+                tally.append(f"{left} {'is' if left == 1 else 'are'} {still}being aborted")
+            return f"{story}; the pipeline was aborted; {', '.join(tally)}."
+
+        if status == "running":
+            s = f"{p.done} of {_plural(p.submitted, 'shard')} finished so far"
+            if p.erred:
+                s += f", {p.erred} erred"
+            infra = self._infra_clause(p, "that oomguard retried")
+            if infra:
+                s += f", after {infra}"
+            return s + "."
+
+        if status == "failed":
+            # The culprit is the first shard that failed and then erred for good; a shard
+            # whose failures were retried into success is not it.
+            culprit = next(
+                (s for s in p.failed if (r := self._shards.get(s)) and r.ended == "erred"),
+                None,
+            )
+            if culprit is not None:
+                rec = self._shards[culprit]
+                if rec.last_kind == Kind.USER:
+                    story = (
+                        f"shard {_shard_name(culprit)} raised {rec.last_user or 'an exception'}"
+                        " past its retries"
+                    )
+                else:
+                    story = f"{self._shard_story(culprit, rec)} until Dask gave up on it"
+            else:
+                first = p.erred_shards[0] if p.erred_shards else "?"
+                story = f"shard {_shard_name(first)} erred"
+            others = p.erred - 1
+            tail = f"; {finished}"
+            if others > 0:
+                tail += f", {others} more erred"
+            return f"{story}{tail}."
+
+        # Succeeded, possibly after failures: never read as plain success when shards died.
+        if p.submitted == 0 and p.done == 0:
+            s = "no shards were submitted"
+        elif p.forgotten:
+            s = (
+                f"{p.done} of {_plural(p.submitted, 'shard')} finished and {p.forgotten} "
+                f"{_was(p.forgotten)} released or cancelled without a result"
+            )
+        else:
+            s = "the 1 shard finished" if p.done == 1 else f"all {p.done} shards finished"
+        infra = self._infra_clause(p, "that oomguard retried without using task retries")
+        if infra:
+            s += f", after {infra}"
+        if p.user:
+            s += f"; task retries absorbed {_plural(p.user, 'exception')}"
+        if p.displaced:
+            s += (
+                f"; {_plural(p.displaced, 'queued shard')} {_was(p.displaced)} moved off dead "
+                "workers without counting against them"
+            )
+        return s + "."

@@ -1,0 +1,96 @@
+"""Crash signatures: one stable id for every occurrence of the same crash.
+
+Three inputs are understood (`fingerprint` tells them apart): a Python traceback as
+`traceback.format_exc()` prints it, a faulthandler dump, and the text Dask keeps for an
+erred task (`exception_text` + `traceback_text`, as a JSON object or a worker's
+"Compute Failed" log block). `fingerprint_stack` signs a death that left no trace of its own
+(an OOM kill) from a stack recorded before it.
+
+What is hashed (with GROUPING_VERSION, so a rule change never silently regroups history):
+- the error: the exception's class name, or the fatal signal (SIGSEGV, SIGABRT, ...), or the
+  cause given to `fingerprint_stack`;
+- the normalised (module path, function) of each in-app frame, innermost last; all frames
+  when none is in-app. Line numbers are shown, never hashed.
+
+Not hashed, by decision:
+- the message, for Python exceptions as for dumps: values are normalised for display
+  ("key <n> not found"), but the id is type + frames, so the same bug with other data is
+  one signature, and a message rewording in a library does not split it;
+- the cause chain of a Python traceback: only the last exception counts, because that is
+  all Dask keeps for an erred task, so a worker's log and the scheduler's record agree;
+- the input kind, for the same reason;
+- every thread but the crashing one ("Current thread") of a faulthandler dump.
+
+Input is capped: the last 1 MiB (plus the first 4 KiB) and the innermost 2,000 frames;
+every scan is line-anchored and linear in the input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ._paths import normalise_path
+from ._records import GROUPING_VERSION, Frame, Signature, unparsed
+from ._scrub import scrub
+
+__all__ = [
+    "GROUPING_VERSION",
+    "Frame",
+    "Signature",
+    "fingerprint",
+    "fingerprint_dask",
+    "fingerprint_stack",
+    "normalise_path",
+    "scrub",
+]
+
+
+def fingerprint(text: str | bytes) -> Signature:
+    """The signature of a trace; never raises. Input that is no trace gets input_kind
+    "unparsed", a `reason`, and an id that depends on that reason alone.
+
+    >>> fingerprint(b"Fatal Python error: Aborted\\n\\nCurrent thread 0x7f (most recent call first):\\n"
+    ...             b'  File "/srv/shardapp/core.py", line 9 in abort_record\\n').title
+    'SIGABRT in shardapp.core.abort_record'
+    """
+    from ._parse import parse_any
+
+    try:
+        return parse_any(text)
+    except Exception as exc:  # a hook must never be taken down by a strange trace
+        return unparsed(f"parser error: {type(exc).__name__}")
+
+
+def fingerprint_dask(exception_text: str, traceback_text: str) -> Signature:
+    """The signature of an erred Dask task from the scheduler's `TaskState.exception_text`
+    (the exception's repr) and `traceback_text` (`format_tb` output); never raises.
+
+    >>> fingerprint_dask("KeyError(17)", '  File "<dynamic-code>", line 8, in lookup\\n').title
+    'KeyError in lookup'
+    """
+    from ._parse import parse_dask
+
+    try:
+        if not isinstance(exception_text, str) or not isinstance(traceback_text, str):
+            return unparsed("exception_text and traceback_text must be str")
+        return parse_dask(exception_text, traceback_text)
+    except Exception as exc:
+        return unparsed(f"parser error: {type(exc).__name__}")
+
+
+def fingerprint_stack(error: str, frames: Sequence[tuple[str, int | None, str]]) -> Signature:
+    """The signature of a death with no trace of its own, from a recorded stack.
+
+    `frames` are `(filename, lineno, function)`, innermost LAST (as `traceback.extract_stack`
+    gives them); `error` is the cause, e.g. "oom_kill". Never raises.
+
+    >>> fingerprint_stack("oom_kill", [("/srv/shardapp/core.py", 30, "process_shard"),
+    ...                                ("/srv/shardapp/core.py", 12, "explode")]).title
+    'oom_kill in shardapp.core.explode ← process_shard'
+    """
+    from ._parse import stack_signature
+
+    try:
+        return stack_signature(error, frames)
+    except Exception as exc:
+        return unparsed(f"parser error: {type(exc).__name__}")

@@ -1,0 +1,258 @@
+"""Finding the crash in a text: Python tracebacks, faulthandler dumps, Dask erred tasks.
+
+Every parser is a bounded, line-anchored scan: no regex here can backtrack across lines, so
+the work is linear in the input, and the input itself is capped at MAX_INPUT characters.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from collections.abc import Sequence
+import re
+
+from . import _records as R
+from ._records import Signature
+from ._rules import hashed_frames, normalise_frames, normalise_message
+
+MAX_INPUT = 1 << 20  # only the last 1 MiB of a larger input is read (plus its first 4 KiB)
+_HEAD = 4096
+
+_PY_HEADER = "Traceback (most recent call last):"
+_GROUP_HEADER = ("  + Exception Group ", "  | Exception Group ", "  + ", "  | ")
+# Line patterns start with a literal "\n" (parse_any prefixes one to the text): `re` then
+# scans for it at C speed instead of trying `^` at every position.
+_PY_FRAME = re.compile(r'\n  File "([^\n]*)", line (\d{1,9})(?:, in ([^\n]*))?$', re.M)
+_NOT_INDENTED = re.compile(r"\n(?=\S)")  # a literal first char lets `re` scan fast
+_EXC_LINE = re.compile(r"([A-Za-z_][\w.]*)(?::[ \t]?(.*))?$")
+_GROUP_PREFIX = re.compile(r"^  [+|] ?", re.M)
+
+_FATAL = re.compile(r"\nFatal Python error: ([^\n]*)$", re.M)
+_WINDOWS_FATAL = re.compile(r"\nWindows fatal exception: ([^\n]*)$", re.M)
+_TIMEOUT = re.compile(r"\nTimeout \([0-9:.]+\)!$", re.M)
+_CURRENT = re.compile(r"\nCurrent thread 0x[0-9a-fA-F]+[^\n]*\(most recent call first\):[ \t]*$", re.M)
+_STACK = re.compile(r"\nStack \(most recent call first\):[ \t]*$", re.M)
+_THREAD = re.compile(r"\nThread 0x[0-9a-fA-F]+[^\n]*\(most recent call first\):[ \t]*$", re.M)
+_FH_FRAME = re.compile(r'\n  File "([^\n]*)", line (\d{1,9}|\?+) in ([^\n]*)$', re.M)
+_BLOCK_END = re.compile(r"\n(?!  )")
+
+_DASK_EXC = re.compile(r"\nException: ([^\n]*)$", re.M)
+_DASK_TB = re.compile(r"\nTraceback: ([^\n]*)$", re.M)
+_REPR = re.compile(r"([A-Za-z_][\w.]*)\((.*)\)", re.S)
+
+# faulthandler's words for the fatal signals it handles, as signal names.
+SIGNALS = {
+    "Segmentation fault": "SIGSEGV",
+    "Aborted": "SIGABRT",
+    "Floating-point exception": "SIGFPE",
+    "Floating point exception": "SIGFPE",
+    "Bus error": "SIGBUS",
+    "Illegal instruction": "SIGILL",
+}
+
+NO_CURRENT = "no thread marked as crashing (a truncated dump, or a timeout dump of several threads)"
+NO_TRACE = "no Python traceback, faulthandler dump or Dask task traceback found"
+
+
+def _bounded(text: str) -> str:
+    # Keep the head (a dump's "Fatal Python error" line) and the tail (where the crash ends).
+    if len(text) <= MAX_INPUT:
+        return text
+    return text[:_HEAD] + "\n" + text[-MAX_INPUT:]
+
+
+def _lineno(s: str) -> int | None:
+    return None if s[0] == "?" else int(s)
+
+
+def _signature(kind: str, error: str, message: str, raw: list, reason: str = "") -> Signature:
+    frames = hashed_frames(normalise_frames(raw))
+    return R.make_signature(kind, error, message, frames, reason)
+
+
+def _last_header(text: str) -> tuple[int, bool] | None:
+    """(end of the last traceback header line, is it an exception group's) or None."""
+    end = len(text)
+    while True:
+        i = text.rfind(_PY_HEADER, 0, end)
+        if i < 0:
+            return None
+        line_start = text.rfind("\n", 0, i) + 1
+        prefix = text[line_start:i]
+        if prefix in ("", "Exception Group ") or prefix in _GROUP_HEADER:
+            return i + len(_PY_HEADER), prefix.startswith("  ")
+        end = i
+
+
+def parse_python(text: str) -> Signature | None:
+    """The last exception of the last traceback in `text`; None when there is none."""
+    found = _last_header(text)
+    if found is None:
+        return None
+    start, group = found
+    body = text[start:]
+    if group:
+        # An exception group: read its own frames and type, not its sub-exceptions.
+        cut = body.find("\n  +-")
+        body = _GROUP_PREFIX.sub("", body if cut < 0 else body[:cut])
+    end = _NOT_INDENTED.search(body)
+    stop = end.end() if end else len(body)
+    raw = [(f, int(n), fn) for f, n, fn in _PY_FRAME.findall(body, 0, stop)]
+    error = message = ""
+    if end:
+        eol = body.find("\n", stop)
+        m = _EXC_LINE.match(body, stop, eol if eol >= 0 else len(body))
+        if m:
+            error, message = m[1], normalise_message(m[2] or "")
+    if not raw and not error:
+        return R.unparsed("truncated traceback: nothing after its header")
+    return _signature(R.PYTHON, error, message, raw)
+
+
+def _last(pattern: re.Pattern[str], text: str, stop: int) -> re.Match[str] | None:
+    found = None
+    for found in pattern.finditer(text, 0, stop):
+        pass
+    return found
+
+
+def _fatal_error(text: str, stop: int) -> tuple[str, str]:
+    # The header that belongs to this dump is the last one before its crashing thread.
+    m = _last(_FATAL, text, stop)
+    if m:
+        what = m[1].strip()
+        if what in SIGNALS:
+            return SIGNALS[what], ""
+        # Other fatal errors name the C function that gave up: keep it, the rest is message.
+        fn, _, rest = what.partition(":")
+        error = f"FATAL:{fn}" if re.fullmatch(r"\w{1,80}", fn) else "FATAL"
+        return error, normalise_message(rest or what)
+    m = _last(_WINDOWS_FATAL, text, stop)
+    if m:
+        return "EXCEPTION_" + re.sub(r"\W+", "_", m[1].strip()).upper()[:60], ""
+    if _last(_TIMEOUT, text, stop):
+        return "TIMEOUT", ""
+    # faulthandler.register(signal) and dump_traceback() write no header.
+    return "DUMP", ""
+
+
+def parse_faulthandler(text: str) -> Signature | None:
+    """The crashing thread of a faulthandler dump; None when `text` is no dump."""
+    header = _last(_CURRENT, text, len(text)) or _last(_STACK, text, len(text))
+    if header is None:
+        threads = list(_THREAD.finditer(text))
+        if len(threads) == 1:
+            header = threads[0]  # only one thread was running: it is the crashing one
+        elif not threads and not _FATAL.search(text):
+            return None
+    error, message = _fatal_error(text, header.start() if header else len(text))
+    if header is None:
+        # Truncated before the crashing thread, or other threads only: the signal still counts.
+        return R.make_signature(R.FAULTHANDLER, error, message, (), NO_CURRENT)
+    start = header.end()
+    end = _BLOCK_END.search(text, start)
+    stop = end.start() if end else len(text)
+    # faulthandler prints innermost first
+    raw = [(f, _lineno(n), fn) for f, n, fn in reversed(_FH_FRAME.findall(text, start, stop + 1))]
+    return _signature(R.FAULTHANDLER, error, message, raw)
+
+
+def _parse_exception_text(exception_text: str) -> tuple[str, str]:
+    text = exception_text.strip()[: 16 * 1024]
+    m = _REPR.fullmatch(text)
+    if m:
+        args = m[2]
+        try:
+            value = ast.literal_eval(args) if len(args) < 4096 else args
+        except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+            value = args
+        # str(exc) of a one-string exception is that string; KeyError alone shows its repr.
+        plain = isinstance(value, str) and m[1].rsplit(".", 1)[-1] != "KeyError"
+        return m[1], normalise_message(value if plain else args)
+    m = _EXC_LINE.match(text.split("\n", 1)[0])
+    if m:
+        return m[1], normalise_message(m[2] or "")
+    return "", normalise_message(text)
+
+
+def parse_dask(exception_text: str, traceback_text: str) -> Signature:
+    if not exception_text.strip() and not traceback_text.strip():
+        return R.unparsed("empty input")
+    error, message = _parse_exception_text(exception_text)
+    tb = "\n" + _bounded(traceback_text)
+    raw = [(f, int(n), fn) for f, n, fn in _PY_FRAME.findall(tb)]
+    return _signature(R.DASK, error, message, raw)
+
+
+def _unrepr(s: str) -> str:
+    try:
+        value = ast.literal_eval(s) if len(s) < MAX_INPUT else s
+    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+        return s
+    return value if isinstance(value, str) else s
+
+
+def parse_dask_record(text: str) -> Signature | None:
+    """A JSON object with exception_text/traceback_text, or a worker's "Compute Failed" log."""
+    stripped = text.strip()
+    if stripped.startswith("{") and "exception_text" in stripped:
+        try:
+            obj = json.loads(stripped)
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict) and isinstance(obj.get("exception_text"), str):
+            tb = obj.get("traceback_text")
+            return parse_dask(obj["exception_text"], tb if isinstance(tb, str) else "")
+    tbs = list(_DASK_TB.finditer(text))
+    if not tbs or not tbs[-1][1][:1] in ("'", '"'):
+        return None
+    exc = None
+    for exc in _DASK_EXC.finditer(text, 0, tbs[-1].start()):
+        pass
+    return parse_dask(_unrepr(exc[1]) if exc else "", _unrepr(tbs[-1][1]))
+
+
+def parse_any(data: str | bytes) -> Signature:
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        if len(data) > MAX_INPUT:
+            data = bytes(data[:_HEAD]) + b"\n" + bytes(data[-MAX_INPUT:])
+        text = bytes(data).decode("utf-8", "replace")
+    elif isinstance(data, str):
+        text = _bounded(data)
+    else:
+        return R.unparsed(f"not text: {type(data).__name__}")
+    if not text or text.isspace():
+        return R.unparsed("empty input")
+    text = "\n" + text  # every line, the first too, now starts after a "\n"
+    # A fatal error is the death itself, whatever Python tracebacks were logged before it.
+    if "Fatal Python error: " in text or "(most recent call first):" in text:
+        sig = parse_faulthandler(text)
+        if sig is not None:
+            return sig
+    if "Traceback: " in text or "exception_text" in text[:_HEAD]:
+        sig = parse_dask_record(text)
+        if sig is not None:
+            return sig
+    sig = parse_python(text)
+    if sig is not None:
+        return sig
+    if '  File "' in text:
+        # format_tb output without its header (what Dask keeps as traceback_text).
+        return parse_dask("", text)
+    sample = text[:_HEAD]
+    if "\x00" in sample or sample.count("\ufffd") * 10 > len(sample):
+        return R.unparsed("binary input, not a text trace")
+    return R.unparsed(NO_TRACE)
+
+
+def stack_signature(error: str, frames: Sequence[tuple[str, int | None, str]]) -> Signature:
+    raw = []
+    for i, fr in enumerate(frames):
+        ok = isinstance(fr, (tuple, list)) and len(fr) == 3
+        if not (ok and isinstance(fr[0], str) and isinstance(fr[2], str)):
+            return R.unparsed(
+                f"invalid stack frame at index {i}: want (filename, lineno, function)"
+            )
+        lineno = fr[1] if isinstance(fr[1], int) and not isinstance(fr[1], bool) else None
+        raw.append((fr[0], lineno, fr[2]))
+    return _signature(R.STACK, str(error or "unknown"), "", raw)

@@ -1,0 +1,781 @@
+"""The failure history: every failure event, one deduplicated row per signature, and the
+last status of every pipeline, in one SQLite file (stdlib `sqlite3`). Knows nothing of Dask.
+
+Writes never touch the disk on the caller's thread: `add()` and `upsert_pipeline()` append
+to a bounded in-memory queue (O(1), no I/O, never blocks; a full queue returns False and is
+counted in `overflow`). One writer thread commits the queue in batches, one transaction
+each, every `batch_interval` seconds or every `BATCH_EVENTS` items. Reads run on the
+caller's thread with that thread's own connection; the file is in WAL mode, so a read never
+waits for the writer. Exactly one `FailureStore` may write a given file at a time.
+
+Durability: WAL with `synchronous=NORMAL`. A commit is written to the WAL file (the OS page
+cache) before `flush()` returns True, so it survives the process being SIGKILLed; it is
+not fsynced, so a power loss or kernel crash may lose the last commits (never corrupt the
+file). A failure history is diagnostics, not a ledger: we trade that for write speed.
+
+Deduplication: `signatures` holds one row per signature id across every host: count,
+first/last seen (event times), title and grouping version (from the latest write), and the
+example trace (the first non-empty one given to `add()`). The distinct hosts, workers,
+shards, pipelines and causes of a signature live, uncapped, in `signature_members` (empty
+strings are not recorded); a returned SignatureRow lists at most `member_cap` of each,
+sorted, and `distinct_counts()` gives the true numbers. Retention drops the oldest events
+(in insertion order) past `max_events` and never touches signatures, so counts survive.
+
+Schema: `PRAGMA user_version` is the number of migrations applied; `MIGRATIONS[i]` takes
+version i to i+1 in one transaction. `PRAGMA application_id` marks the file as ours. A
+file from a newer oomguard, from another application, or that is not SQLite is refused
+with `StoreError` naming the path, and left byte-for-byte untouched.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import pathlib
+import shutil
+import sqlite3
+import tempfile
+import threading
+import time
+from typing import Any
+
+from ._exceptions import OomguardError
+from ._models import FailureEvent, PipelineStatus, SignatureRow
+
+logger = logging.getLogger("oomguard.store")
+
+#: "OOMG": marks a SQLite file as an oomguard store.
+APPLICATION_ID = 0x4F4F4D47
+
+#: MIGRATIONS[i] takes the schema from version i to i + 1. Append; never edit a released one.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        f"PRAGMA application_id = {APPLICATION_ID}",
+        """CREATE TABLE events (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused, even after retention
+            time REAL NOT NULL,
+            kind TEXT NOT NULL,
+            cause TEXT NOT NULL,
+            shard TEXT NOT NULL,
+            pipeline TEXT NOT NULL,
+            worker TEXT NOT NULL,
+            host TEXT NOT NULL,
+            signature_id TEXT NOT NULL,
+            signature_title TEXT NOT NULL,
+            evidence TEXT NOT NULL,  -- JSON object
+            attempt INTEGER NOT NULL,
+            grouping_version INTEGER NOT NULL
+        )""",
+        "CREATE INDEX events_time ON events(time)",
+        "CREATE INDEX events_shard ON events(shard, time)",
+        "CREATE INDEX events_signature ON events(signature_id, time)",
+        "CREATE INDEX events_pipeline ON events(pipeline, time)",
+        "CREATE INDEX events_cause ON events(cause, time)",
+        """CREATE TABLE signatures (
+            id TEXT PRIMARY KEY,
+            title TEXT NOT NULL,
+            grouping_version INTEGER NOT NULL,
+            count INTEGER NOT NULL,
+            first_seen REAL NOT NULL,
+            last_seen REAL NOT NULL,
+            example TEXT NOT NULL
+        )""",
+        "CREATE INDEX signatures_rank ON signatures(count DESC, last_seen DESC)",
+        # field: the index of the SignatureRow list in MEMBER_FIELDS.
+        """CREATE TABLE signature_members (
+            signature_id TEXT NOT NULL,
+            field INTEGER NOT NULL,
+            value TEXT NOT NULL,
+            PRIMARY KEY (signature_id, field, value)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE signature_distinct (
+            signature_id TEXT NOT NULL,
+            field INTEGER NOT NULL,
+            n INTEGER NOT NULL,
+            PRIMARY KEY (signature_id, field)
+        ) WITHOUT ROWID""",
+        # Fires only for members really inserted (INSERT OR IGNORE skips duplicates).
+        """CREATE TRIGGER signature_members_count AFTER INSERT ON signature_members BEGIN
+            INSERT INTO signature_distinct (signature_id, field, n)
+            VALUES (NEW.signature_id, NEW.field, 1)
+            ON CONFLICT (signature_id, field) DO UPDATE SET n = n + 1;
+        END""",
+        """CREATE TABLE pipelines (
+            name TEXT PRIMARY KEY,
+            status TEXT NOT NULL,
+            shards_done INTEGER NOT NULL,
+            shards_failed INTEGER NOT NULL,
+            shards_aborted INTEGER NOT NULL,
+            infra_failures INTEGER NOT NULL,
+            user_failures INTEGER NOT NULL,
+            summary TEXT NOT NULL,
+            abort_reason TEXT NOT NULL,
+            updated REAL NOT NULL
+        )""",
+        "CREATE INDEX pipelines_updated ON pipelines(updated)",
+    ),
+)
+
+#: The SignatureRow lists kept in signature_members; the position is the stored code.
+MEMBER_FIELDS = ("hosts", "workers", "shards", "pipelines", "causes")
+_EVENT_MEMBER_ATTRS = ("host", "worker", "shard", "pipeline", "cause")
+
+#: Items committed per transaction at most.
+BATCH_EVENTS = 10_000
+
+_TEXT_FIELDS = ("kind", "cause", "shard", "pipeline", "worker", "host", "signature_id",
+                "signature_title")  # fmt: skip
+_PIPELINE_INT_FIELDS = ("shards_done", "shards_failed", "shards_aborted", "infra_failures",
+                        "user_failures")  # fmt: skip
+_EVENT_COLUMNS = ("id, time, kind, cause, shard, pipeline, worker, host, signature_id, "
+                  "signature_title, evidence, attempt")  # fmt: skip
+_PIPELINE_COLUMNS = ("name, status, shards_done, shards_failed, shards_aborted, "
+                     "infra_failures, user_failures, summary, abort_reason")  # fmt: skip
+
+
+
+class _MultiRow:
+    """An INSERT of many rows per statement: each sqlite3 step releases and retakes the
+    GIL, so 10,000 single-row steps would fight the event loop's thread 10,000 times."""
+
+    def __init__(self, head: str, columns: int, tail: str = "") -> None:
+        # 999: the oldest SQLITE_MAX_VARIABLE_NUMBER still shipped (before SQLite 3.32).
+        self.rows = max(1, min(100, 999 // columns))
+        one = "(" + ", ".join("?" * columns) + ")"
+        self.single = f"{head} {one} {tail}"
+        self.many = f"{head} {', '.join([one] * self.rows)} {tail}"
+
+
+def _insert(conn: sqlite3.Connection, stmt: _MultiRow, rows: list[tuple]) -> None:
+    n = stmt.rows
+    full = len(rows) - len(rows) % n
+    for i in range(0, full, n):
+        conn.execute(stmt.many, [v for row in rows[i : i + n] for v in row])
+    if full < len(rows):
+        conn.executemany(stmt.single, rows[full:])
+
+
+_INSERT_EVENT = _MultiRow(
+    "INSERT INTO events (time, kind, cause, shard, pipeline, worker, host, signature_id,"
+    " signature_title, evidence, attempt, grouping_version) VALUES",
+    12,
+)
+# The writer sums each batch per signature first, so a statement never names one twice.
+_UPSERT_SIGNATURE = _MultiRow(
+    "INSERT INTO signatures (id, title, grouping_version, count, first_seen, last_seen,"
+    " example) VALUES",
+    7,
+    """ON CONFLICT (id) DO UPDATE SET
+        count = count + excluded.count,
+        first_seen = min(first_seen, excluded.first_seen),
+        last_seen = max(last_seen, excluded.last_seen),
+        title = excluded.title,
+        grouping_version = excluded.grouping_version,
+        example = CASE WHEN example = '' THEN excluded.example ELSE example END""",
+)
+_INSERT_MEMBER = _MultiRow("INSERT OR IGNORE INTO signature_members VALUES", 3)
+# Each member list comes back as one JSON array: one row per signature, not one per member.
+_SELECT_SIGNATURE = (
+    "SELECT id, title, grouping_version, count, first_seen, last_seen, example, "
+    + ", ".join(
+        "(SELECT json_group_array(value) FROM (SELECT value FROM signature_members"
+        f" WHERE signature_id = s.id AND field = {code} ORDER BY value LIMIT :cap))"
+        for code in range(len(MEMBER_FIELDS))
+    )
+    + " FROM signatures s"
+)
+_UPSERT_PIPELINE = f"""
+    INSERT INTO pipelines ({_PIPELINE_COLUMNS}, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT (name) DO UPDATE SET
+        status = excluded.status, shards_done = excluded.shards_done,
+        shards_failed = excluded.shards_failed, shards_aborted = excluded.shards_aborted,
+        infra_failures = excluded.infra_failures, user_failures = excluded.user_failures,
+        summary = excluded.summary, abort_reason = excluded.abort_reason,
+        updated = excluded.updated
+"""
+
+
+class StoreError(OomguardError, OSError):
+    """The store file cannot be used: not SQLite, corrupt, another application's, or
+    written by a newer oomguard. The message names the path; the file is left untouched."""
+
+
+class FailureStore:
+    """The persistent failure history of one scheduler (see the module docstring).
+
+    `path` is a file (its directory is created), or ":memory:" for a private temporary
+    file that `close()` deletes (WAL needs a real file, so tests get the same semantics).
+
+    >>> store = FailureStore(":memory:")
+    >>> store.start()
+    >>> store.add(event)                    # from the event loop: queued, no I/O
+    True
+    >>> store.flush()                       # committed
+    True
+    >>> [row.count for row in store.signatures(limit=1)]
+    [1]
+    >>> store.close()
+    """
+
+    #: Longest list returned per SignatureRow field; distinct_counts() has the true numbers.
+    member_cap: int = 1000
+    #: The schema's migrations; a subclass may append (tests do).
+    migrations: tuple[tuple[str, ...], ...] = MIGRATIONS
+
+    written: int  # events committed by this instance
+    overflow: int  # items refused because the queue was full
+    write_errors: int  # items rejected as bad data or lost with a failed transaction
+    last_error: str
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        max_events: int = 1_000_000,
+        queue_size: int = 100_000,
+        batch_interval: float = 0.05,
+    ) -> None:
+        if not isinstance(max_events, int) or max_events < 1:
+            raise ValueError(f"max_events must be a positive integer, got {max_events!r}.")
+        if not isinstance(queue_size, int) or queue_size < 1:
+            raise ValueError(f"queue_size must be a positive integer, got {queue_size!r}.")
+        if not batch_interval > 0:
+            raise ValueError(f"batch_interval must be > 0 seconds, got {batch_interval!r}.")
+        self.path = path
+        self.max_events = max_events
+        self.queue_size = queue_size
+        self.batch_interval = float(batch_interval)
+        self.written = 0
+        self.overflow = 0
+        self.write_errors = 0
+        self.last_error = ""
+        self._file = ""  # the real file: `path`, or a temporary one for ":memory:"
+        self._tmpdir: str | None = None
+        self._queue: collections.deque[tuple] = collections.deque()
+        self._lock = threading.Lock()  # makes "check length, append, count" one step
+        self._enqueued = 0  # items ever queued; an item's sequence number is its rank
+        self._processed = 0  # items taken from the queue and committed or rejected
+        self._lost: collections.deque[tuple[int, int]] = collections.deque(maxlen=1024)
+        self._done = threading.Condition()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._conn: sqlite3.Connection | None = None  # the writer's
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+        self._event_count = 0
+        self._last_log = 0.0
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Open the file, migrate its schema and start the writer thread. Idempotent.
+
+        Raises StoreError (naming the path) for a file that is not a usable oomguard store.
+
+        >>> FailureStore("/var/lib/oomguard/history.sqlite3").start()
+        """
+        if self._thread is not None:
+            return
+        if self._closed:
+            raise RuntimeError(f"FailureStore({self.path!r}) is closed; make a new one.")
+        if self.path == ":memory:":
+            self._tmpdir = tempfile.mkdtemp(prefix="oomguard-store-")
+            self._file = os.path.join(self._tmpdir, "store.sqlite3")
+        else:
+            self._file = os.path.abspath(self.path)
+            os.makedirs(os.path.dirname(self._file), exist_ok=True)
+        if os.path.exists(self._file) and os.path.getsize(self._file) > 0:
+            _inspect(self._file, len(self.migrations))  # read-only: refuse before any write
+        conn = _connect(self._file)
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            _require_json(conn, self._file)
+            _migrate(conn, self._file, self.migrations)
+            self._event_count = conn.execute("SELECT count(*) FROM events").fetchone()[0]
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+        self._thread = threading.Thread(target=self._run, name="oomguard-store", daemon=True)
+        self._thread.start()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Commit what is queued, stop the writer, close every connection. Idempotent; safe
+        when start() never ran (then nothing queued is written).
+
+        >>> store.close()
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread is not None:
+            self._stopping = True
+            self._wake.set()
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                self._error(f"close(): the writer did not stop within {timeout}s; "
+                            f"{len(self._queue)} queued items were not written")  # fmt: skip
+                return  # the writer still owns its connection; it exits on its own
+        with self._lock:
+            readers, self._readers = self._readers, []
+        for conn in readers + ([self._conn] if self._conn is not None else []):
+            try:
+                conn.close()
+            except sqlite3.Error:
+                pass
+        self._conn = None
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+
+    # -- writes (from the event loop) -----------------------------------------------------
+
+    def add(self, event: FailureEvent, *, grouping_version: int = 1, example: str = "") -> bool:
+        """Queue one failure event. O(1), no I/O, never blocks, never raises.
+
+        Returns False when it was refused: the queue is full (counted in `overflow`), the
+        store is closed or the argument is not a FailureEvent (counted in `write_errors`).
+        Fields are checked by the writer; a bad one is counted in `write_errors` and named
+        in `last_error`. The event's `id` is ignored: the store assigns one.
+
+        >>> store.add(event, grouping_version=1, example=normalised_trace)
+        True
+        """
+        try:
+            if not isinstance(event, FailureEvent):
+                self._error(f"add(): expected a FailureEvent, got {type(event).__name__}")
+                return False
+            # A flat tuple, not the event: once the caller drops the event it dies young, and
+            # a tuple of atomics is one object for the GC to track, not three.
+            e = event
+            return self._put((e.time, e.kind, e.cause, e.shard, e.pipeline, e.worker, e.host,
+                              e.signature_id, e.signature_title, e.evidence, e.attempt,
+                              grouping_version, example))  # fmt: skip
+        except Exception as e:  # a scheduler hook must never raise
+            self._error(f"add(): {e!r}")
+            return False
+
+    def upsert_pipeline(self, status: PipelineStatus) -> None:
+        """Queue the latest status of a pipeline (replaces the stored one). Like add(): O(1),
+        never raises; a refusal is counted in `overflow` or `write_errors`.
+
+        >>> store.upsert_pipeline(PipelineStatus("nightly", "running", 10, 0, 0, 0, 0, ""))
+        """
+        try:
+            if not isinstance(status, PipelineStatus):
+                self._error(f"upsert_pipeline(): expected a PipelineStatus, "
+                            f"got {type(status).__name__}")  # fmt: skip
+                return
+            self._put((status, time.time()))
+        except Exception as e:
+            self._error(f"upsert_pipeline(): {e!r}")
+
+    def _put(self, item: tuple) -> bool:
+        with self._lock:
+            if self._closed:
+                self.write_errors += 1
+                self.last_error = "the store is closed"
+                return False
+            if len(self._queue) >= self.queue_size:
+                self.overflow += 1
+                return False
+            self._queue.append(item)
+            self._enqueued += 1
+        return True
+
+    @property
+    def pending(self) -> int:
+        """Items queued and not yet committed."""
+        return len(self._queue)
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Block until every item queued before this call is committed. False on timeout, or
+        when one of them was not committed (bad data, a failed transaction: see last_error).
+
+        Blocks: call it from a thread (or an executor), not from the event loop.
+
+        >>> store.add(event); store.flush()
+        True
+        """
+        with self._lock:
+            target = self._enqueued
+        with self._done:
+            since = self._processed
+            if since >= target:
+                return True
+            if self._thread is None or not self._thread.is_alive():
+                return False
+            self._wake.set()
+            if not self._done.wait_for(lambda: self._processed >= target, timeout):
+                return False
+            return not any(lo < target and hi > since for lo, hi in self._lost)
+
+    # -- the writer thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self.batch_interval)
+            self._wake.clear()
+            stopping = self._stopping
+            try:
+                while self._queue:
+                    self._write_batch()
+            except Exception as e:  # never let the writer die: count, log, go on
+                self._error(f"writer: {e!r}")
+            if stopping and not self._queue:
+                return
+
+    def _write_batch(self) -> None:
+        queue = self._queue
+        items = [queue.popleft() for _ in range(min(BATCH_EVENTS, len(queue)))]
+        first = self._processed  # sequence numbers first+1 .. first+len(items)
+        events: list[tuple] = []
+        pipelines: list[tuple] = []
+        sigs: dict[str, list] = {}
+        members: set[tuple[str, int, str]] = set()
+        bad: list[tuple[int, int]] = []
+        for i, item in enumerate(items):
+            try:
+                if len(item) == 2:
+                    pipelines.append(_pipeline_row(*item))
+                else:
+                    row = _event_row(item)
+                    _aggregate(row, item[12], sigs, members)
+                    events.append(row)
+            except Exception as e:
+                bad.append((first + i, first + i + 1))
+                self._error(f"{_describe(item)}: {e}")
+        conn = self._conn
+        assert conn is not None
+        count = self._event_count + len(events)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            _insert(conn, _INSERT_EVENT, events)
+            _insert(conn, _UPSERT_SIGNATURE, [(sid, *agg) for sid, agg in sigs.items()])
+            # Sorted: the B-tree cursor then walks forward instead of jumping about.
+            _insert(conn, _INSERT_MEMBER, sorted(members))
+            conn.executemany(_UPSERT_PIPELINE, pipelines)
+            if count > self.max_events:
+                # Oldest first by id (insertion order); signature rows are never recounted.
+                cur = conn.execute(
+                    "DELETE FROM events WHERE id IN (SELECT id FROM events ORDER BY id LIMIT ?)",
+                    (count - self.max_events,),
+                )
+                count -= cur.rowcount
+            conn.execute("COMMIT")
+        except Exception as e:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            bad = [(first, first + len(items))]
+            self._error(f"writer: a batch of {len(items)} items was not committed: {e!r}")
+        else:
+            self._event_count = count
+            self.written += len(events)
+        with self._done:
+            self._lost.extend(bad)
+            self._processed = first + len(items)
+            self._done.notify_all()
+
+    def _error(self, message: str) -> None:
+        self.write_errors += 1
+        self.last_error = message
+        now = time.monotonic()
+        if now - self._last_log > 60:  # log once a minute at most; the counter has the rest
+            self._last_log = now
+            logger.error("oomguard failure store %s: %s (write errors so far: %d)",
+                         self.path, message, self.write_errors)  # fmt: skip
+
+    # -- reads (on the caller's thread) ---------------------------------------------------
+
+    def _reader(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            return conn
+        if self._thread is None or self._closed:
+            state = "closed" if self._closed else "not started"
+            raise RuntimeError(f"FailureStore({self.path!r}) is {state}; reads need start().")
+        conn = _connect(self._file)
+        conn.execute("PRAGMA query_only = 1")
+        with self._lock:
+            self._readers.append(conn)
+        self._local.conn = conn
+        return conn
+
+    def events(
+        self,
+        *,
+        kind: str | None = None,
+        cause: str | None = None,
+        pipeline: str | None = None,
+        shard: str | None = None,
+        signature: str | None = None,
+        since: float | None = None,
+        limit: int | None = 1000,
+    ) -> list[FailureEvent]:
+        """Stored events, newest first (by event time), matching every filter given.
+
+        >>> [e.shard for e in store.events(cause="oom_kill", since=time.time() - 3600)]
+        ["('load-0a1b', 17)"]
+        """
+        where, args = [], []
+        for column, value in (("kind", kind), ("cause", cause), ("pipeline", pipeline),
+                              ("shard", shard), ("signature_id", signature)):  # fmt: skip
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        if since is not None:
+            where.append("time >= ?")
+            args.append(since)
+        sql = f"SELECT {_EVENT_COLUMNS} FROM events"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY time DESC, id DESC LIMIT ?"
+        args.append(_limit(limit))
+        return [_event(r) for r in self._reader().execute(sql, args)]
+
+    def shard(self, key: str) -> list[FailureEvent]:
+        """One shard's history, oldest first.
+
+        >>> [(e.attempt, e.cause) for e in store.shard("('load-0a1b', 17)")]
+        [(1, 'oom_kill'), (2, 'oom_kill')]
+        """
+        sql = f"SELECT {_EVENT_COLUMNS} FROM events WHERE shard = ? ORDER BY time, id"
+        return [_event(r) for r in self._reader().execute(sql, (key,))]
+
+    def signatures(
+        self,
+        *,
+        cause: str | None = None,
+        pipeline: str | None = None,
+        since: float | None = None,
+        limit: int | None = 100,
+    ) -> list[SignatureRow]:
+        """Signatures seen with `cause` / in `pipeline` / last seen at or after `since`,
+        by count (lifetime, across every host) descending, then last seen descending.
+
+        >>> [(s.title, s.count, len(s.hosts)) for s in store.signatures(limit=20)]
+        [('MemoryError in parse_block', 3, 3)]
+        """
+        where = []
+        args: dict[str, Any] = {"cap": self.member_cap, "limit": _limit(limit)}
+        for code, value in ((4, cause), (3, pipeline)):
+            if value is not None:
+                where.append(f"EXISTS (SELECT 1 FROM signature_members m WHERE "
+                             f"m.signature_id = s.id AND m.field = {code} AND m.value = :f{code})")  # fmt: skip
+                args[f"f{code}"] = value
+        if since is not None:
+            where.append("s.last_seen >= :since")
+            args["since"] = since
+        sql = _SELECT_SIGNATURE
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY count DESC, last_seen DESC LIMIT :limit"
+        return [_signature(r) for r in self._reader().execute(sql, args)]
+
+    def signature(self, signature_id: str) -> SignatureRow | None:
+        """One signature, or None.
+
+        >>> store.signature("3f2a9c").hosts
+        ['node-1', 'node-2', 'node-3']
+        """
+        r = self._reader().execute(
+            _SELECT_SIGNATURE + " WHERE id = :id", {"id": signature_id, "cap": self.member_cap}
+        ).fetchone()
+        return None if r is None else _signature(r)
+
+    def distinct_counts(self, signature_id: str) -> dict[str, int]:
+        """The true number of distinct hosts, workers, shards, pipelines and causes of a
+        signature (a SignatureRow lists at most `member_cap` of each).
+
+        >>> store.distinct_counts("3f2a9c")
+        {'hosts': 3, 'workers': 3, 'shards': 1, 'pipelines': 1, 'causes': 1}
+        """
+        counts = dict.fromkeys(MEMBER_FIELDS, 0)
+        for code, n in self._reader().execute(
+            "SELECT field, n FROM signature_distinct WHERE signature_id = ?", (signature_id,)
+        ):
+            counts[MEMBER_FIELDS[code]] = n
+        return counts
+
+    def pipeline(self, name: str) -> PipelineStatus | None:
+        """The latest status of one pipeline, or None.
+
+        >>> store.pipeline("nightly").status
+        'aborted'
+        """
+        r = self._reader().execute(
+            f"SELECT {_PIPELINE_COLUMNS} FROM pipelines WHERE name = ?", (name,)
+        ).fetchone()
+        return None if r is None else PipelineStatus(*r)
+
+    def pipelines(self, limit: int | None = 100) -> list[PipelineStatus]:
+        """Pipelines, most recently updated first.
+
+        >>> [p.name for p in store.pipelines(limit=2)]
+        ['nightly', 'backfill']
+        """
+        sql = (f"SELECT {_PIPELINE_COLUMNS} FROM pipelines "
+               "ORDER BY updated DESC, rowid DESC LIMIT ?")  # fmt: skip
+        return [PipelineStatus(*r) for r in self._reader().execute(sql, (_limit(limit),))]
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def _connect(file: str) -> sqlite3.Connection:
+    # Autocommit mode: transactions are explicit. check_same_thread off so close() can close
+    # every connection; each is still used by one thread only.
+    conn = sqlite3.connect(file, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA busy_timeout = 5000")
+    return conn
+
+
+def _inspect(file: str, known: int) -> None:
+    """Refuse, before writing a byte, a file we must not touch."""
+    uri = pathlib.Path(file).as_uri() + "?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+    except sqlite3.Error as e:
+        raise StoreError(f"Cannot open the failure store {file}: {e}.") from e
+    try:
+        app = conn.execute("PRAGMA application_id").fetchone()[0]
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+    except sqlite3.DatabaseError as e:
+        raise StoreError(
+            f"The failure store {file} is not a usable SQLite database ({e}). oomguard left "
+            "it untouched: move it aside, or point oomguard.scheduler.store at another path."
+        ) from e
+    finally:
+        conn.close()
+    if app not in (0, APPLICATION_ID) or (app == 0 and tables):
+        raise StoreError(
+            f"{file} is a SQLite database of another application (application_id {app}, "
+            f"{tables} schema objects), not an oomguard failure store. oomguard left it "
+            "untouched: point oomguard.scheduler.store at another path."
+        )
+    if version > known:
+        raise StoreError(
+            f"The failure store {file} has schema version {version}, but this oomguard "
+            f"knows versions up to {known}: it was written by a newer oomguard. Upgrade "
+            "oomguard, or point oomguard.scheduler.store at another path. The file was left "
+            "untouched."
+        )
+
+
+def _require_json(conn: sqlite3.Connection, file: str) -> None:
+    try:
+        conn.execute("SELECT json_group_array(1)").fetchone()
+    except sqlite3.OperationalError as e:
+        raise StoreError(
+            f"The failure store {file} needs SQLite's JSON functions, which this Python's "
+            f"SQLite {sqlite3.sqlite_version} lacks ({e}). Use a Python built with SQLite "
+            ">= 3.38, or with the JSON1 extension."
+        ) from e
+
+
+def _migrate(conn: sqlite3.Connection, file: str, migrations: tuple[tuple[str, ...], ...]) -> None:
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    for target in range(version + 1, len(migrations) + 1):
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for statement in migrations[target - 1]:
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {target}")  # in the same transaction
+            conn.execute("COMMIT")
+        except sqlite3.Error as e:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise StoreError(
+                f"Migrating the failure store {file} from schema version {target - 1} to "
+                f"{target} failed ({e}); it was rolled back and the file is at version "
+                f"{target - 1}."
+            ) from e
+
+
+def _event_row(item: tuple) -> tuple:
+    # item: time, kind, cause, shard, pipeline, worker, host, signature_id, signature_title,
+    # evidence, attempt, grouping_version, example (see add()).
+    for i, name in enumerate(_TEXT_FIELDS, 1):
+        if not isinstance(item[i], str):
+            raise TypeError(f"field {name!r} must be a str, got {type(item[i]).__name__}")
+    t, evidence, attempt, grouping_version, example = item[0], *item[9:]
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or t != t:
+        raise TypeError(f"field 'time' must be seconds since the epoch, got {t!r}")
+    if isinstance(attempt, bool) or not isinstance(attempt, int):
+        raise TypeError(f"field 'attempt' must be an int, got {attempt!r}")
+    if isinstance(grouping_version, bool) or not isinstance(grouping_version, int):
+        raise TypeError(f"grouping_version must be an int, got {grouping_version!r}")
+    if not isinstance(example, str):
+        raise TypeError(f"example must be a str, got {type(example).__name__}")
+    if not isinstance(evidence, dict):
+        raise TypeError(f"field 'evidence' must be a dict, got {type(evidence).__name__}")
+    try:
+        text = json.dumps(evidence, separators=(",", ":"))
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"field 'evidence' is not JSON-serialisable: {e}") from None
+    return (float(t), *item[1:9], text, attempt, grouping_version)
+
+
+def _aggregate(row: tuple, example: str, sigs: dict[str, list], members: set) -> None:
+    # row: time, kind, cause, shard, pipeline, worker, host, signature_id, title, ..., gv
+    t, sid = row[0], row[7]
+    agg = sigs.get(sid)
+    if agg is None:  # title, grouping_version, count, first_seen, last_seen, example
+        sigs[sid] = [row[8], row[11], 1, t, t, example]
+    else:
+        agg[0], agg[1] = row[8], row[11]
+        agg[2] += 1
+        if t < agg[3]:
+            agg[3] = t
+        if t > agg[4]:
+            agg[4] = t
+        if not agg[5]:
+            agg[5] = example
+    # hosts, workers, shards, pipelines, causes: see MEMBER_FIELDS.
+    for code, value in enumerate((row[6], row[5], row[3], row[4], row[2])):
+        if value:
+            members.add((sid, code, value))
+
+
+def _pipeline_row(p: PipelineStatus, updated: float) -> tuple:
+    for name in ("name", "status", "summary", "abort_reason"):
+        if not isinstance(getattr(p, name), str):
+            raise TypeError(f"field {name!r} must be a str, got {type(getattr(p, name)).__name__}")
+    for name in _PIPELINE_INT_FIELDS:
+        value = getattr(p, name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"field {name!r} must be an int, got {value!r}")
+    return (p.name, p.status, p.shards_done, p.shards_failed, p.shards_aborted,
+            p.infra_failures, p.user_failures, p.summary, p.abort_reason, updated)  # fmt: skip
+
+
+def _describe(item: tuple) -> str:
+    try:
+        if len(item) == 2:
+            return f"status of pipeline {item[0].name!r}"
+        return f"event of shard {item[3]!r} (signature {item[7]!r})"
+    except Exception:
+        return "an item"
+
+
+def _event(r: tuple) -> FailureEvent:
+    return FailureEvent(id=r[0], time=r[1], kind=r[2], cause=r[3], shard=r[4], pipeline=r[5],
+                        worker=r[6], host=r[7], signature_id=r[8], signature_title=r[9],
+                        evidence=json.loads(r[10]), attempt=r[11])  # fmt: skip
+
+
+def _signature(r: tuple) -> SignatureRow:
+    lists = {name: json.loads(r[7 + code]) for code, name in enumerate(MEMBER_FIELDS)}
+    return SignatureRow(id=r[0], title=r[1], grouping_version=r[2], count=r[3],
+                        first_seen=r[4], last_seen=r[5], example=r[6], **lists)  # fmt: skip
+
+
+def _limit(limit: int | None) -> int:
+    return -1 if limit is None else max(0, int(limit))

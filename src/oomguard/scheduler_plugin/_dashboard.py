@@ -1,0 +1,542 @@
+"""oomguard's page in the Dask dashboard: failures by cause over time, the signature table
+with a drill-down to one signature's example trace and evidence, and pipeline statuses.
+Read-only.
+
+Two ways onto a scheduler's dashboard:
+
+- Before the scheduler is built (the `--preload oomguard.scheduler_plugin` path):
+  `add_to_dashboard_menu()` adds the page to `distributed.dashboard.scheduler.applications`
+  as "/oomguard" (full page, Dask's navigation bar) and "/individual-oomguard" (listed in
+  the dashboard's "More" menu as "Oomguard").
+- At runtime (`client.register_plugin(...)`, after the dashboard was built): Dask builds
+  its Bokeh server once, from that dict, so `register_dashboard(scheduler)` starts a second
+  Bokeh server application serving only "/oomguard" and adds it to the scheduler's
+  `http_application` (a `RoutingApplication`, which tries each added application in turn).
+  It has no entry in the "More" menu, which Dask renders once; the URL is the same.
+
+The page finds the plugin as `scheduler.plugins.get("oomguard")` on every refresh, so it
+outlives the plugin ("oomguard is not installed on this scheduler") and notices a new one.
+The Bokeh server runs on the scheduler's event loop: store reads (blocking SQLite) go to a
+thread with `asyncio.to_thread`; the policy (in-memory, mutated on the loop) is read on
+the loop. All text from failures (titles, traces, evidence) reaches the browser as text:
+PreText and table cells, or `html.escape` where a Div renders HTML.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import functools
+import html
+import json
+import logging
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .._causes import Cause
+
+if TYPE_CHECKING:
+    from distributed import Scheduler
+
+    from .._models import FailureEvent, PipelineStatus, SignatureRow
+
+logger = logging.getLogger("oomguard.dashboard")
+
+PATH = "/oomguard"
+MENU_PATH = "/individual-oomguard"
+PLUGIN_NAME = "oomguard"
+NOT_INSTALLED = "oomguard is not installed on this scheduler"
+REFRESH_MS = 2000
+#: The plot covers this much history, from at most this many events (newest first).
+WINDOW_S = 24 * 3600.0
+MAX_EVENTS = 5000
+MAX_SIGNATURES = 200
+MAX_PIPELINES = 200
+#: Re-read the store at least this often even when nothing was written (the window slides).
+STALE_S = 30.0
+#: Bin widths for the plot, seconds; the smallest giving at most MAX_BINS bins is used.
+BIN_STEPS = (1, 5, 10, 30, 60, 300, 600, 1800, 3600, 3 * 3600, 6 * 3600, 86400)
+MAX_BINS = 60
+OTHER = "other"
+CAUSES = tuple(c.value for c in Cause) + (OTHER,)
+#: Category10 plus a grey for "other", one per cause, in CAUSES order.
+COLORS = ("#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#7f7f7f",
+          "#1f77b4", "#17becf", "#c7c7c7")  # fmt: skip
+_BOKEH_MISSING = 'oomguard\'s dashboard page needs Bokeh: pip install "bokeh>=3.1"'
+
+
+# -- pure data shaping (no Bokeh, no Dask) ---------------------------------------------------
+
+
+def failure_columns(events: Iterable[FailureEvent], now: float) -> dict[str, list]:
+    """Failure counts per time bin and cause, as ColumnDataSource columns: `time` (bin
+    centre, ms since the epoch), `width` (ms) and one column per cause in CAUSES.
+
+    >>> cols = failure_columns(store.events(since=time.time() - 3600), time.time())
+    >>> sum(cols["oom_kill"])
+    3
+    """
+    events = list(events)
+    columns: dict[str, list] = {"time": [], "width": [], **{c: [] for c in CAUSES}}
+    if not events:
+        return columns
+    oldest = min(e.time for e in events)
+    span = max(now - oldest, 60.0)
+    width = next((w for w in BIN_STEPS if span / w <= MAX_BINS), BIN_STEPS[-1])
+    start = math.floor(oldest / width) * width
+    n = min(int((now - start) // width) + 1, MAX_BINS + 1)
+    counts = {c: [0] * n for c in CAUSES}
+    for e in events:
+        # A clock ahead of ours (another host) lands in the newest bin, not off the plot.
+        i = min(max(int((e.time - start) // width), 0), n - 1)
+        counts[e.cause if e.cause in counts else OTHER][i] += 1
+    columns["time"] = [(start + (i + 0.5) * width) * 1000 for i in range(n)]
+    columns["width"] = [width * 1000 * 0.9] * n
+    columns.update(counts)
+    return columns
+
+
+def signature_columns(rows: Sequence[SignatureRow]) -> dict[str, list]:
+    """The signature table's columns; times in ms since the epoch.
+
+    >>> signature_columns(store.signatures(limit=20))["title"]
+    ['MemoryError in parse_block']
+    """
+    return {
+        "id": [r.id for r in rows],
+        "count": [r.count for r in rows],
+        "hosts": [len(r.hosts) for r in rows],
+        "first_seen": [r.first_seen * 1000 for r in rows],
+        "last_seen": [r.last_seen * 1000 for r in rows],
+        "title": [r.title for r in rows],
+        "causes": [", ".join(r.causes) for r in rows],
+    }
+
+
+def pipeline_columns(
+    live: Sequence[PipelineStatus], stored: Sequence[PipelineStatus]
+) -> dict[str, list]:
+    """Live pipelines (from the policy) first, then finished ones from the store.
+
+    >>> pipeline_columns([policy.status("nightly")], store.pipelines())["name"]
+    ['nightly', 'backfill']
+    """
+    names = {p.name for p in live}
+    rows = [(p, "live") for p in live] + [(p, "stored") for p in stored if p.name not in names]
+    return {
+        "name": [p.name for p, _ in rows],
+        "status": [p.status for p, _ in rows],
+        "source": [s for _, s in rows],
+        "shards_done": [p.shards_done for p, _ in rows],
+        "shards_failed": [p.shards_failed for p, _ in rows],
+        "shards_aborted": [p.shards_aborted for p, _ in rows],
+        "infra_failures": [p.infra_failures for p, _ in rows],
+        "user_failures": [p.user_failures for p, _ in rows],
+        "summary": [p.summary for p, _ in rows],
+    }
+
+
+def _when(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t).isoformat(sep=" ", timespec="seconds")
+
+
+def _members(values: Sequence[str], shown: int = 20) -> str:
+    if not values:
+        return "-"
+    more = f" ... and {len(values) - shown} more" if len(values) > shown else ""
+    return ", ".join(values[:shown]) + more
+
+
+def signature_detail(row: SignatureRow | None, events: Sequence[FailureEvent]) -> str:
+    """Plain text (never HTML) for one signature: who, where, the example trace, and the
+    evidence of its latest failures.
+
+    >>> print(signature_detail(store.signature("3f2a9c"), store.events(signature="3f2a9c")))
+    MemoryError in parse_block
+    ...
+    """
+    if row is None:
+        return "This signature is no longer in the store."
+    lines = [
+        row.title,
+        "",
+        f"signature  {row.id} (grouping version {row.grouping_version})",
+        f"count      {row.count}, first seen {_when(row.first_seen)}, "
+        f"last seen {_when(row.last_seen)}",
+        f"causes     {_members(row.causes)}",
+        f"hosts      {_members(row.hosts)}",
+        f"workers    {_members(row.workers)}",
+        f"shards     {_members(row.shards)}",
+        f"pipelines  {_members(row.pipelines)}",
+        "",
+        "Example trace",
+        "-------------",
+        row.example.rstrip() or "(no trace was recorded for this signature)",
+        "",
+        "Latest failures, newest first",
+        "-----------------------------",
+    ]
+    for e in events:
+        lines.append(f"{_when(e.time)}  {e.cause}  shard {e.shard}  attempt {e.attempt}  "
+                     f"worker {e.worker or '-'}  host {e.host or '-'}")  # fmt: skip
+        lines.append("  evidence " + json.dumps(e.evidence, sort_keys=True, default=str))
+    if not events:
+        lines.append("(none kept: retention dropped them)")
+    return "\n".join(lines)
+
+
+@dataclass
+class Snapshot:
+    """What one refresh read from the store (in a thread)."""
+
+    events: list[FailureEvent] = field(default_factory=list)
+    signatures: list[SignatureRow] = field(default_factory=list)
+    pipelines: list[PipelineStatus] = field(default_factory=list)
+    written: int = -1
+
+
+def read_store(store: Any, now: float) -> Snapshot:
+    """Blocking: run it in a thread."""
+    written = store.written
+    return Snapshot(
+        events=store.events(since=now - WINDOW_S, limit=MAX_EVENTS),
+        signatures=store.signatures(limit=MAX_SIGNATURES),
+        pipelines=store.pipelines(limit=MAX_PIPELINES),
+        written=written,
+    )
+
+
+def read_detail(store: Any, signature_id: str) -> str:
+    """Blocking: run it in a thread."""
+    return signature_detail(store.signature(signature_id), store.events(signature=signature_id,
+                                                                         limit=5))  # fmt: skip
+
+
+# -- the Bokeh page ----------------------------------------------------------------------------
+
+
+class OomguardPage:
+    """One browser session's page. Built by the Bokeh app function; refreshed by a periodic
+    callback on the scheduler's event loop, with every store read in a thread."""
+
+    def __init__(self, scheduler: Scheduler, doc: Any) -> None:
+        from bokeh.layouts import column
+        from bokeh.models import (
+            ColumnDataSource,
+            DataTable,
+            DateFormatter,
+            Div,
+            HoverTool,
+            NumberFormatter,
+            PreText,
+            TableColumn,
+        )
+        from bokeh.plotting import figure
+
+        self.scheduler = scheduler
+        self.doc = doc
+        self._busy = False
+        self._read_at = 0.0
+        self._written = -2
+        self._live_names: tuple[str, ...] = ()
+        self._store_id = 0
+        self._detail_id: str | None = None
+        self._stored: list[PipelineStatus] = []  # finished pipelines, from the last read
+
+        self.header = Div(text="", sizing_mode="stretch_width", name="oomguard-header")
+        self.failures = ColumnDataSource(failure_columns([], 0.0), name="oomguard-failures")
+        self.plot = figure(
+            title="Failures by cause (last 24 hours)",
+            x_axis_type="datetime",
+            height=260,
+            sizing_mode="stretch_width",
+            tools="xpan,xwheel_zoom,reset",
+            toolbar_location="above",
+            name="oomguard-plot",
+        )
+        bars = self.plot.vbar_stack(list(CAUSES), x="time", width="width", source=self.failures,
+                                    color=list(COLORS), legend_label=list(CAUSES))  # fmt: skip
+        self.plot.add_tools(HoverTool(
+            renderers=bars,
+            tooltips=[("cause", "$name"), ("failures", "@$name"), ("bin", "@time{%F %T}")],
+            formatters={"@time": "datetime"},
+        ))  # fmt: skip
+        self.plot.y_range.start = 0
+        self.plot.yaxis.axis_label = "failures"
+        self.plot.legend.click_policy = "hide"
+        self.plot.add_layout(self.plot.legend[0], "right")
+
+        self.signatures = ColumnDataSource(signature_columns([]), name="oomguard-signatures")
+        when = DateFormatter(format="%Y-%m-%d %H:%M:%S")
+        self.table = DataTable(
+            source=self.signatures,
+            columns=[
+                TableColumn(field="count", title="count", width=60),
+                TableColumn(field="hosts", title="hosts", width=50),
+                TableColumn(field="first_seen", title="first seen", formatter=when, width=150),
+                TableColumn(field="last_seen", title="last seen", formatter=when, width=150),
+                TableColumn(field="causes", title="causes", width=120),
+                TableColumn(field="title", title="title", width=600),
+            ],
+            index_position=None,
+            height=240,
+            sizing_mode="stretch_width",
+            name="oomguard-signature-table",
+        )
+        self.signatures.selected.on_change("indices", self._on_select)
+        self.detail = PreText(
+            text="Select a signature above to see its example trace and evidence.",
+            sizing_mode="stretch_width",
+            styles={"overflow": "auto", "max-height": "420px", "font-size": "12px"},
+            name="oomguard-detail",
+        )
+
+        self.pipelines = ColumnDataSource(pipeline_columns([], []), name="oomguard-pipelines")
+        n = NumberFormatter(format="0,0")
+        self.pipeline_table = DataTable(
+            source=self.pipelines,
+            columns=[
+                TableColumn(field="name", title="pipeline", width=160),
+                TableColumn(field="status", title="status", width=170),
+                TableColumn(field="source", title="", width=50),
+                TableColumn(field="shards_done", title="done", formatter=n, width=60),
+                TableColumn(field="shards_failed", title="failed", formatter=n, width=60),
+                TableColumn(field="shards_aborted", title="aborted", formatter=n, width=60),
+                TableColumn(field="infra_failures", title="infra", formatter=n, width=50),
+                TableColumn(field="user_failures", title="user", formatter=n, width=50),
+                TableColumn(field="summary", title="summary", width=600),
+            ],
+            index_position=None,
+            height=180,
+            sizing_mode="stretch_width",
+            name="oomguard-pipeline-table",
+        )
+
+        def title(text: str) -> Div:
+            return Div(text=f"<h3 style='margin:8px 0 0 0'>{html.escape(text)}</h3>")
+
+        self.root = column(
+            self.header,
+            self.plot,
+            title("Signatures (select one for its trace and evidence)"),
+            self.table,
+            self.detail,
+            title("Pipelines"),
+            self.pipeline_table,
+            sizing_mode="stretch_width",
+            name="oomguard-root",
+        )
+
+    def _set_header(self, message: str, *, warn: bool = False) -> None:
+        color = "#b00020" if warn else "inherit"
+        self.header.text = (f"<div style='padding:4px 0;color:{color}'>"
+                            f"{html.escape(message)}</div>")  # fmt: skip
+
+    async def refresh(self) -> None:
+        """One periodic refresh; never raises (a dashboard must not log a traceback a tick)."""
+        if self._busy:  # the last read is still running: skip a tick rather than pile up
+            return
+        self._busy = True
+        try:
+            await self._refresh()
+        except Exception as e:
+            logger.debug("oomguard dashboard refresh failed", exc_info=True)
+            self._set_header(f"oomguard: the failure history cannot be read: {e}", warn=True)
+        finally:
+            self._busy = False
+
+    async def _refresh(self) -> None:
+        plugin = self.scheduler.plugins.get(PLUGIN_NAME)
+        store = getattr(plugin, "store", None)
+        if plugin is None:
+            self._set_header(NOT_INSTALLED + ".", warn=True)
+            self._clear()
+            return
+        if store is None:
+            self._set_header("oomguard is starting: its failure store is not open yet.")
+            return
+        policy = getattr(plugin, "policy", None)
+        live = []
+        if policy is not None:  # in memory and mutated on this loop: read it here
+            live = [policy.status(name) for name in policy.pipelines()]
+        names = tuple(sorted(p.name for p in live))
+        now = time.time()
+        # The store only changes when something is written, or a pipeline leaves the policy.
+        changed = (
+            id(store) != self._store_id
+            or store.written != self._written
+            or names != self._live_names
+            or now - self._read_at > STALE_S
+        )
+        if changed:
+            snap = await asyncio.to_thread(read_store, store, now)
+            # A pipeline leaving the policy is written just before: read again next tick.
+            self._written = snap.written if names == self._live_names else -2
+            self._store_id, self._read_at, self._live_names = id(store), now, names
+            self._show(snap, now)
+            self._set_header(
+                f"oomguard: signatures {len(snap.signatures)}, failures in the last 24 hours "
+                f"{len(snap.events)}, live pipelines {len(live)}. History: {store.path}"
+            )
+        self.pipelines.data = pipeline_columns(live, self._stored)
+
+    def _show(self, snap: Snapshot, now: float) -> None:
+        self._stored = snap.pipelines
+        self.failures.data = failure_columns(snap.events, now)
+        cols = signature_columns(snap.signatures)
+        if cols != self.signatures.data:
+            self.signatures.data = cols
+            # Keep the selected signature selected though rows moved.
+            ids = cols["id"]
+            index = ids.index(self._detail_id) if self._detail_id in ids else None
+            self.signatures.selected.indices = [] if index is None else [index]
+
+    def _clear(self) -> None:
+        self._written = -2
+        self._stored = []
+        self.failures.data = failure_columns([], 0.0)
+        self.signatures.data = signature_columns([])
+        self.pipelines.data = pipeline_columns([], [])
+
+    def _on_select(self, attr: str, old: list[int], new: list[int]) -> None:
+        ids = self.signatures.data.get("id", [])
+        if not new or new[0] >= len(ids):
+            return
+        signature_id = ids[new[0]]
+        if signature_id == self._detail_id:
+            return  # the refresh re-selected the same row
+        self._detail_id = signature_id
+        self.doc.add_next_tick_callback(functools.partial(self._show_detail, signature_id))
+
+    async def _show_detail(self, signature_id: str) -> None:
+        store = getattr(self.scheduler.plugins.get(PLUGIN_NAME), "store", None)
+        if store is None:
+            self.detail.text = NOT_INSTALLED + "."
+            return
+        try:
+            text = await asyncio.to_thread(read_detail, store, signature_id)
+        except Exception as e:
+            text = f"The failure history cannot be read: {e}"
+        if self._detail_id == signature_id:  # the user may have clicked on meanwhile
+            self.detail.text = text
+
+
+def _build(scheduler: Scheduler, extra: dict, doc: Any, *, template: bool) -> None:
+    from distributed.dashboard.components.scheduler import BOKEH_THEME, env
+
+    page = OomguardPage(scheduler, doc)
+    doc.title = "Dask: oomguard"
+    doc.add_root(page.root)
+    doc.theme = BOKEH_THEME
+    if template:  # Dask's navigation bar, like /workers and /exceptions
+        doc.template = env.get_template("simple.html")
+        doc.template_variables.update(extra)
+    doc.add_next_tick_callback(page.refresh)
+    doc.add_periodic_callback(page.refresh, REFRESH_MS)
+
+
+def oomguard_doc(scheduler: Scheduler, extra: dict, doc: Any) -> None:
+    """The Bokeh app function of "/oomguard" (Dask's `applications` signature)."""
+    _build(scheduler, extra, doc, template=True)
+
+
+def oomguard_individual_doc(scheduler: Scheduler, extra: dict, doc: Any) -> None:
+    """The Bokeh app function of "/individual-oomguard": the same page, no navigation bar."""
+    _build(scheduler, extra, doc, template=False)
+
+
+# -- getting onto a dashboard ------------------------------------------------------------------
+
+
+def add_to_dashboard_menu() -> None:
+    """Add the page to every dashboard built after this call in this process, at "/oomguard"
+    and, in the "More" menu, "/individual-oomguard". The scheduler preload calls it at
+    import, before the Scheduler builds its dashboard. Without Bokeh it does nothing.
+
+    >>> add_to_dashboard_menu()
+    >>> from distributed import LocalCluster
+    >>> cluster = LocalCluster()  # its dashboard lists "Oomguard" under "More"
+    """
+    try:
+        from distributed.dashboard.scheduler import applications
+    except ImportError:  # no (suitable) Bokeh: Dask builds no dashboard either
+        logger.debug("oomguard: no Bokeh, no dashboard page", exc_info=True)
+        return
+    applications.setdefault(PATH, oomguard_doc)
+    applications.setdefault(MENU_PATH, oomguard_individual_doc)
+
+
+def _the_scheduler() -> Scheduler:
+    from distributed import Scheduler
+
+    running = [s for s in list(Scheduler._instances) if s.status.name == "running"]
+    if len(running) != 1:
+        raise ValueError(
+            f"register_dashboard() needs the scheduler: {len(running)} are running in this "
+            "process. Pass it: register_dashboard(scheduler), or "
+            "client.run_on_scheduler(register_dashboard)."
+        )
+    return running[0]
+
+
+def _served(app: Any, path: str) -> bool:
+    from tornado import web
+    from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
+
+    request = HTTPServerRequest(
+        start_line=RequestStartLine("GET", path, "HTTP/1.1"),
+        headers=HTTPHeaders({"Host": "localhost"}),
+    )
+    delegate = app.find_handler(request)
+    return delegate is not None and not issubclass(delegate.handler_class, web.ErrorHandler)
+
+
+def register_dashboard(scheduler: Scheduler | None = None, *, dask_scheduler=None) -> str:
+    """Serve the page on this scheduler's dashboard server; returns its URL path, or "" when
+    the scheduler has no Bokeh dashboard (started with `dashboard=False`). Idempotent.
+
+    Where the dashboard was built after `add_to_dashboard_menu()`, the page is already
+    there. Otherwise a Bokeh application serving only this page is added to the
+    scheduler's HTTP server. Call it on the scheduler's event loop: from a scheduler plugin's
+    `start()`, or with `client.run_on_scheduler(register_dashboard)`. Raises ImportError
+    (with the pip command) without Bokeh.
+
+    >>> client.run_on_scheduler(register_dashboard)
+    '/oomguard'
+    """
+    scheduler = scheduler or dask_scheduler or _the_scheduler()
+    try:
+        from bokeh.server.server import BokehTornado
+        from distributed.dashboard.core import BokehApplication
+        from distributed.dashboard.scheduler import template_variables
+    except ImportError as e:
+        raise ImportError(_BOKEH_MISSING) from e
+    from tornado.ioloop import IOLoop
+
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is None or running is not getattr(scheduler.loop, "asyncio_loop", None):
+        raise RuntimeError(
+            "register_dashboard() must run on the scheduler's event loop: call it from a "
+            "scheduler plugin's start(), or client.run_on_scheduler(register_dashboard)."
+        )
+    http = scheduler.http_application
+    dashboards = [a for a in http.applications if isinstance(a, BokehTornado)]
+    if not dashboards:  # the operator turned the dashboard off: add no page behind their back
+        return ""
+    prefix = dashboards[0].prefix  # follow `dask scheduler --dashboard-prefix`
+    path = prefix.rstrip("/") + PATH
+    if _served(http, path):
+        return path
+    app = BokehApplication({PATH: oomguard_doc}, scheduler, prefix=prefix,
+                           template_variables=template_variables(scheduler))  # fmt: skip
+    http.add_application(app)
+    app.initialize(IOLoop.current())
+    app.start()
+    logger.info("oomguard: dashboard page at %s", path)
+    return path

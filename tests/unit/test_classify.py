@@ -1,0 +1,379 @@
+"""Cause classification of worker deaths: the rule table, evidence sources, summaries."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from oomguard import Cause
+from oomguard._classify import (
+    DeathFacts,
+    classify,
+    crash_signal,
+    describe_signal,
+    evidence,
+    evidence_summary,
+    explain,
+    facts_from,
+    format_bytes,
+)
+
+KILL, TERM = -signal.SIGKILL, -signal.SIGTERM
+SEGV, ABRT, BUS, FPE, ILL = (
+    -signal.SIGSEGV,
+    -signal.SIGABRT,
+    -signal.SIGBUS,
+    -signal.SIGFPE,
+    -signal.SIGILL,
+)
+MOVED = dict(oom_kill_before=0, oom_kill_after=1)
+
+# (id, facts, cause, rule) -- the table in _classify's docstring, row by row, plus precedence.
+TABLE = [
+    ("close-sigkill", dict(exitcode=KILL, requested_close=True), None, "R1"),
+    ("close-oom", dict(exitcode=KILL, requested_close=True, **MOVED), None, "R1"),
+    ("close-exit1", dict(exitcode=1, requested_close=True), None, "R1"),
+    ("close-segv", dict(exitcode=SEGV, requested_close=True), None, "R1"),
+    ("exit0", dict(exitcode=0), None, "R2"),
+    ("exit0-child-oom", dict(exitcode=0, **MOVED), None, "R2"),
+    ("exit0-nanny", dict(exitcode=0, nanny_memory_kill=True), None, "R2"),
+    ("segv", dict(exitcode=SEGV), Cause.NATIVE_CRASH, "R3"),
+    ("abrt", dict(exitcode=ABRT), Cause.NATIVE_CRASH, "R3"),
+    ("bus", dict(exitcode=BUS), Cause.NATIVE_CRASH, "R3"),
+    ("fpe", dict(exitcode=FPE), Cause.NATIVE_CRASH, "R3"),
+    ("ill", dict(exitcode=ILL), Cause.NATIVE_CRASH, "R3"),
+    ("segv-beats-oom-counter", dict(exitcode=SEGV, **MOVED), Cause.NATIVE_CRASH, "R3"),
+    ("segv-beats-kernel-log", dict(exitcode=SEGV, kernel_log_oom=True), Cause.NATIVE_CRASH, "R3"),
+    ("segv-beats-nanny", dict(exitcode=SEGV, nanny_memory_kill=True), Cause.NATIVE_CRASH, "R3"),
+    ("unknown-crashfile", dict(exitcode=None, crash_signal="SIGSEGV"), Cause.NATIVE_CRASH, "R4"),
+    ("255-crashfile", dict(exitcode=255, crash_signal="SIGABRT"), Cause.NATIVE_CRASH, "R4"),
+    (
+        "crashfile-beats-oom",
+        dict(exitcode=None, crash_signal="SIGBUS", **MOVED),
+        Cause.NATIVE_CRASH,
+        "R4",
+    ),
+    ("known-exit-beats-crashfile", dict(exitcode=1, crash_signal="SIGSEGV"), Cause.EXIT, "R9"),
+    ("sigterm-crashfile-ignored", dict(exitcode=None, crash_signal="SIGTERM"), Cause.EXIT, "R9"),
+    ("oom-sigkill", dict(exitcode=KILL, **MOVED), Cause.OOM_KILL, "R5"),
+    ("oom-unknown", dict(exitcode=None, **MOVED), Cause.OOM_KILL, "R5"),
+    ("oom-255", dict(exitcode=255, oom_kill_before=2, oom_kill_after=3), Cause.OOM_KILL, "R5"),
+    ("oom-kernel-log", dict(exitcode=KILL, kernel_log_oom=True), Cause.OOM_KILL, "R5"),
+    ("oom-beats-nanny", dict(exitcode=KILL, nanny_memory_kill=True, **MOVED), Cause.OOM_KILL, "R5"),
+    ("oom-counter-but-sigterm", dict(exitcode=TERM, **MOVED), Cause.SIGTERM, "R7"),
+    (
+        "oom-counter-sigterm-nanny",
+        dict(exitcode=TERM, nanny_memory_kill=True, **MOVED),
+        Cause.MEMORY_TERMINATE,
+        "R6",
+    ),
+    ("oom-counter-but-exit1", dict(exitcode=1, **MOVED), Cause.EXIT, "R9"),
+    ("before-unreadable", dict(exitcode=KILL, oom_kill_after=1), Cause.SIGKILL, "R8"),
+    ("after-unreadable", dict(exitcode=KILL, oom_kill_before=0), Cause.SIGKILL, "R8"),
+    ("counter-still", dict(exitcode=KILL, oom_kill_before=1, oom_kill_after=1), Cause.SIGKILL,
+     "R8"),
+    ("counter-reset", dict(exitcode=KILL, oom_kill_before=2, oom_kill_after=0), Cause.SIGKILL,
+     "R8"),
+    ("nanny-sigterm", dict(exitcode=TERM, nanny_memory_kill=True), Cause.MEMORY_TERMINATE, "R6"),
+    ("nanny-sigkill", dict(exitcode=KILL, nanny_memory_kill=True), Cause.MEMORY_TERMINATE, "R6"),
+    ("nanny-unknown", dict(exitcode=None, nanny_memory_kill=True), Cause.MEMORY_TERMINATE, "R6"),
+    ("nanny-exit1", dict(exitcode=1, nanny_memory_kill=True), Cause.EXIT, "R9"),
+    ("sigterm", dict(exitcode=TERM), Cause.SIGTERM, "R7"),
+    ("sigkill", dict(exitcode=KILL), Cause.SIGKILL, "R8"),
+    ("exit1", dict(exitcode=1), Cause.EXIT, "R9"),
+    ("exit3", dict(exitcode=3), Cause.EXIT, "R9"),
+    ("sigusr1", dict(exitcode=-signal.SIGUSR1), Cause.EXIT, "R9"),
+    ("sigint", dict(exitcode=-signal.SIGINT), Cause.EXIT, "R9"),
+    ("unknown", dict(exitcode=None), Cause.EXIT, "R9"),
+    ("255", dict(exitcode=255), Cause.EXIT, "R9"),
+]
+
+
+@pytest.mark.parametrize(
+    "facts, cause, rule", [row[1:] for row in TABLE], ids=[row[0] for row in TABLE]
+)
+def test_classification_table(facts, cause, rule):
+    f = DeathFacts(**facts)
+    assert classify(f) == cause
+    assert explain(f)[1].startswith(rule + " ")
+
+
+def test_every_death_cause_but_worker_lost_is_reachable():
+    reached = {row[2] for row in TABLE} - {None}
+    assert reached == {
+        Cause.OOM_KILL,
+        Cause.MEMORY_TERMINATE,
+        Cause.NATIVE_CRASH,
+        Cause.SIGTERM,
+        Cause.SIGKILL,
+        Cause.EXIT,
+    }
+
+
+@pytest.mark.parametrize(
+    "code, name",
+    [
+        (KILL, "SIGKILL"),
+        (TERM, "SIGTERM"),
+        (SEGV, "SIGSEGV"),
+        (ABRT, "SIGABRT"),
+        (0, None),
+        (1, None),
+        (255, None),
+        (None, None),
+        (True, None),
+        (-200, "signal 200"),
+    ],
+)
+def test_describe_signal(code, name):
+    assert describe_signal(code) == name
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="Linux signal numbers")
+def test_describe_signal_linux_numbers():
+    assert (describe_signal(-11), describe_signal(-9), describe_signal(-7)) == (
+        "SIGSEGV",
+        "SIGKILL",
+        "SIGBUS",
+    )
+
+
+@pytest.mark.parametrize(
+    "text, sig",
+    [
+        ("Fatal Python error: Segmentation fault\n\nCurrent thread 0x1", "SIGSEGV"),
+        ("Fatal Python error: Aborted\n", "SIGABRT"),
+        ("Fatal Python error: Bus error\n", "SIGBUS"),
+        ("Fatal Python error: Floating point exception\n", "SIGFPE"),
+        ("Fatal Python error: Illegal instruction\n", "SIGILL"),
+        ("Fatal Python error: _PyMem_DebugRawFree: bad ID\n", "SIGABRT"),  # Py_FatalError
+        ("junk before\nFatal Python error: Segmentation fault\n", "SIGSEGV"),
+        ("Current thread 0x00007f (most recent call first):\n  File ...", None),  # SIGTERM dump
+        ("", None),
+        (None, None),
+    ],
+)
+def test_crash_signal(text, sig):
+    assert crash_signal(text) == sig
+
+
+def _run_and_dump(tmp_path, body: str) -> tuple[int, str]:
+    crash = tmp_path / "crash.txt"
+    code = textwrap.dedent(
+        f"""
+        import faulthandler, os, signal, ctypes, sys
+        f = open({str(crash)!r}, "w")
+        faulthandler.enable(file=f, all_threads=True)
+        faulthandler.register(signal.SIGTERM, file=f, all_threads=True, chain=True)
+        {body}
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    return proc.returncode, crash.read_text()
+
+
+def test_real_segfault_is_a_native_crash_with_stack(tmp_path):
+    code, text = _run_and_dump(tmp_path, "ctypes.string_at(0)")
+    assert code == SEGV
+    report_like = {"exitcode": code, "crash": {"text": text}}
+    facts = facts_from(report_like)
+    assert facts.crash_signal == "SIGSEGV"
+    assert classify(facts) is Cause.NATIVE_CRASH
+    ev = evidence(report_like)
+    assert ev["crash_stack"] is True
+    assert evidence_summary(ev, Cause.NATIVE_CRASH) == "SIGSEGV, faulthandler stack captured"
+    # Same dump, but the nanny lost the exit status: the crash file alone decides.
+    lost = {"exitcode": 255, "crash": {"text": text}}
+    assert classify(facts_from(lost)) is Cause.NATIVE_CRASH
+    assert evidence(lost)["signal_source"] == "faulthandler crash file"
+
+
+def test_real_sigterm_dump_is_not_a_native_crash(tmp_path):
+    code, text = _run_and_dump(tmp_path, "os.kill(os.getpid(), signal.SIGTERM)")
+    assert code == TERM
+    assert "Current thread" in text or "Stack (most recent call first)" in text
+    facts = facts_from({"exitcode": code, "crash": {"text": text}})
+    assert facts.crash_signal is None
+    assert classify(facts) is Cause.SIGTERM
+    # With the exit status lost, a SIGTERM dump proves nothing about a native crash.
+    assert classify(facts_from({"exitcode": None, "crash": {"text": text}})) is Cause.EXIT
+
+
+def _counters(oom_kill, peak=None, limit=None, failcnt=None):
+    return {"oom_kill": oom_kill, "peak": peak, "limit": limit, "failcnt": failcnt}
+
+
+@pytest.mark.parametrize(
+    "version, oom_source, peak_source, limit_source",
+    [
+        (
+            1,
+            "kernel cgroup counter memory.oom_control",
+            "kernel cgroup counter memory.max_usage_in_bytes",
+            "kernel cgroup memory.limit_in_bytes",
+        ),
+        (
+            2,
+            "kernel cgroup counter memory.events",
+            "kernel cgroup counter memory.peak",
+            "kernel cgroup memory.max",
+        ),
+    ],
+)
+def test_evidence_names_kernel_sources(version, oom_source, peak_source, limit_source):
+    ev = evidence(
+        {
+            "exitcode": KILL,
+            "pid": 10,
+            "cgroup": {
+                "version": version,
+                "before": _counters(0, peak=5, limit=2**30, failcnt=0),
+                "after": _counters(1, peak=2**30 + 2**20, limit=2**30, failcnt=7),
+            },
+            "memory_limit": 2**31,
+            "rss_sampled": 900 * 2**20,
+            "rss_time": 99.5,
+            "time": 100.0,
+            "host_memory": {"total": 2**34, "available": 2**30},
+            "nanny_memory_kill": None,
+        }
+    )
+    assert ev["exitcode"] == KILL and ev["exitcode_source"].startswith("nanny")
+    assert ev["signal"] == "SIGKILL" and ev["signal_source"] == "exit status"
+    assert (ev["oom_kill_before"], ev["oom_kill_after"], ev["oom_kill_delta"]) == (0, 1, 1)
+    assert ev["oom_kill_source"] == oom_source
+    assert (ev["peak_bytes"], ev["peak_source"]) == (2**30 + 2**20, peak_source)
+    assert (ev["limit_bytes"], ev["limit_source"]) == (2**30, limit_source)
+    assert ev["failcnt_delta"] == 7
+    assert ev["failcnt_source"] == (
+        "kernel cgroup counter memory.failcnt" if version == 1
+        else "kernel cgroup counter memory.events max"
+    )
+    assert (ev["memory_limit_bytes"], ev["memory_limit_source"]) == (
+        2**31,
+        "dask worker memory_limit",
+    )
+    assert (ev["rss_sampled_bytes"], ev["rss_source"], ev["rss_age_seconds"]) == (
+        900 * 2**20,
+        "sampled RSS",
+        0.5,
+    )
+    assert ev["host_available_bytes"] == 2**30 and "host_memory_source" in ev
+    assert ev["nanny_memory_kill"] is False
+    assert ev["nanny_memory_kill_source"] == "nanny event worker-restart-memory"
+    # Every value key has a source: a *_source sibling or a self-describing name.
+    sources = {k for k in ev if k.endswith("_source")}
+    assert {
+        "exitcode_source",
+        "signal_source",
+        "oom_kill_source",
+        "peak_source",
+        "limit_source",
+        "rss_source",
+        "memory_limit_source",
+        "host_memory_source",
+        "nanny_memory_kill_source",
+    } <= sources
+    assert evidence_summary(ev, Cause.OOM_KILL) == (
+        "kernel oom_kill counted, peak 1.00 GiB of a 1.00 GiB limit"
+    )
+
+
+def test_unreadable_counters_are_unknown_not_moved():
+    report_like = {
+        "exitcode": KILL,
+        "cgroup": {"version": 1, "before": _counters(None), "after": _counters(3)},
+    }
+    ev = evidence(report_like)
+    assert ev["oom_kill_delta"] is None
+    assert "unreadable" in ev["oom_kill_source"]
+    assert classify(facts_from(report_like)) is Cause.SIGKILL
+    assert evidence_summary(ev, Cause.SIGKILL) == "SIGKILL, kernel OOM counters unreadable"
+
+
+def test_peak_falls_back_to_the_counters_at_start():
+    ev = evidence({"cgroup": {"version": 2, "before": {"peak": 7}, "after": {"peak": None}}})
+    assert ev["peak_bytes"] == 7
+
+
+def test_nanny_event_rss_and_empty_event_count():
+    ev = evidence({"exitcode": TERM, "nanny_memory_kill": {"rss": 1_900 * 2**20}})
+    assert ev["nanny_memory_kill"] is True and ev["nanny_rss_bytes"] == 1_900 * 2**20
+    assert classify(facts_from({"exitcode": TERM, "nanny_memory_kill": {}})) is (
+        Cause.MEMORY_TERMINATE
+    )
+
+
+def test_kernel_log_victim_must_be_the_worker():
+    mine = {"exitcode": KILL, "pid": 10, "kernel_log_victim": {"pid": 10, "name": "python"}}
+    child = {"exitcode": KILL, "pid": 10, "kernel_log_victim": {"pid": 11, "name": "ffmpeg"}}
+    assert classify(facts_from(mine)) is Cause.OOM_KILL
+    assert classify(facts_from(child)) is Cause.SIGKILL
+    ev = evidence(child)
+    assert (ev["kernel_log_oom"], ev["kernel_log_victim_is_worker"]) == (False, False)
+    assert (ev["kernel_log_victim_pid"], ev["kernel_log_victim_name"]) == (11, "ffmpeg")
+    assert ev["kernel_log_source"] == "kernel log (dmesg)"
+
+
+def test_evidence_tolerates_garbage():
+    for junk in (None, [], {"cgroup": "x", "crash": 3, "exitcode": "9", "host_memory": 1}):
+        ev = evidence(junk)  # type: ignore[arg-type]
+        assert ev["exitcode"] is None
+
+
+GiB, MiB = 2**30, 2**20
+
+
+@pytest.mark.parametrize(
+    "ev, cause, phrase",
+    [
+        (
+            {"oom_kill_delta": 1, "peak_bytes": 1095216660, "limit_bytes": GiB},
+            "oom_kill",
+            "kernel oom_kill counted, peak 1.02 GiB of a 1.00 GiB limit",
+        ),
+        (
+            {"oom_kill_delta": None, "kernel_log_oom": True, "rss_sampled_bytes": GiB},
+            "oom_kill",
+            "kernel log shows an OOM kill, 1.00 GiB RSS (sampled)",
+        ),
+        (
+            {"oom_kill_delta": 1, "peak_bytes": GiB, "limit_bytes": 2**63 - 4096,
+             "memory_limit_bytes": 2 * GiB},
+            "oom_kill",
+            "kernel oom_kill counted, peak 1.00 GiB of a 2.00 GiB limit",
+        ),  # an "unlimited" cgroup limit falls back to Dask's memory_limit
+        (
+            {"nanny_rss_bytes": int(1.9 * GiB), "memory_limit_bytes": 2 * GiB},
+            "memory_terminate",
+            "nanny terminated it at 1.90 GiB RSS (sampled) of a 2.00 GiB limit",
+        ),
+        ({}, "memory_terminate", "nanny terminated it for memory"),
+        ({"signal": "SIGSEGV", "crash_stack": True}, "native_crash",
+         "SIGSEGV, faulthandler stack captured"),
+        ({"signal": "SIGABRT"}, "native_crash", "SIGABRT, no faulthandler stack"),
+        ({"signal": "SIGTERM"}, "sigterm", "SIGTERM from outside the nanny"),
+        ({"signal": "SIGKILL", "oom_kill_delta": 0, "oom_kill_source": "x"}, "sigkill",
+         "SIGKILL with no kernel OOM evidence"),
+        ({"signal": "SIGKILL"}, "sigkill", "SIGKILL with no kernel OOM evidence"),
+        ({"exitcode": 3}, "exit", "exit status 3"),
+        ({"exitcode": None}, "exit", "exit status unknown"),
+        ({"exitcode": 255}, "exit", "exit status 255 (status possibly lost)"),
+        ({"exitcode": -10, "signal": "SIGUSR1"}, "exit", "killed by SIGUSR1"),
+        ({}, "worker_lost", "no report from the nanny: host or pod died with it"),
+    ],
+)
+def test_evidence_summary(ev, cause, phrase):
+    assert evidence_summary(ev, cause) == phrase
+
+
+@pytest.mark.parametrize(
+    "n, text",
+    [(0, "0 B"), (1023, "1023 B"), (1536, "1.50 KiB"), (5 * MiB, "5.00 MiB"), (2**41, "2.00 TiB")],
+)
+def test_format_bytes(n, text):
+    assert format_bytes(n) == text

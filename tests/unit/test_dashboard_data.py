@@ -1,0 +1,86 @@
+"""The dashboard page's pure data shaping: bins, table columns, the drill-down text."""
+
+from __future__ import annotations
+
+import pytest
+
+from oomguard._models import FailureEvent, PipelineStatus, SignatureRow
+from oomguard.scheduler_plugin._dashboard import (
+    CAUSES,
+    MAX_BINS,
+    failure_columns,
+    pipeline_columns,
+    signature_columns,
+    signature_detail,
+)
+
+NOW = 1_800_000_000.0
+
+
+def event(cause: str, age: float, **kw) -> FailureEvent:
+    kind = "user" if cause == "exception" else "infra"
+    fields = dict(shard="('s', 0)", pipeline="p", worker="tcp://w", host="h", signature_id="id",
+                  signature_title="t", time=NOW - age)  # fmt: skip
+    fields.update(kw)
+    return FailureEvent(kind, cause, **fields)
+
+
+def test_no_events_no_bins():
+    cols = failure_columns([], NOW)
+    assert cols["time"] == [] and set(cols) == {"time", "width", *CAUSES}
+
+
+@pytest.mark.parametrize(
+    ("ages", "width"),
+    [([10, 20], 1), ([50, 3000], 60), ([3599], 60), ([7200], 300), ([86399], 1800)],
+)
+def test_bin_width_keeps_at_most_max_bins(ages, width):
+    cols = failure_columns([event("oom_kill", a) for a in ages], NOW)
+    assert cols["width"][0] == width * 1000 * 0.9
+    assert len(cols["time"]) <= MAX_BINS + 1
+    assert sum(cols["oom_kill"]) == len(ages)
+    # Bins are contiguous and end at now.
+    step = cols["time"][1] - cols["time"][0] if len(cols["time"]) > 1 else width * 1000
+    assert step == width * 1000
+    assert cols["time"][-1] / 1000 - width / 2 <= NOW < cols["time"][-1] / 1000 + width / 2
+
+
+def test_counts_by_cause_and_unknown_cause_is_other():
+    events = [event("oom_kill", 100), event("oom_kill", 100), event("exception", 30),
+              event("martian", 30), event("sigterm", -500)]  # fmt: skip
+    cols = failure_columns(events, NOW)
+    assert sum(cols["oom_kill"]) == 2
+    assert sum(cols["exception"]) == 1
+    assert sum(cols["other"]) == 1
+    assert cols["sigterm"][-1] == 1  # from a clock ahead of ours: the newest bin
+    assert sum(sum(cols[c]) for c in CAUSES) == len(events)
+
+
+def test_signature_columns():
+    row = SignatureRow("abc", "<b>t</b>", 1, 4, NOW - 60, NOW, hosts=["a", "b"],
+                       causes=["oom_kill", "sigkill"])  # fmt: skip
+    cols = signature_columns([row])
+    assert cols == {"id": ["abc"], "count": [4], "hosts": [2], "first_seen": [(NOW - 60) * 1000],
+                    "last_seen": [NOW * 1000], "title": ["<b>t</b>"],
+                    "causes": ["oom_kill, sigkill"]}  # fmt: skip
+
+
+def test_pipeline_columns_live_first_and_not_twice():
+    live = [PipelineStatus("a", "running", 1, 0, 0, 0, 0, "s")]
+    stored = [PipelineStatus("b", "failed", 1, 1, 0, 0, 1, "s"),
+              PipelineStatus("a", "running", 0, 0, 0, 0, 0, "old")]  # fmt: skip
+    cols = pipeline_columns(live, stored)
+    assert cols["name"] == ["a", "b"] and cols["source"] == ["live", "stored"]
+    assert cols["summary"] == ["s", "s"]
+
+
+def test_signature_detail_is_the_raw_text():
+    trace = "Traceback\n<script>x()</script>\n"
+    row = SignatureRow("abc", "T", 1, 2, NOW - 60, NOW, hosts=["h1"],
+                       shards=[f"s{i}" for i in range(25)], example=trace)  # fmt: skip
+    text = signature_detail(row, [event("oom_kill", 5, evidence={"oom_kill_delta": 1})])
+    assert "<script>x()</script>" in text  # escaping is the widget's job: PreText
+    assert "... and 5 more" in text and '"oom_kill_delta": 1' in text
+    assert signature_detail(row, []).endswith("(none kept: retention dropped them)")
+    assert "no longer" in signature_detail(None, [])
+    assert "no trace" in signature_detail(SignatureRow("x", "T", 1, 1, NOW, NOW), [])

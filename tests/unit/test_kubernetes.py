@@ -1,0 +1,204 @@
+"""Pod status -> death evidence, on recorded Kubernetes API responses.
+
+The JSON under tests/fixtures/k8s/ has the exact shape the API server returns; it is turned
+into the real `kubernetes` client's models by the client's own deserializer, and PodLookup
+talks to a local HTTP server that answers with the same recordings.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import pathlib
+import threading
+import urllib.parse
+from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from kubernetes.client import ApiClient, Configuration, CoreV1Api
+
+from oomguard import _kubernetes
+from oomguard._causes import Cause
+from oomguard._kubernetes import INSTALL_HINT, PodLookup, pod_death_evidence
+
+
+FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "k8s"
+
+
+def recorded(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+def deserialize(text: str, kind: str):
+    """The client's own response deserializer (its signature changed in kubernetes 37)."""
+    api = ApiClient()
+    if "content_type" in inspect.signature(api.deserialize).parameters:
+        return api.deserialize(text, kind, "application/json")
+
+    class Response:  # kubernetes < 37 reads `.data` off the urllib3 response
+        data = text
+
+    return api.deserialize(Response(), kind)
+
+
+def pod(name: str):
+    return deserialize(recorded(name), "V1Pod")
+
+
+def unix(iso: str) -> float:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def test_fixtures_deserialize_into_real_models():
+    p = pod("pod-oomkilled.json")
+    assert type(p).__name__ == "V1Pod"
+    assert p.status.container_statuses[0].last_state.terminated.exit_code == 137
+    assert isinstance(p.status.container_statuses[0].last_state.terminated.finished_at, datetime)
+
+
+def test_oomkilled_container_last_state():
+    cause, evidence = pod_death_evidence(pod("pod-oomkilled.json"), container="worker")
+    assert cause == Cause.OOM_KILL
+    assert evidence == {
+        "source": "kubernetes pod status",
+        "reason": "OOMKilled",
+        "exit_code": 137,
+        "container": "worker",
+        "finished_at": "2026-11-30T07:12:41+00:00",
+        "pod": "etl-oomguard-worker-7c9f6d8b5d-x2k4q",
+    }
+
+
+def test_oomkilled_current_state_counts_too():
+    data = json.loads(recorded("pod-oomkilled.json"))
+    cs = data["status"]["containerStatuses"][0]
+    cs["state"], cs["lastState"] = cs["lastState"], {}
+    cause, evidence = pod_death_evidence(deserialize(json.dumps(data), "V1Pod"))
+    assert (cause, evidence["reason"], evidence["container"]) == ("oom_kill", "OOMKilled", "worker")
+
+
+def test_oom_kill_of_an_earlier_restart_is_not_blamed_again():
+    p = pod("pod-oomkilled.json")
+    finished = unix("2026-11-30T07:12:41Z")
+    assert pod_death_evidence(p, since=finished + 10)[0] == "oom_kill"
+    # An hour later the pod runs normally again: that old OOM kill explains nothing new.
+    assert pod_death_evidence(p, since=finished + 3600) is None
+
+
+def test_other_container_is_not_read():
+    assert pod_death_evidence(pod("pod-oomkilled.json"), container="sidecar") is None
+
+
+def test_evicted_pod():
+    cause, evidence = pod_death_evidence(pod("pod-evicted.json"), container="worker")
+    # The container's 137/ContainerStatusUnknown is a side effect: the eviction is the cause.
+    assert cause == Cause.WORKER_LOST
+    assert evidence["reason"] == "Evicted"
+    assert evidence["pod_phase"] == "Failed"
+    assert evidence["message"].startswith("The node was low on resource: memory.")
+    assert evidence["node"] == "ip-10-0-3-17.ec2.internal"
+
+
+def test_pod_being_deleted():
+    cause, evidence = pod_death_evidence(pod("pod-terminating.json"))
+    assert cause == Cause.WORKER_LOST
+    assert evidence["reason"] == "deleted"
+    assert evidence["deletion_timestamp"] == "2026-11-30T07:31:09+00:00"
+    assert evidence["disruption"] == "PreemptionByScheduler"
+
+
+def test_pod_gone():
+    cause, evidence = pod_death_evidence(None)
+    assert (cause, evidence["reason"], evidence["source"]) == ("worker_lost", "deleted", "kubernetes pod status")
+
+
+def test_running_pod_has_nothing_to_say():
+    assert pod_death_evidence(pod("pod-running.json")) is None
+
+
+def test_container_sigkilled_without_oom():
+    cause, evidence = pod_death_evidence(pod("pod-sigkilled.json"))
+    assert cause == Cause.SIGKILL
+    assert (evidence["exit_code"], evidence["reason"]) == (137, "Error")
+
+
+def test_evidence_is_plain_data():
+    for name in ("pod-oomkilled.json", "pod-evicted.json", "pod-terminating.json", "pod-sigkilled.json"):
+        _, evidence = pod_death_evidence(pod(name))
+        assert json.loads(json.dumps(evidence)) == evidence
+
+
+# -- PodLookup against a local API server answering with the recordings --------------------
+
+
+@pytest.fixture
+def api_server():
+    requests: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            requests.append(self.path)
+            url = urllib.parse.urlsplit(self.path)
+            query = urllib.parse.parse_qs(url.query)
+            code, body = 404, recorded("status-404.json")
+            if url.path == "/api/v1/namespaces/data/pods":
+                code = 200
+                ip = query.get("fieldSelector", [""])[0]
+                body = recorded(
+                    "podlist-oomkilled.json" if ip == "status.podIP=10.42.1.23" else "podlist-empty.json"
+                )
+            elif url.path == "/api/v1/namespaces/data/pods/etl-oomguard-worker-7c9f6d8b5d-m8zfr":
+                code, body = 200, recorded("pod-running.json")
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    config = Configuration()
+    config.host = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        yield CoreV1Api(ApiClient(config)), requests
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_lookup_by_pod_ip(api_server):
+    api, requests = api_server
+    selector = "app.kubernetes.io/instance=etl,app.kubernetes.io/component=worker"
+    lookup = PodLookup("data", api, label_selector=selector, container="worker")
+    cause, evidence = lookup.evidence("10.42.1.23")
+    assert (cause, evidence["pod"]) == ("oom_kill", "etl-oomguard-worker-7c9f6d8b5d-x2k4q")
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(requests[-1]).query)
+    assert query["fieldSelector"] == ["status.podIP=10.42.1.23"]
+    assert query["labelSelector"] == [selector]
+
+
+def test_lookup_of_a_vanished_pod(api_server):
+    api, _ = api_server
+    assert PodLookup("data", api).find("10.42.9.9") is None
+    assert PodLookup("data", api).evidence("10.42.9.9")[1]["reason"] == "deleted"
+
+
+def test_read_by_name_404_is_none(api_server):
+    api, _ = api_server
+    lookup = PodLookup("data", api)
+    assert lookup.read("etl-oomguard-worker-7c9f6d8b5d-v5hcd") is None
+    assert lookup.read("etl-oomguard-worker-7c9f6d8b5d-m8zfr").status.phase == "Running"
+
+
+def test_missing_client_is_one_line_with_the_install_command(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "kubernetes", None)
+    with pytest.raises(ImportError) as info:
+        PodLookup.in_cluster(namespace="data")
+    message = str(info.value)
+    assert message == INSTALL_HINT
+    assert "\n" not in message and 'pip install "dask-oomguard[kubernetes]"' in message
+    assert _kubernetes.INSTALL_HINT.endswith('pip install "dask-oomguard[kubernetes]"')

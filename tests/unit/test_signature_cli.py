@@ -1,0 +1,67 @@
+"""`oomguard fingerprint FILE...`."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+from oomguard._cli import main
+
+EXAMPLES = sorted((pathlib.Path(__file__).resolve().parents[2] / "docs" / "examples").iterdir())
+
+
+def test_examples_run_cleanly(capsys):
+    assert len(EXAMPLES) >= 4
+    assert main(["fingerprint", *map(str, EXAMPLES)]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert [line.split("\t")[1] for line in lines] == list(map(str, EXAMPLES))
+    assert all(len(line.split("\t")[0]) == 16 for line in lines)
+    assert err == ""
+
+
+def test_order_follows_the_arguments(capsys):
+    paths = list(map(str, reversed(EXAMPLES)))
+    main(["fingerprint", *paths])
+    assert [line.split("\t")[1] for line in capsys.readouterr().out.splitlines()] == paths
+
+
+def test_json_records(capsys):
+    dump = next(p for p in EXAMPLES if "sigsegv" in p.name)
+    assert main(["fingerprint", "--json", str(dump)]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    record = json.loads(line)
+    assert set(record) == {"id", "title", "input_kind", "error", "message", "frames",
+                           "grouping_version", "reason", "path"}
+    assert record["path"] == str(dump) and record["error"] == "SIGSEGV"
+    assert record["frames"][-1]["function"] == "parse_record"
+
+
+def test_missing_file_named_others_still_printed(tmp_path):
+    missing = tmp_path / "no-such-trace.txt"
+    args = [str(EXAMPLES[0]), str(missing), str(EXAMPLES[1])]
+    proc = subprocess.run(
+        [sys.executable, "-m", "oomguard._cli", "fingerprint", *args], capture_output=True, text=True
+    )
+    assert proc.returncode == 1
+    assert [line.split("\t")[1] for line in proc.stdout.splitlines()] == [args[0], args[2]]
+    assert proc.stderr.strip() == f"oomguard: {missing}: No such file or directory"
+
+
+def test_not_a_trace_is_printed_and_fails(tmp_path, capsys):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("shopping list: eggs, milk\n")
+    assert main(["fingerprint", str(notes), str(EXAMPLES[0])]) == 1
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 2
+    assert err.startswith(f"oomguard: {notes}: not a trace: ")
+
+
+def test_help_documents_exit_status(capsys):
+    try:
+        main(["fingerprint", "--help"])
+    except SystemExit:
+        pass
+    assert "Exit status" in capsys.readouterr().out
