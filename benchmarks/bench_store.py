@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import gc
 import os
+import random
 import shutil
 import statistics
 import sys
@@ -26,7 +27,7 @@ import time
 
 import psutil
 
-from oomguard._models import FailureEvent
+from oomguard._models import FailureEvent, PipelineStatus
 from oomguard._store import FailureStore
 
 TARGETS = {"events_per_s": 20_000, "rss_growth_mb": 200, "stall_ms": 50, "query_ms": 50}
@@ -40,6 +41,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--signatures", type=int, default=200)
     p.add_argument("--shards", type=int, default=200_000, help="distinct shard keys")
     p.add_argument("--pipelines", type=int, default=50)
+    p.add_argument("--max-events", type=int, default=1_000_000,
+                   help="retention; below --events, measures the steady state with deletes")  # fmt: skip
     p.add_argument("--dir", default=None, help="where the store file goes (default: a temp dir)")
     return p.parse_args(argv)
 
@@ -57,17 +60,18 @@ def main(argv: list[str] | None = None) -> int:
     pipes = [f"nightly-load-{i}" for i in range(args.pipelines)]
     example = "Traceback (most recent call last):\n" + '  File "<path>/decode.py", line 42\n' * 50
     rss0 = proc.memory_info().rss
-    store = FailureStore(path)
+    store = FailureStore(path, max_events=args.max_events)
     store.start()
     result = asyncio.run(ingest(store, args, hosts, workers, sig_ids, titles, pipes, example, proc))
     result["rss_end_mb"] = (proc.memory_info().rss - rss0) / 2**20
     result["rss_peak_mb"] = max(result["rss_peak"] - rss0, 0) / 2**20
 
+    probe = f"('load-parquet', {((args.events // 2) * 31) % args.shards})"  # a stored shard
     queries = {
         "signatures(limit=20)": lambda: store.signatures(limit=20),
         "signatures(cause=, limit=20)": lambda: store.signatures(cause="native_crash", limit=20),
-        "events(shard=)": lambda: store.events(shard=f"('load-parquet', {12345})"),
-        "shard(key)": lambda: store.shard(f"('load-parquet', {12345})"),
+        "events(shard=)": lambda: store.events(shard=probe),
+        "shard(key)": lambda: store.shard(probe),
         "events(limit=1000)": lambda: store.events(limit=1000),
         "events(signature=, limit=100)": lambda: store.events(signature=sig_ids[7], limit=100),
         "events(cause=, limit=100)": lambda: store.events(cause="memory_error", limit=100),
@@ -92,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cmd = " ".join([os.path.basename(sys.executable), *sys.argv])
     print(f"# {cmd}")
-    print(f"# {args.events:,} events, {args.hosts} hosts, {args.signatures} signatures, "
+    print(f"# {args.events:,} events (max_events {args.max_events:,}), {args.hosts} hosts, {args.signatures} signatures, "
           f"{args.shards:,} shards; python {sys.version.split()[0]}; "
           f"{os.cpu_count()} cpus")  # fmt: skip
     rows = [
@@ -170,7 +174,11 @@ async def ingest(store, args, hosts, workers, sig_ids, titles, pipes, example, p
     tick = asyncio.create_task(ticker())
     read = asyncio.create_task(reader())
     await asyncio.sleep(0.05)
-    n_h, n_s, n_sh, n_p = len(hosts), len(sig_ids), args.shards, len(pipes)
+    n_h, n_sh, n_p = len(hosts), args.shards, len(pipes)
+    # A few signatures dominate, as in real failure storms: weight 1/(rank+1), fixed seed.
+    rng = random.Random(42)
+    sig_of = rng.choices(range(len(sig_ids)), weights=[1 / (r + 1) for r in range(len(sig_ids))],
+                         k=10_007)  # fmt: skip
     seen_sigs: set[int] = set()
     high_water = store.queue_size * 3 // 4
     base = time.time() - args.events * 0.001
@@ -181,7 +189,7 @@ async def ingest(store, args, hosts, workers, sig_ids, titles, pipes, example, p
         ta = time.perf_counter()
         for i in range(start, min(start + 500, args.events)):
             h = (i * 7919) % n_h
-            s = (i * i + i // 3) % n_s
+            s = sig_of[i % 10_007]
             first = s not in seen_sigs
             if first:
                 seen_sigs.add(s)
@@ -194,6 +202,9 @@ async def ingest(store, args, hosts, workers, sig_ids, titles, pipes, example, p
                 "source": "cgroup-v2 memory.events"}, attempt=1 + i % 3, time=base + i * 0.001,
             )  # fmt: skip
             refused += not store.add(ev, grouping_version=1, example=example if first else "")
+        if start % 10_000 == 0:  # the plugin updates a pipeline's status now and then
+            store.upsert_pipeline(PipelineStatus(pipes[(start // 10_000) % n_p], "running",
+                                                 start, 0, 0, start // 100, 0, "still going"))  # fmt: skip
         add_time += time.perf_counter() - ta
         # Let other coroutines run; back off if the writer is behind (no event is dropped).
         await asyncio.sleep(0)

@@ -120,10 +120,14 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
 
 #: The SignatureRow lists kept in signature_members; the position is the stored code.
 MEMBER_FIELDS = ("hosts", "workers", "shards", "pipelines", "causes")
-_EVENT_MEMBER_ATTRS = ("host", "worker", "shard", "pipeline", "cause")
 
-#: Items committed per transaction at most.
-BATCH_EVENTS = 10_000
+#: Items committed per transaction at most. Large: the shard index and signature_members
+#: take keys in random order, so a commit rewrites nearly every page of them it touches;
+#: fewer, larger commits write far fewer pages per event (see .notes/perf-store.md).
+BATCH_EVENTS = 50_000
+#: The writer's page cache (KiB) and WAL checkpoint interval (pages): same reason.
+WRITER_CACHE_KIB = 32 * 1024
+WAL_CHECKPOINT_PAGES = 16_384
 
 _TEXT_FIELDS = ("kind", "cause", "shard", "pipeline", "worker", "host", "signature_id",
                 "signature_title")  # fmt: skip
@@ -135,17 +139,16 @@ _PIPELINE_COLUMNS = ("name, status, shards_done, shards_failed, shards_aborted, 
                      "infra_failures, user_failures, summary, abort_reason")  # fmt: skip
 
 
-
 class _MultiRow:
     """An INSERT of many rows per statement: each sqlite3 step releases and retakes the
     GIL, so 10,000 single-row steps would fight the event loop's thread 10,000 times."""
 
-    def __init__(self, head: str, columns: int, tail: str = "") -> None:
+    def __init__(self, head: str, columns: int) -> None:
         # 999: the oldest SQLITE_MAX_VARIABLE_NUMBER still shipped (before SQLite 3.32).
         self.rows = max(1, min(100, 999 // columns))
         one = "(" + ", ".join("?" * columns) + ")"
-        self.single = f"{head} {one} {tail}"
-        self.many = f"{head} {', '.join([one] * self.rows)} {tail}"
+        self.single = f"{head} {one}"
+        self.many = f"{head} {', '.join([one] * self.rows)}"
 
 
 def _insert(conn: sqlite3.Connection, stmt: _MultiRow, rows: list[tuple]) -> None:
@@ -162,20 +165,32 @@ _INSERT_EVENT = _MultiRow(
     " signature_title, evidence, attempt, grouping_version) VALUES",
     12,
 )
-# The writer sums each batch per signature first, so a statement never names one twice.
-_UPSERT_SIGNATURE = _MultiRow(
-    "INSERT INTO signatures (id, title, grouping_version, count, first_seen, last_seen,"
-    " example) VALUES",
-    7,
-    """ON CONFLICT (id) DO UPDATE SET
+# Per batch: one row per signature of the events with id > ?; title and grouping version
+# from the batch's latest event. NOT INDEXED: a rowid range scan, not a full index scan.
+# ("WHERE true" tells the parser that ON CONFLICT is not part of the join.)
+_UPSERT_SIGNATURES = """
+    INSERT INTO signatures (id, title, grouping_version, count, first_seen, last_seen, example)
+    SELECT e.signature_id, e.signature_title, e.grouping_version, g.n, g.t0, g.t1, ''
+    FROM (SELECT signature_id, count(*) AS n, min(time) AS t0, max(time) AS t1,
+                 max(id) AS latest
+          FROM events NOT INDEXED WHERE id > ? GROUP BY signature_id) AS g
+    JOIN events AS e ON e.id = g.latest
+    WHERE true
+    ON CONFLICT (id) DO UPDATE SET
         count = count + excluded.count,
         first_seen = min(first_seen, excluded.first_seen),
         last_seen = max(last_seen, excluded.last_seen),
         title = excluded.title,
-        grouping_version = excluded.grouping_version,
-        example = CASE WHEN example = '' THEN excluded.example ELSE example END""",
+        grouping_version = excluded.grouping_version
+"""
+_SET_EXAMPLE = "UPDATE signatures SET example = ? WHERE id = ? AND example = ''"
+# In key order, so the B-tree cursor walks forward; an empty string means "unknown".
+_INSERT_MEMBERS = tuple(
+    f"INSERT OR IGNORE INTO signature_members (signature_id, field, value)"
+    f" SELECT DISTINCT signature_id, {code}, {column} FROM events NOT INDEXED"
+    f" WHERE id > ? AND {column} <> '' ORDER BY 1, 3"
+    for code, column in enumerate(("host", "worker", "shard", "pipeline", "cause"))
 )
-_INSERT_MEMBER = _MultiRow("INSERT OR IGNORE INTO signature_members VALUES", 3)
 # Each member list comes back as one JSON array: one row per signature, not one per member.
 _SELECT_SIGNATURE = (
     "SELECT id, title, grouping_version, count, first_seen, last_seen, example, "
@@ -226,7 +241,7 @@ class FailureStore:
 
     written: int  # events committed by this instance
     overflow: int  # items refused because the queue was full
-    write_errors: int  # items rejected as bad data or lost with a failed transaction
+    write_errors: int  # items refused as bad data, or lost with a failed transaction
     last_error: str
 
     def __init__(
@@ -256,7 +271,7 @@ class FailureStore:
         self._queue: collections.deque[tuple] = collections.deque()
         self._lock = threading.Lock()  # makes "check length, append, count" one step
         self._enqueued = 0  # items ever queued; an item's sequence number is its rank
-        self._processed = 0  # items taken from the queue and committed or rejected
+        self._processed = 0  # items taken from the queue: committed, or lost (see _lost)
         self._lost: collections.deque[tuple[int, int]] = collections.deque(maxlen=1024)
         self._done = threading.Condition()
         self._wake = threading.Event()
@@ -294,6 +309,9 @@ class FailureStore:
         try:
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
+            conn.execute(f"PRAGMA wal_autocheckpoint = {WAL_CHECKPOINT_PAGES}")
+            conn.execute("PRAGMA temp_store = MEMORY")  # the per-batch GROUP BY and DISTINCT
             _require_json(conn, self._file)
             _migrate(conn, self._file, self.migrations)
             self._event_count = conn.execute("SELECT count(*) FROM events").fetchone()[0]
@@ -335,44 +353,35 @@ class FailureStore:
     # -- writes (from the event loop) -----------------------------------------------------
 
     def add(self, event: FailureEvent, *, grouping_version: int = 1, example: str = "") -> bool:
-        """Queue one failure event. O(1), no I/O, never blocks, never raises.
+        """Queue one failure event. Never blocks, never raises, no I/O: it checks the fields,
+        encodes the evidence as JSON (small, so O(1) in practice) and appends to the queue.
 
-        Returns False when it was refused: the queue is full (counted in `overflow`), the
-        store is closed or the argument is not a FailureEvent (counted in `write_errors`).
-        Fields are checked by the writer; a bad one is counted in `write_errors` and named
-        in `last_error`. The event's `id` is ignored: the store assigns one.
+        Returns False when the event was refused: the queue is full (counted in `overflow`),
+        a field is bad (counted in `write_errors`, `last_error` names the field) or the
+        store is closed. The event's `id` is ignored: the store assigns one.
 
         >>> store.add(event, grouping_version=1, example=normalised_trace)
         True
         """
         try:
-            if not isinstance(event, FailureEvent):
-                self._error(f"add(): expected a FailureEvent, got {type(event).__name__}")
-                return False
-            # A flat tuple, not the event: once the caller drops the event it dies young, and
-            # a tuple of atomics is one object for the GC to track, not three.
-            e = event
-            return self._put((e.time, e.kind, e.cause, e.shard, e.pipeline, e.worker, e.host,
-                              e.signature_id, e.signature_title, e.evidence, e.attempt,
-                              grouping_version, example))  # fmt: skip
+            item = _event_item(event, grouping_version, example)
         except Exception as e:  # a scheduler hook must never raise
-            self._error(f"add(): {e!r}")
+            self._error(f"add(): {_describe(event)}: {e}")
             return False
+        return self._put(item)
 
     def upsert_pipeline(self, status: PipelineStatus) -> None:
-        """Queue the latest status of a pipeline (replaces the stored one). Like add(): O(1),
-        never raises; a refusal is counted in `overflow` or `write_errors`.
+        """Queue the latest status of a pipeline (it replaces the stored one). Like add():
+        never blocks, never raises; a refusal is counted in `overflow` or `write_errors`.
 
         >>> store.upsert_pipeline(PipelineStatus("nightly", "running", 10, 0, 0, 0, 0, ""))
         """
         try:
-            if not isinstance(status, PipelineStatus):
-                self._error(f"upsert_pipeline(): expected a PipelineStatus, "
-                            f"got {type(status).__name__}")  # fmt: skip
-                return
-            self._put((status, time.time()))
+            row = _pipeline_row(status, time.time())
         except Exception as e:
-            self._error(f"upsert_pipeline(): {e!r}")
+            self._error(f"upsert_pipeline(): {e}")
+            return
+        self._put((row,))
 
     def _put(self, item: tuple) -> bool:
         with self._lock:
@@ -394,7 +403,7 @@ class FailureStore:
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Block until every item queued before this call is committed. False on timeout, or
-        when one of them was not committed (bad data, a failed transaction: see last_error).
+        when a transaction holding one of them failed (see `last_error`).
 
         Blocks: call it from a thread (or an executor), not from the event loop.
 
@@ -435,29 +444,32 @@ class FailureStore:
         first = self._processed  # sequence numbers first+1 .. first+len(items)
         events: list[tuple] = []
         pipelines: list[tuple] = []
-        sigs: dict[str, list] = {}
-        members: set[tuple[str, int, str]] = set()
-        bad: list[tuple[int, int]] = []
-        for i, item in enumerate(items):
-            try:
-                if len(item) == 2:
-                    pipelines.append(_pipeline_row(*item))
-                else:
-                    row = _event_row(item)
-                    _aggregate(row, item[12], sigs, members)
-                    events.append(row)
-            except Exception as e:
-                bad.append((first + i, first + i + 1))
-                self._error(f"{_describe(item)}: {e}")
+        examples: dict[str, str] = {}
+        for item in items:  # as little Python per item as possible: it holds the GIL
+            n = len(item)
+            if n == 12:
+                events.append(item)
+            elif n == 13:  # an event with an example trace (see _event_item)
+                events.append(item[:12])
+                examples.setdefault(item[7], item[12])
+            else:
+                pipelines.append(item[0])
         conn = self._conn
         assert conn is not None
         count = self._event_count + len(events)
+        lost: list[tuple[int, int]] = []
         try:
             conn.execute("BEGIN IMMEDIATE")
+            # The single writer: every id above `last` is an event of this batch. The
+            # signature and member updates are computed from them by SQLite, which does the
+            # work without holding the GIL (the event loop's thread needs it).
+            last = conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
             _insert(conn, _INSERT_EVENT, events)
-            _insert(conn, _UPSERT_SIGNATURE, [(sid, *agg) for sid, agg in sigs.items()])
-            # Sorted: the B-tree cursor then walks forward instead of jumping about.
-            _insert(conn, _INSERT_MEMBER, sorted(members))
+            if events:
+                conn.execute(_UPSERT_SIGNATURES, (last,))
+                conn.executemany(_SET_EXAMPLE, [(ex, sid) for sid, ex in examples.items()])
+                for statement in _INSERT_MEMBERS:
+                    conn.execute(statement, (last,))
             conn.executemany(_UPSERT_PIPELINE, pipelines)
             if count > self.max_events:
                 # Oldest first by id (insertion order); signature rows are never recounted.
@@ -472,13 +484,13 @@ class FailureStore:
                 conn.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
-            bad = [(first, first + len(items))]
+            lost = [(first, first + len(items))]
             self._error(f"writer: a batch of {len(items)} items was not committed: {e!r}")
         else:
             self._event_count = count
             self.written += len(events)
         with self._done:
-            self._lost.extend(bad)
+            self._lost.extend(lost)
             self._processed = first + len(items)
             self._done.notify_all()
 
@@ -638,6 +650,19 @@ def _connect(file: str) -> sqlite3.Connection:
 
 def _inspect(file: str, known: int) -> None:
     """Refuse, before writing a byte, a file we must not touch."""
+    try:
+        with open(file, "rb") as f:
+            magic = f.read(16)
+    except OSError as e:
+        raise StoreError(f"Cannot read the failure store {file}: {e}.") from e
+    if magic != b"SQLite format 3\x00":
+        # SQLite would take a file shorter than its header for an empty database and
+        # write over it; whatever it is, it is not ours.
+        raise StoreError(
+            f"The failure store {file} is not a SQLite database (it does not start with the "
+            "SQLite header). oomguard left it untouched: move it aside, or point "
+            "oomguard.scheduler.store at another path."
+        )
     uri = pathlib.Path(file).as_uri() + "?mode=ro"
     try:
         conn = sqlite3.connect(uri, uri=True, isolation_level=None)
@@ -699,70 +724,71 @@ def _migrate(conn: sqlite3.Connection, file: str, migrations: tuple[tuple[str, .
             ) from e
 
 
-def _event_row(item: tuple) -> tuple:
-    # item: time, kind, cause, shard, pipeline, worker, host, signature_id, signature_title,
-    # evidence, attempt, grouping_version, example (see add()).
-    for i, name in enumerate(_TEXT_FIELDS, 1):
-        if not isinstance(item[i], str):
-            raise TypeError(f"field {name!r} must be a str, got {type(item[i]).__name__}")
-    t, evidence, attempt, grouping_version, example = item[0], *item[9:]
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or t != t:
-        raise TypeError(f"field 'time' must be seconds since the epoch, got {t!r}")
-    if isinstance(attempt, bool) or not isinstance(attempt, int):
+def _event_item(e: FailureEvent, grouping_version: Any, example: Any) -> tuple:
+    """The queued form of an event: the events row (12 atomics, in _INSERT_EVENT's column
+    order), plus the example when there is one. Atomics only, so the GC stops tracking it."""
+    if not isinstance(e, FailureEvent):
+        raise TypeError(f"expected a FailureEvent, got {type(e).__name__}")
+    t = e.time
+    if type(t) is not float:
+        if isinstance(t, bool) or not isinstance(t, (int, float)):
+            raise TypeError(f"field 'time' must be seconds since the epoch, got {t!r}")
+        t = float(t)
+    if t != t:
+        raise ValueError("field 'time' is NaN")
+    texts = []
+    for name in _TEXT_FIELDS:
+        value = getattr(e, name)
+        if type(value) is not str:
+            if not isinstance(value, str):
+                raise TypeError(f"field {name!r} must be a str, got {type(value).__name__}")
+            value = str.__str__(value)  # Cause.OOM_KILL -> "oom_kill", a plain str
+        texts.append(value)
+    attempt = e.attempt
+    if type(attempt) is not int:
         raise TypeError(f"field 'attempt' must be an int, got {attempt!r}")
-    if isinstance(grouping_version, bool) or not isinstance(grouping_version, int):
+    if type(grouping_version) is not int:
         raise TypeError(f"grouping_version must be an int, got {grouping_version!r}")
-    if not isinstance(example, str):
+    if type(example) is not str:
         raise TypeError(f"example must be a str, got {type(example).__name__}")
-    if not isinstance(evidence, dict):
-        raise TypeError(f"field 'evidence' must be a dict, got {type(evidence).__name__}")
+    if type(e.evidence) is not dict:
+        raise TypeError(f"field 'evidence' must be a dict, got {type(e.evidence).__name__}")
     try:
-        text = json.dumps(evidence, separators=(",", ":"))
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"field 'evidence' is not JSON-serialisable: {e}") from None
-    return (float(t), *item[1:9], text, attempt, grouping_version)
+        # Encoded now: a snapshot, even if the caller mutates the dict afterwards.
+        evidence = _encode_json(e.evidence)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"field 'evidence' is not JSON-serialisable: {err}") from None
+    if example:
+        return (t, *texts, evidence, attempt, grouping_version, example)
+    return (t, *texts, evidence, attempt, grouping_version)
 
 
-def _aggregate(row: tuple, example: str, sigs: dict[str, list], members: set) -> None:
-    # row: time, kind, cause, shard, pipeline, worker, host, signature_id, title, ..., gv
-    t, sid = row[0], row[7]
-    agg = sigs.get(sid)
-    if agg is None:  # title, grouping_version, count, first_seen, last_seen, example
-        sigs[sid] = [row[8], row[11], 1, t, t, example]
-    else:
-        agg[0], agg[1] = row[8], row[11]
-        agg[2] += 1
-        if t < agg[3]:
-            agg[3] = t
-        if t > agg[4]:
-            agg[4] = t
-        if not agg[5]:
-            agg[5] = example
-    # hosts, workers, shards, pipelines, causes: see MEMBER_FIELDS.
-    for code, value in enumerate((row[6], row[5], row[3], row[4], row[2])):
-        if value:
-            members.add((sid, code, value))
+_encode_json = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def _pipeline_row(p: PipelineStatus, updated: float) -> tuple:
+    if not isinstance(p, PipelineStatus):
+        raise TypeError(f"expected a PipelineStatus, got {type(p).__name__}")
+    texts = {}
     for name in ("name", "status", "summary", "abort_reason"):
-        if not isinstance(getattr(p, name), str):
-            raise TypeError(f"field {name!r} must be a str, got {type(getattr(p, name)).__name__}")
+        value = getattr(p, name)
+        if not isinstance(value, str):
+            raise TypeError(f"field {name!r} must be a str, got {type(value).__name__}")
+        texts[name] = str.__str__(value)
     for name in _PIPELINE_INT_FIELDS:
         value = getattr(p, name)
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"field {name!r} must be an int, got {value!r}")
-    return (p.name, p.status, p.shards_done, p.shards_failed, p.shards_aborted,
-            p.infra_failures, p.user_failures, p.summary, p.abort_reason, updated)  # fmt: skip
+    return (texts["name"], texts["status"], int(p.shards_done), int(p.shards_failed),
+            int(p.shards_aborted), int(p.infra_failures), int(p.user_failures),
+            texts["summary"], texts["abort_reason"], updated)  # fmt: skip
 
 
-def _describe(item: tuple) -> str:
+def _describe(event: Any) -> str:
     try:
-        if len(item) == 2:
-            return f"status of pipeline {item[0].name!r}"
-        return f"event of shard {item[3]!r} (signature {item[7]!r})"
+        return f"event of shard {event.shard!r} (signature {event.signature_id!r})"
     except Exception:
-        return "an item"
+        return f"a {type(event).__name__}"
 
 
 def _event(r: tuple) -> FailureEvent:

@@ -162,13 +162,19 @@ def test_infra_kills_do_not_consume_retries(cluster, tmp_path):
     marker.mkdir()
     killed = []
 
+    failures = oomguard.Failures(client)
+
+    def raised():
+        return sum(e.cause == "exception" for e in failures.shard("flaky-1"))
+
     def killer():
-        # After each of the two raises, SIGKILL the worker running the next attempt.
+        # Once the scheduler has seen each of the two raises, SIGKILL the worker running
+        # the next attempt.
         for k in range(2):
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
-                where = _executing_on(client, "flaky-1")
-                if len(os.listdir(marker)) == k + 1 and where:
+                where = _executing_on(client, "flaky-1") if raised() == k + 1 else []
+                if where:
                     try:
                         pid = client.run(os.getpid, workers=where)[where[0]]
                     except Exception:
@@ -185,7 +191,6 @@ def test_infra_kills_do_not_consume_retries(cluster, tmp_path):
         assert fut.result(timeout=120) == 1
         t.join()
     assert len(killed) == 2
-    failures = oomguard.Failures(client)
     _poll(
         lambda: len(failures.shard("flaky-1")) >= 4,
         what=lambda: (failures.events(), client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins["oomguard"].stats)),
@@ -200,32 +205,53 @@ def test_random_sigkills_without_a_crasher_complete(cluster):
     cl, client, _ = cluster
     rng = random.Random(1)
     n_kills = 20
-    with distributed.span("survivor"):
-        futs = client.map(work, range(300), [0.1] * 300, key=[("s", i) for i in range(300)])
-        kills = 0
-        while kills < n_kills:
-            time.sleep(rng.uniform(0.2, 0.5))
+    kills = []
+
+    def killer():
+        deadline = time.monotonic() + 200
+        while len(kills) < n_kills and time.monotonic() < deadline:
+            time.sleep(rng.uniform(0.3, 0.8))
             pids = _worker_pids(client)
             if len(pids) < 2:
                 continue
             victim = rng.choice(sorted(pids))
-            busy = client.processing().get(victim)
-            if not busy:
+            if not client.processing().get(victim):
                 continue
             os.kill(pids[victim], signal.SIGKILL)
-            kills += 1
-            client.wait_for_workers(2, timeout=60)
-        assert client.gather(futs) == list(range(300))
+            kills.append(victim)
+            # Preemption: wait for the replacement worker before the next kill.
+            _poll(
+                lambda: victim not in client.scheduler_info()["workers"]
+                and len(client.scheduler_info()["workers"]) == 2,
+                timeout=60,
+            )
+
+    n = 400
+    with distributed.span("survivor"):
+        futs = client.map(work, range(n), [0.3] * n, key=[("s", i) for i in range(n)])
+        t = threading.Thread(target=killer)
+        t.start()
+        # Like a pipeline that writes each shard's output away: collect and release
+        # results as they come, so a death loses only what was executing.
+        results = []
+        for fut in distributed.as_completed(futs):
+            results.append(fut.result())
+            fut.release()
+        del futs
+        t.join()
+    assert len(kills) == n_kills
+    assert sorted(results) == list(range(n))
     failures = oomguard.Failures(client)
     _poll(lambda: len(failures.events(cause="sigkill")) >= n_kills, timeout=30)
     time.sleep(3.5)  # past the grace timeout: nothing more may arrive
     deaths = failures.events(cause="sigkill")
     # Exactly one event per kill (one thread per worker: one executing task at most).
     assert len(deaths) == n_kills
+    assert {e.worker for e in deaths} == set(kills)
     assert failures.events(cause="worker_lost") == []
     status = failures.pipeline("survivor")
-    assert status.status == "succeeded_after_infra_failures"
-    assert "300 shards finished" in status.summary
+    assert status.status == "succeeded_after_infra_failures", status
+    assert f"{n} shards finished" in status.summary
 
 
 def test_restarted_scheduler_keeps_history(cluster, tmp_path):

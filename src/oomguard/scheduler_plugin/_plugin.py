@@ -357,8 +357,11 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         if cause == Cause.NATIVE_CRASH and crash.get("text"):
             return fingerprint(crash["text"])
         if entry is not None and entry.get("stack"):
-            return fingerprint_stack(str(cause), [tuple(f) for f in entry["stack"]])
-        # No sample: the task's function (its key prefix) stands in for the stack.
+            sig = fingerprint_stack(str(cause), [tuple(f) for f in entry["stack"]])
+            if any(f.in_app for f in sig.frames):
+                return sig
+        # No sample, or one taken before the task's own code ran (only Dask's frames):
+        # the task's function (its key prefix) stands in for the stack.
         prefix = entry["prefix"] if entry else self._prefix(key)
         return fingerprint_stack(str(cause), [("<task>", None, prefix or "<no task>")])
 
