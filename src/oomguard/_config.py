@@ -97,3 +97,12 @@ def get_optional_path(key: str) -> str | None:
     if not isinstance(value, str):
         raise ConfigError(f"oomguard.{key} is {value!r}; expected a path or null.")
     return os.path.expanduser(value)
+
+
+def get_optional_str(key: str) -> str | None:
+    value = get(key)
+    if value in (None, "", "null", "None"):
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"oomguard.{key} is {value!r}; expected a string or null.")
+    return value

@@ -60,6 +60,7 @@ INTERNAL_ERROR_SITES = frozenset(
         "store",
         "metrics",
         "dashboard",
+        "pod_lookup",
     }
 )
 

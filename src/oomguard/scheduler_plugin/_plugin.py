@@ -22,6 +22,7 @@ from .. import _config, _report
 from .._causes import Cause, Kind, kind_of
 from .._classify import evidence_summary
 from .._exceptions import ReportError
+from .._metrics import OomguardMetrics, store_totals
 from .._models import FailureEvent
 from .._policy import AbortDecision, FailurePolicy
 from .._signature import fingerprint, fingerprint_dask, fingerprint_stack, scrub
@@ -67,10 +68,16 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         self.pipelines = PipelineNames()
         self._aborted: set[Any] = set()  # keys we erred with PipelineAborted
         self._timer: asyncio.Task | None = None
+        self._gauges: asyncio.Task | None = None
+        self.metrics = OomguardMetrics()
+        self.dashboard_path = ""
+        self._pods = None  # oomguard._kubernetes.PodLookup where enabled
+        self._lookups: set[asyncio.Task] = set()
         self._saved_allowed_failures: int | None = None
         self._original_task_erred = None
         self._workers: dict[str, Any] = {}  # address -> WorkerState, to read after removal
         self._persisted: dict[str, Any] = {}  # pipeline -> last status written
+        self._cgroup_workers: set[str] = set()  # nannies whose workers have their own cgroup
         self.stats: dict[str, Any] = {
             "reports": 0,
             "rejected": {},
@@ -134,6 +141,18 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         for addr, ws in scheduler.workers.items():
             self._workers[addr] = ws
         self._timer = asyncio.create_task(self._expire_loop(min(grace / 4, 0.5)))
+        if not self.metrics.register():
+            logger.warning("oomguard: another oomguard in this process holds the metrics")
+        self._gauges = asyncio.create_task(self._gauge_loop(2.0))
+        try:
+            from ._dashboard import register_dashboard
+
+            self.dashboard_path = register_dashboard(scheduler)
+        except ImportError:
+            logger.info("oomguard: no dashboard page (bokeh is not installed)")
+        except Exception:
+            self._internal_error("dashboard")
+        self._start_pod_lookup()
         await self._install_worker_side(scheduler)
         logger.info("oomguard: watching failures; store at %s", path)
 
@@ -161,12 +180,43 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             idempotent=True,
         )
 
+    def _start_pod_lookup(self) -> None:
+        if not self._setting("kubernetes.enabled", _config.get_bool):
+            return
+        try:
+            from .._kubernetes import PodLookup
+
+            self._pods = PodLookup.in_cluster(
+                self._setting("kubernetes.namespace", _config.get_optional_str),
+                label_selector=self._setting("kubernetes.label-selector", _config.get_optional_str),
+                container=self._setting("kubernetes.container", _config.get_optional_str),
+            )
+        except ImportError as e:
+            logger.warning("oomguard: %s", e)
+        except Exception:
+            self._internal_error("pod_lookup")
+
+    async def _gauge_loop(self, interval: float) -> None:
+        seen = None
+        while True:
+            try:
+                if self.store.written != seen:  # recount only after new writes
+                    seen = self.store.written
+                    n, hosts = await asyncio.to_thread(store_totals, self.store)
+                    self.metrics.set_signatures(n)
+                    self.metrics.set_signature_max_hosts(hosts)
+            except Exception:
+                self._internal_error("store")
+            await asyncio.sleep(interval)
+
     async def close(self) -> None:
         scheduler = self.scheduler
         if scheduler is None:
             return
-        if self._timer is not None:
-            self._timer.cancel()
+        for task in (self._timer, self._gauges):
+            if task is not None:
+                task.cancel()
+        self.metrics.unregister()
         if self.ledger is not None:
             for death in self.ledger.drain():
                 self._guard(self._decide, "close", death)
@@ -266,6 +316,12 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             self.stats["reports"] += 1
             latencies = self.stats["latencies"]
             latencies.append(max(0.0, time.time() - clean["time"]))
+            self.metrics.report_latency(latencies[-1])
+            if (clean.get("cgroup") or {}).get("path", "").rsplit("/", 1)[-1].startswith(
+                "oomguard-worker-"
+            ):
+                self._cgroup_workers.add(clean["nanny"])
+                self.metrics.set_cgroup_workers(len(self._cgroup_workers))
             del latencies[:-1000]
             if clean.get("cause") is None:
                 return {"status": "ok"}
@@ -280,6 +336,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
     def _reject(self, e: ReportError) -> None:
         rejected = self.stats["rejected"]
         rejected[e.reason] = rejected.get(e.reason, 0) + 1
+        self.metrics.report_rejected(e.reason)
         if e.reason not in self._logged:
             self._logged.add(e.reason)
             logger.warning("oomguard: rejected a death report (%s); further ones are counted", e)
@@ -289,16 +346,35 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             await asyncio.sleep(interval)
             try:
                 for death in self.ledger.expired(time.monotonic()):
-                    self._decide(death)
+                    if death.report is None and self._pods is not None:
+                        task = asyncio.create_task(self._decide_lost(death))
+                        self._lookups.add(task)
+                        task.add_done_callback(self._lookups.discard)
+                    else:
+                        self._decide(death)
                 self._persist_pipelines()
             except Exception:
                 self._internal_error("expire")
 
-    def _decide(self, death: Death) -> None:
+    async def _decide_lost(self, death: Death) -> None:
+        """No report: the nanny died too. Ask Kubernetes what happened to the pod."""
+        found = None
+        try:
+            found = await asyncio.to_thread(
+                self._pods.evidence, death.removal.host, since=death.removal.time
+            )
+        except Exception:
+            self._internal_error("pod_lookup")
+        self._guard(self._decide, "expire", death, found)
+
+    def _decide(self, death: Death, pod: tuple[str, dict] | None = None) -> None:
         """Turn one death into failure events; abort a pipeline if a shard is doomed."""
         self.stats["deaths"] += 1
         report, removal = death.report, death.removal
         cause = report["cause"] if report is not None else Cause.WORKER_LOST
+        if pod is not None:
+            cause = Cause(pod[0])
+        self.metrics.deaths(str(cause))
         processing = removal.processing if removal is not None else {}
         if report is not None:
             blamed = {e["key"]: e for e in report["executing"]}
@@ -316,6 +392,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         for s, key in processing.items():
             if s not in blamed:
                 self.stats["displaced"] += 1
+                self.metrics.displaced()
                 pipeline = self.pipelines.get(key)
                 if pipeline is not None:
                     self.policy.displaced(pipeline, s)
@@ -324,6 +401,8 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         evidence = dict(report["evidence"]) if report is not None else {
             "source": "no death report within the grace timeout"
         }
+        if pod is not None:
+            evidence.update({k: v for k, v in pod[1].items() if _scalar(v)})
         evidence.setdefault("summary", evidence_summary(evidence, str(cause)))
         when = report["time"] if report is not None else removal.time
         decisions = []
@@ -345,6 +424,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             )
             example = scrub((report.get("crash") or {}).get("text") or "") if report else ""
             self.store.add(event, grouping_version=sig.grouping_version, example=example)
+            self.metrics.failure(event.kind, event.cause)
             if s and event.pipeline:
                 decision = self.policy.record(event)
                 if decision is not None:
@@ -418,6 +498,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             grouping_version=sig.grouping_version,
             example=scrub(f"{traceback_text}\n{exception_text}"),
         )
+        self.metrics.failure(event.kind, event.cause)
         decision = self.policy.record(event) if pipeline else None
         if memory and decision is None:
             # INFRA: a MemoryError is retried like a death, never from the user's retries.
@@ -428,6 +509,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
 
     def _abort(self, decision: AbortDecision) -> None:
         self.stats["aborts"] += 1
+        self.metrics.pipeline_aborted()
         scheduler = self.scheduler
         exc = pickle.dumps(decision.exception())
         text = f"PipelineAborted: {decision.message}"
@@ -524,9 +606,14 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
 
     def _internal_error(self, where: str) -> None:
         self.stats["internal_errors"] += 1
+        self.metrics.internal_error(where)
         if where not in self._logged:
             self._logged.add(where)
             logger.exception("oomguard scheduler plugin failed in %s (logged once)", where)
+
+
+def _scalar(v: Any) -> bool:
+    return v is None or isinstance(v, str | int | float | bool)
 
 
 def _host_of(address: str) -> str:
