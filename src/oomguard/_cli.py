@@ -17,8 +17,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Why your Dask workers died, and which crashes are the same crash.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    from . import _cli_fingerprint
+    from . import _cli_demo, _cli_fingerprint
 
+    _cli_demo.add_parser(sub)
     _cli_fingerprint.add_parser(sub)
     return parser
 

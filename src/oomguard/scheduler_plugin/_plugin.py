@@ -422,7 +422,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
                 attempt=self.policy.attempt(s) if s else 1,
                 time=when,
             )
-            example = scrub((report.get("crash") or {}).get("text") or "") if report else ""
+            example = _example(report, entry, s)
             self.store.add(event, grouping_version=sig.grouping_version, example=example)
             self.metrics.failure(event.kind, event.cause)
             if s and event.pipeline:
@@ -610,6 +610,23 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         if where not in self._logged:
             self._logged.add(where)
             logger.exception("oomguard scheduler plugin failed in %s (logged once)", where)
+
+
+def _example(report: dict | None, entry: dict | None, shard: str) -> str:
+    """The trace kept with a signature: the crash dump, else the last sampled stack."""
+    if report is None:
+        return ""
+    text = (report.get("crash") or {}).get("text")
+    if text:
+        return scrub(text)
+    if entry is not None and entry.get("stack"):
+        age = ""
+        if entry.get("stack_time"):
+            age = f", {max(0.0, report['time'] - entry['stack_time']):.1f} s before the death"
+        lines = [f"Last sampled stack of shard {shard}{age} (most recent call last):"]
+        lines += [f'  File "{f}", line {n}, in {fn}' for f, n, fn in entry["stack"]]
+        return scrub("\n".join(lines))
+    return ""
 
 
 def _scalar(v: Any) -> bool:

@@ -1,0 +1,172 @@
+"""`oomguard demo`: a real OOM kill, a real segfault and a user error on a local cluster.
+
+The pipeline "demo" has `shards` shards: one allocates past its worker's memory limit every
+time, one segfaults on its first attempt, one raises a user error on its first attempt
+(and has `retries=1`), the rest sleep briefly. oomguard classifies every failure, groups
+the two OOM kills of the crasher into one signature, and aborts the pipeline.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Each worker's memory limit; the crasher allocates twice this.
+LIMIT = 320 * 2**20
+CRASHER, SEGFAULTER, FLAKY = 7, 13, 21
+
+
+def load_shard(i: int, limit: int) -> int:
+    """The crasher: reads a shard far larger than its worker's memory."""
+    time.sleep(0.6)  # the flight recorder samples this frame before the kill
+    held = []
+    for _ in range(8):
+        held.append(bytearray(limit // 4))
+        time.sleep(0.02)
+    time.sleep(2)  # without a cgroup limit: hold it until the nanny's monitor sees it
+    return len(held)
+
+
+def parse_shard(i: int, marker_dir: str) -> int:
+    """Segfaults on its first attempt (a native bug triggered once), then succeeds."""
+    marker = os.path.join(marker_dir, f"segfault-{i}")
+    time.sleep(0.2)
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        ctypes.string_at(0)
+    return i
+
+
+def flaky_shard(i: int, marker_dir: str) -> int:
+    """Raises a user error on its first attempt; `retries=1` fixes it."""
+    marker = os.path.join(marker_dir, f"flaky-{i}")
+    time.sleep(0.2)
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        raise ConnectionResetError(f"object store dropped the connection for shard {i}")
+    return i
+
+
+def shard(i: int) -> int:
+    time.sleep(0.3)
+    return i
+
+
+@dataclass
+class DemoResult:
+    memory_cause: str  # "oom_kill" (kernel, per-worker cgroup) or "memory_terminate"
+    kernel_oom: bool
+    aborted: Any = None  # the PipelineAborted raised on the client
+    events: list = field(default_factory=list)
+    signatures: list = field(default_factory=list)
+    status: Any = None
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def run_demo(shards: int = 30, progress=None) -> DemoResult:
+    import dask
+    import distributed
+    from distributed import Client, LocalCluster
+
+    import oomguard
+
+    from . import _cgroup
+
+    start = time.monotonic()
+    # The abort is logged at ERROR on the scheduler; here it is printed with the report.
+    logging.getLogger("oomguard").setLevel(logging.CRITICAL)
+    kernel_oom, _reason = _cgroup.can_create_child()
+    result = DemoResult(
+        memory_cause="oom_kill" if kernel_oom else "memory_terminate", kernel_oom=kernel_oom
+    )
+    marker_dir = tempfile.mkdtemp(prefix="oomguard-demo-")
+    config = {
+        "oomguard.worker.cgroup-limit": "true" if kernel_oom else "false",
+        "oomguard.worker.sample-interval": "200ms",
+        "oomguard.scheduler.store": os.path.join(marker_dir, "failures.sqlite3"),
+        # With a per-worker cgroup the kernel stops the crasher; without one, the nanny.
+        "distributed.worker.memory.terminate": False if kernel_oom else 0.95,
+        "distributed.worker.memory.pause": False,
+        "distributed.worker.memory.spill": False,
+        "distributed.worker.memory.target": False,
+        "distributed.scheduler.worker-saturation": 1.0,
+        "logging.distributed": "error",
+    }
+    with dask.config.set(config):
+        with LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            memory_limit=LIMIT,
+            dashboard_address=":0",
+            silence_logs=50,
+        ) as cluster, Client(cluster) as client:
+            oomguard.install(client)
+            with distributed.span("demo"):
+                futures = []
+                for i in range(shards):
+                    key = ("demo", i)
+                    if i == CRASHER:
+                        # Last in line, so the other failures are seen before the abort.
+                        fut = client.submit(load_shard, i, LIMIT, key=key, priority=-10)
+                    elif i == SEGFAULTER:
+                        fut = client.submit(parse_shard, i, marker_dir, key=key)
+                    elif i == FLAKY:
+                        fut = client.submit(flaky_shard, i, marker_dir, key=key, retries=1)
+                    else:
+                        fut = client.submit(shard, i, key=key)
+                    futures.append(fut)
+                done = 0
+                for fut in distributed.as_completed(futures):
+                    done += 1
+                    if progress is not None:
+                        progress(done, shards)
+                    try:
+                        fut.result()
+                    except oomguard.PipelineAborted as e:
+                        result.aborted = result.aborted or e
+                    except Exception as e:  # pragma: no cover - reported as a problem
+                        result.problems.append(f"shard {fut.key} raised {e!r}")
+            failures = oomguard.Failures(client)
+            result.events = sorted(failures.events(pipeline="demo"), key=lambda e: e.time)
+            result.signatures = failures.signatures(pipeline="demo")
+            result.status = failures.pipeline("demo")
+    result.seconds = time.monotonic() - start
+    result.problems += _check(result)
+    return result
+
+
+def _check(r: DemoResult) -> list[str]:
+    """What the demo promises; anything missing is a problem (exit 1)."""
+    problems = []
+    causes = [e.cause for e in r.events]
+    if r.memory_cause not in causes:
+        problems.append(f"no {r.memory_cause} event was recorded")
+    if "native_crash" not in causes:
+        problems.append("no native_crash event was recorded")
+    if "exception" not in causes:
+        problems.append("the user error was not recorded")
+    if r.aborted is None:
+        problems.append("the pipeline was not aborted")
+    if r.status is None or r.status.status != "aborted":
+        problems.append(f"pipeline status is {getattr(r.status, 'status', None)!r}, not 'aborted'")
+    crasher = [e for e in r.events if e.shard == str(("demo", CRASHER))]
+    if len({e.signature_id for e in crasher}) > 1:
+        problems.append("the crasher's deaths did not share one signature")
+    return problems
+
+
+def progress_bar(done: int, total: int, stream=sys.stderr) -> None:
+    width = 40
+    filled = int(width * done / total)
+    stream.write(f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{total} shards")
+    if done == total:
+        stream.write("\n")
+    stream.flush()
