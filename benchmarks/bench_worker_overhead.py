@@ -1,6 +1,6 @@
 """What the worker side of oomguard costs a worker: trivial tasks with and without it.
 
-    .venv/bin/python benchmarks/bench_worker_overhead.py            # full run (~4 min)
+    .venv/bin/python benchmarks/bench_worker_overhead.py            # full run (~10 min)
     .venv/bin/python benchmarks/bench_worker_overhead.py --quick    # CI-sized (~1 min)
 
 1. Throughput. One LocalCluster (2 workers x 1 thread, nannies) with the nanny preload
@@ -11,7 +11,7 @@
    the same processes, cgroups and warm caches serve both modes, so the only difference is
    what runs per task (the `transition` hook) and beside it (the sampler). The nanny plugin
    has no per-task code. Rounds alternate A B B A ... ; each round runs `client.map(inc,
-   range(N))` and an N/3-long chain of `inc`. `--mode clusters` instead keeps two clusters
+   range(N))` and an N/4-long chain of `inc`. `--mode clusters` instead keeps two clusters
    (plain, and with the preload) and alternates between them.
 2. The sampler thread's CPU: the "oomguard-sampler" thread's run time from
    /proc/<pid>/task/<tid>/schedstat (ns) over a window, idle and with a task executing;
@@ -51,15 +51,15 @@ def inc(x):
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="CI-sized run")
-    p.add_argument("--tasks", type=int, default=None, help="tasks in the map (default 12000)")
+    p.add_argument("--tasks", type=int, default=None, help="tasks in the map (default 6000)")
     p.add_argument("--rounds", type=int, default=None, help="rounds per mode (default 9)")
     p.add_argument("--window", type=float, default=None, help="sampler CPU window, s (default 20)")
     p.add_argument("--mode", choices=("toggle", "clusters"), default="toggle")
     a = p.parse_args(argv)
-    a.tasks = a.tasks or (2000 if a.quick else 12000)
+    a.tasks = a.tasks or (1000 if a.quick else 6000)
     a.rounds = a.rounds or (3 if a.quick else 9)
     a.window = a.window or (3.0 if a.quick else 20.0)
-    a.chain = max(a.tasks // 3, 10)
+    a.chain = max(a.tasks // 4, 10)
     return a
 
 
@@ -72,7 +72,7 @@ async def _remove_plugin(dask_worker):
     return PLUGIN in dask_worker.plugins
 
 
-async def _add_plugin(dask_worker, crash_dir, interval):
+async def _add_plugin(crash_dir, interval, dask_worker=None):
     await dask_worker.plugin_add(OomguardWorkerPlugin(crash_dir, interval), name=PLUGIN)
     return PLUGIN in dask_worker.plugins
 
@@ -84,7 +84,7 @@ def _sampler_tid(dask_worker):
     return None
 
 
-def _time_sample_calls(dask_worker, n):
+def _time_sample_calls(n, dask_worker=None):
     plugin = dask_worker.plugins[PLUGIN]
     t = time.thread_time()
     for _ in range(n):

@@ -14,6 +14,7 @@ from ._exceptions import (
     ReportError,
     TraceParseError,
 )
+from ._memory import memory
 from ._models import FailureEvent, PipelineStatus, SignatureRow
 
 __version__ = "0.1.0.dev0"
@@ -33,4 +34,5 @@ __all__ = [
     "TraceParseError",
     "__version__",
     "install",
+    "memory",
 ]

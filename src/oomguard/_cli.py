@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _cli_demo.add_parser(sub)
     _cli_fingerprint.add_parser(sub)
+    from . import _cli_report; _cli_report.add_parser(sub)  # noqa: E702
     return parser
 
 

@@ -117,22 +117,36 @@ def test_malformed_reports_are_rejected_and_counted(cluster, tmp_path):
             return out
 
     answers = client.sync(send_all)
-    for name in cases:
-        assert answers[name]["status"] == "rejected", (name, answers[name])
-        assert answers[name]["reason"] == name, (name, answers[name])
-    assert answers["not_bytes"]["reason"] == "wrong_type"
+    # The handler only queues bytes; a thread validates them and counts each refusal.
+    assert answers["not_bytes"] == {"status": "rejected", "reason": "wrong_type", "field": "report"}
+    assert all(answers[name] == {"status": "queued"} for name in cases), answers
+
+    def rejected():
+        return client.run_on_scheduler(
+            lambda dask_scheduler: dask_scheduler.plugins["oomguard"].metrics_snapshot()
+        )["rejected"]
+
+    deadline = time.monotonic() + 10
+    while sum(rejected().values()) < 7 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert rejected() == {
+        "wrong_type": 2,
+        "missing_field": 1,
+        "too_large": 1,
+        "schema_version": 1,
+        "undecodable": 1,
+        "pickled": 1,
+    }
     assert not marker.exists(), "a pickled report was loaded"
-    # The scheduler is fine and still decides real deaths.
+    # The scheduler is fine and still computes.
     assert client.submit(nap, 0.01).result(timeout=30) == 0.01
     stats = client.run_on_scheduler(
         lambda dask_scheduler: dask_scheduler.plugins["oomguard"].metrics_snapshot()
     )
-    assert stats["rejected"]["wrong_type"] == 2
-    assert sum(stats["rejected"].values()) == 7
     assert stats["internal_errors"] == 0
     # A valid report for an unknown worker is accepted (recorded once the grace expires).
     ok = client.sync(_send_one, cl.scheduler_address, msgpack.packb(_valid_report()))
-    assert ok == {"status": "ok"}
+    assert ok == {"status": "queued"}
 
 
 async def _send_one(address, payload):

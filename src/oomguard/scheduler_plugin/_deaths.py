@@ -49,9 +49,24 @@ class DeathLedger:
         self.max_pending = max_pending
         self._removals: OrderedDict[str, tuple[float, Removal]] = OrderedDict()
         self._reports: OrderedDict[str, tuple[float, dict]] = OrderedDict()
+        self._clean: OrderedDict[str, float] = OrderedDict()  # nannies said: not a death
         self.overflow = 0  # entries pushed out by max_pending; decided early, not lost
+        self.clean_exits = 0
+
+    def clean(self, worker: str, now: float) -> None:
+        """The worker's nanny says its exit was requested or clean (status 0): its removal,
+        before or after this, is not a death."""
+        if self._removals.pop(worker, None) is not None:
+            self.clean_exits += 1
+            return
+        self._clean[worker] = now
+        while len(self._clean) > self.max_pending:
+            self._clean.popitem(last=False)
 
     def removed(self, removal: Removal, now: float) -> Death | None:
+        if self._clean.pop(removal.worker, None) is not None:
+            self.clean_exits += 1
+            return None
         waiting = self._reports.pop(removal.worker, None)
         if waiting is not None:
             return Death(removal.worker, removal, waiting[1])
@@ -69,6 +84,8 @@ class DeathLedger:
     def expired(self, now: float) -> list[Death]:
         """Deaths whose partner did not arrive within `grace` (oldest first)."""
         out: list[Death] = []
+        while self._clean and now - next(iter(self._clean.values())) >= self.grace:
+            self._clean.popitem(last=False)
         for pending, make in (
             (self._removals, lambda w, r: Death(w, r, None)),
             (self._reports, lambda w, r: Death(w, None, r)),
@@ -84,11 +101,12 @@ class DeathLedger:
         return out
 
     def drain(self) -> list[Death]:
-        """Everything still waiting (scheduler closing)."""
-        out = [Death(w, r, None) for w, (_, r) in self._removals.items()]
-        out += [Death(w, None, r) for w, (_, r) in self._reports.items()]
+        """Reports still waiting (scheduler closing). Removals without a report are
+        dropped: while the scheduler closes, workers leave without being deaths."""
+        out = [Death(w, None, r) for w, (_, r) in self._reports.items()]
         self._removals.clear()
         self._reports.clear()
+        self._clean.clear()
         return out
 
     def __len__(self) -> int:

@@ -15,11 +15,12 @@ import pickle
 import time
 from typing import TYPE_CHECKING, Any
 
+from distributed.core import Status
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.utils import get_ip
 
 from .. import _config, _report
-from .._causes import Cause, Kind, kind_of
+from .._causes import MEMORY_CAUSES, Cause, Kind, kind_of
 from .._classify import evidence_summary
 from .._exceptions import ReportError
 from .._metrics import OomguardMetrics, store_totals
@@ -27,8 +28,9 @@ from .._models import FailureEvent
 from .._policy import AbortDecision, FailurePolicy
 from .._signature import fingerprint, fingerprint_dask, fingerprint_stack, scrub
 from .._store import FailureStore
-from ..worker_plugin import EVENT_TOPIC, REPORT_HANDLER
+from ..worker_plugin import CLEAN_EXIT_HANDLER, REPORT_HANDLER
 from ._deaths import Death, DeathLedger, Removal
+from ._intake import ReportIntake
 from ._pipelines import PipelineNames
 
 if TYPE_CHECKING:
@@ -41,6 +43,7 @@ QUERY_HANDLER = "oomguard_query"
 _NEVER = 2**31
 _UNFINISHED = ("processing", "queued", "no-worker")
 _RUNNABLE = ("waiting", "processing", "queued", "no-worker")
+_SHUTTING_DOWN = (Status.closing, Status.closed, Status.closing_gracefully)
 
 
 class OomguardSchedulerPlugin(SchedulerPlugin):
@@ -65,6 +68,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         self.store: FailureStore | None = None
         self.policy: FailurePolicy | None = None
         self.ledger: DeathLedger | None = None
+        self.intake: ReportIntake | None = None
         self.pipelines = PipelineNames()
         self._aborted: set[Any] = set()  # keys we erred with PipelineAborted
         self._timer: asyncio.Task | None = None
@@ -84,6 +88,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             "deaths": 0,
             "displaced": 0,
             "aborts": 0,
+            "overflow": 0,
             "internal_errors": 0,
             "latencies": [],
         }
@@ -124,10 +129,13 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         )
         await asyncio.to_thread(self.store.start)
         self.ledger = DeathLedger(grace)
+        self.intake = ReportIntake(self._on_reports)
+        self.intake.start(asyncio.get_running_loop())
         self.scheduler = scheduler
         self._saved_allowed_failures = scheduler.allowed_failures
         scheduler.allowed_failures = _NEVER
         scheduler.handlers[REPORT_HANDLER] = self._handle_report
+        scheduler.handlers[CLEAN_EXIT_HANDLER] = self._handle_clean_exit
         scheduler.handlers[QUERY_HANDLER] = self._handle_query
         original = scheduler.stream_handlers.get("task-erred")
         if original is None:
@@ -217,12 +225,18 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             if task is not None:
                 task.cancel()
         self.metrics.unregister()
+        if self.intake is not None:
+            await asyncio.to_thread(self.intake.close)
         if self.ledger is not None:
             for death in self.ledger.drain():
                 self._guard(self._decide, "close", death)
         if self._saved_allowed_failures is not None:
             scheduler.allowed_failures = self._saved_allowed_failures
-        for name, fn in ((REPORT_HANDLER, self._handle_report), (QUERY_HANDLER, self._handle_query)):
+        for name, fn in (
+            (REPORT_HANDLER, self._handle_report),
+            (CLEAN_EXIT_HANDLER, self._handle_clean_exit),
+            (QUERY_HANDLER, self._handle_query),
+        ):
             if scheduler.handlers.get(name) == fn:
                 del scheduler.handlers[name]
         if self._original_task_erred is not None:
@@ -282,6 +296,8 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             ws = self._workers.pop(address, None)
             if msg.get("expected") or self.ledger is None:
                 return
+            if self.scheduler is not None and self.scheduler.status in _SHUTTING_DOWN:
+                return  # the cluster is closing: its workers leave, they do not die
             processing = {str(k): k for k in msg.get("processing-tasks") or ()}
             guess = {}
             if ws is not None:
@@ -301,37 +317,58 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             self._internal_error("log_event")
 
     async def _handle_report(self, report: Any = None, **extra: Any) -> dict:
-        """RPC from a nanny: one death report, msgpack bytes, validated here."""
+        """RPC from a nanny: one death report as msgpack bytes. Only queued here; the
+        intake thread decodes and validates it (never unpickles)."""
         try:
             if not isinstance(report, bytes | bytearray | memoryview):
-                raise ReportError("report", f"expected msgpack bytes, got {type(report).__name__}", "wrong_type")
-            clean = _report.decode(bytes(report))
-        except ReportError as e:
-            self._reject(e)
-            return {"status": "rejected", "reason": e.reason, "field": e.field}
+                e = ReportError(
+                    "report", f"expected msgpack bytes, got {type(report).__name__}", "wrong_type"
+                )
+                self._reject(e)
+                return {"status": "rejected", "reason": e.reason, "field": e.field}
+            if not self.intake.submit(bytes(report)):
+                self.stats["overflow"] += 1
+                self.metrics.report_rejected("overflow")
+                return {"status": "overflow"}
         except Exception:
             self._internal_error("report")
             return {"status": "error"}
+        return {"status": "queued"}
+
+    async def _handle_clean_exit(self, worker: Any = None, **extra: Any) -> dict:
+        """RPC from a nanny: its worker's exit was requested (close, restart) or clean."""
+        if not isinstance(worker, str) or not 0 < len(worker) <= 256:
+            self._reject(ReportError("worker", "expected a worker address", "wrong_type"))
+            return {"status": "rejected"}
         try:
-            self.stats["reports"] += 1
-            latencies = self.stats["latencies"]
-            latencies.append(max(0.0, time.time() - clean["time"]))
-            self.metrics.report_latency(latencies[-1])
-            if (clean.get("cgroup") or {}).get("path", "").rsplit("/", 1)[-1].startswith(
-                "oomguard-worker-"
-            ):
-                self._cgroup_workers.add(clean["nanny"])
-                self.metrics.set_cgroup_workers(len(self._cgroup_workers))
-            del latencies[:-1000]
-            if clean.get("cause") is None:
-                return {"status": "ok"}
-            death = self.ledger.reported(clean, time.monotonic())
-            if death is not None:
-                self._decide(death)
+            self.ledger.clean(worker, time.monotonic())
         except Exception:
             self._internal_error("report")
-            return {"status": "error"}
         return {"status": "ok"}
+
+    def _on_reports(self, results: list) -> None:
+        """A batch from the intake thread, on the event loop."""
+        for clean, arrived in results:
+            try:
+                if isinstance(clean, ReportError):
+                    self._reject(clean)
+                    continue
+                self.stats["reports"] += 1
+                latencies = self.stats["latencies"]
+                latencies.append(max(0.0, arrived - clean["time"]))
+                del latencies[:-1000]
+                self.metrics.report_latency(latencies[-1])
+                cgroup_name = ((clean.get("cgroup") or {}).get("path") or "").rsplit("/", 1)[-1]
+                if cgroup_name.startswith("oomguard-worker-"):
+                    self._cgroup_workers.add(clean["nanny"])
+                    self.metrics.set_cgroup_workers(len(self._cgroup_workers))
+                if clean.get("cause") is None:
+                    continue
+                death = self.ledger.reported(clean, time.monotonic())
+                if death is not None:
+                    self._decide(death)
+            except Exception:
+                self._internal_error("report")
 
     def _reject(self, e: ReportError) -> None:
         rejected = self.stats["rejected"]
@@ -427,6 +464,12 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             self.metrics.failure(event.kind, event.cause)
             if s and event.pipeline:
                 decision = self.policy.record(event)
+                if decision is None and key is not None and cause in MEMORY_CAUSES:
+                    # Issue 7: retry only on a larger worker, or abort when there is none.
+                    from ._resize import retry_larger
+
+                    limit = report.get("memory_limit") if report is not None else None
+                    decision = retry_larger(self.scheduler, key, event, limit, self.policy)
                 if decision is not None:
                     decisions.append(decision)
         for decision in decisions:

@@ -8,13 +8,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._nanny import EVENT_TOPIC, REPORT_HANDLER, OomguardNannyPlugin
+from ._nanny import CLEAN_EXIT_HANDLER, EVENT_TOPIC, REPORT_HANDLER, OomguardNannyPlugin
 from ._worker import OomguardWorkerPlugin
 
 if TYPE_CHECKING:
     from distributed import Nanny
 
-__all__ = ["EVENT_TOPIC", "REPORT_HANDLER", "OomguardNannyPlugin", "OomguardWorkerPlugin"]
+__all__ = [
+    "CLEAN_EXIT_HANDLER",
+    "EVENT_TOPIC",
+    "REPORT_HANDLER",
+    "OomguardNannyPlugin",
+    "OomguardWorkerPlugin",
+]
 
 
 async def dask_setup(nanny: Nanny) -> None:

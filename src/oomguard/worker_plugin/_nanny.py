@@ -37,6 +37,8 @@ logger = logging.getLogger("oomguard.nanny")
 
 #: Handler the scheduler plugin registers; without it the nanny falls back to log_event.
 REPORT_HANDLER = "oomguard_death_report"
+#: Handler for "this worker's exit was requested or clean": its removal is not a death.
+CLEAN_EXIT_HANDLER = "oomguard_clean_exit"
 EVENT_TOPIC = "oomguard-death"
 
 _CLOSING = (Status.closing, Status.closed, Status.closing_gracefully, Status.failed)
@@ -201,6 +203,9 @@ class OomguardNannyPlugin(NannyPlugin):
             await self._delegate.teardown(nanny)
             return
         self._closing = True
+        if nanny.process is not None and nanny.process.worker_address:
+            # Nanny.close kills the worker right after this: tell the scheduler first.
+            await self._send_clean_exit(nanny.process.worker_address)
         if getattr(nanny, "_oomguard_nanny_plugin", None) is self:
             # Back to Dask's own methods (the wraps live on the instance only).
             for attr in ("instantiate", "log_event"):
@@ -302,9 +307,15 @@ class OomguardNannyPlugin(NannyPlugin):
             self._life = None
         requested = stopping or self._closing or (nanny is not None and nanny.status in _CLOSING)
         death_time = time.time()
-        task = asyncio.ensure_future(
-            self._report(pid, exitcode, requested, address, life, death_time)
-        )
+        if requested or exitcode == 0:
+            coro = self._send_clean_exit(address)
+            if life is not None and life.group is not None:
+                life.group.remove()
+            for path in (crash_path(self.crash_dir, pid), flight_path(self.crash_dir, pid)):
+                _unlink(path)
+        else:
+            coro = self._report(pid, exitcode, requested, address, life, death_time)
+        task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -315,6 +326,8 @@ class OomguardNannyPlugin(NannyPlugin):
             )
             if report is not None and report.get("cause") is not None:
                 await self._send(report)
+            else:
+                await self._send_clean_exit(address)
         except Exception:
             self._internal_error("report")
 
@@ -363,10 +376,7 @@ class OomguardNannyPlugin(NannyPlugin):
             max_bytes=self.max_report_size or _report.MAX_REPORT_BYTES,
         )
         for path in (crash_path(self.crash_dir, pid), flight_path(self.crash_dir, pid)):
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+            _unlink(path)
         if life is not None and life.group is not None:
             life.group.remove()
         return report
@@ -391,6 +401,17 @@ class OomguardNannyPlugin(NannyPlugin):
         nanny.log_event(EVENT_TOPIC, {"report": data})
         self.reports_sent += 1
 
+    async def _send_clean_exit(self, address: str | None) -> None:
+        nanny = self._nanny
+        if nanny is None or not address:
+            return
+        try:
+            await asyncio.wait_for(
+                getattr(nanny.scheduler, CLEAN_EXIT_HANDLER)(worker=address), 2
+            )
+        except Exception:
+            pass  # no scheduler plugin, or the scheduler is gone: nothing to correct
+
     # --- never take the nanny down ----------------------------------------------------
 
     def _guard(self, fn, where: str, *args) -> None:
@@ -403,6 +424,13 @@ class OomguardNannyPlugin(NannyPlugin):
         self.errors += 1
         if self.errors == 1:
             logger.exception("oomguard nanny plugin failed in %s (logged once)", where)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _read_text(path: str, missing: list[str], limit: int = 1 << 20) -> str | None:

@@ -17,6 +17,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from .. import _cgroup
 from .._flight import FlightRecorder
+from ._admission import install_admission
 from ._paths import crash_path, flight_path
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ class OomguardWorkerPlugin(WorkerPlugin):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.errors = 0
+        self._admission = None  # oomguard admission wiring (issue 7)
 
     def __getstate__(self):
         return {"crash_dir": self.crash_dir, "sample_interval": self.sample_interval}
@@ -70,6 +72,10 @@ class OomguardWorkerPlugin(WorkerPlugin):
             signal.SIGTERM, file=self._crash_file, all_threads=True, chain=True
         )
         self._recorder = FlightRecorder.create(flight_path(self.crash_dir, pid))
+        try:  # oomguard admission wiring (issue 7): host-wide memory leases
+            self._admission = install_admission(worker, self.crash_dir)
+        except Exception:
+            self._internal_error("admission")
         # Tasks already executing when the plugin arrives at runtime.
         for ts in list(worker.state.executing):
             self._slots[ts.key] = self._recorder.task_started(str(ts.key))
@@ -81,6 +87,9 @@ class OomguardWorkerPlugin(WorkerPlugin):
 
     def teardown(self, worker: Worker) -> None:
         self._stop.set()
+        if self._admission is not None:  # oomguard admission wiring (issue 7)
+            self._admission.uninstall(worker)
+            self._admission = None
         if self._thread is not None:
             self._thread.join(timeout=2 * self.sample_interval + 1)
         if self._crash_file is not None:
@@ -138,10 +147,13 @@ class OomguardWorkerPlugin(WorkerPlugin):
                 "thread": ident,
                 "stack": [[fs.filename, fs.lineno, fs.name] for fs in stack],
             }
+        rss = psutil.Process().memory_info().rss
+        if self._admission is not None:  # oomguard admission wiring (issue 7): peaks
+            self._admission.observe(rss)
         rec.write_sample(
             {
                 "time": time.time(),
-                "rss": psutil.Process().memory_info().rss,
+                "rss": rss,
                 "cgroup_usage": self._cgroup_usage(),
                 "tasks": tasks,
             }

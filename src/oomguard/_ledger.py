@@ -1,0 +1,331 @@
+"""The host-wide memory ledger: leases of memory held by running tasks, shared by every
+oomguard worker process on a host, whatever cluster it belongs to.
+
+Pure (no Dask). One small JSON file, read and rewritten under an exclusive `fcntl.flock`
+(held for tens of microseconds). A lease is keyed by (pid, key) and records the holder's
+RSS when it was granted, so memory a running task has already allocated is not counted
+twice (once in `available`, once in its lease): a lease claims only
+``max(0, nbytes - (rss_now - rss_at_grant))``. Leases of dead processes (a SIGKILLed or
+OOM-killed worker) are dropped on the next access; a PID is compared with its start time
+so a reused PID does not keep a dead lease alive.
+
+Admission rule for a need N: free = available - claims of other leases - floor; granted
+when N <= free, or when no other live lease exists on the host (a cold start: waiting
+could never end). `available` is MemAvailable (/proc/meminfo) by default, or
+limit - usage of a memory cgroup the workers share (`cgroup_available`).
+
+The file must be shared only by processes in one PID namespace (one container, or the
+host): PIDs from elsewhere cannot be checked for liveness.
+
+    >>> ledger = HostLedger("/tmp/oomguard-0/memory-ledger.json", floor=2**30)  # doctest: +SKIP
+    >>> lease = ledger.acquire("('load', 7)", 6 * 2**30, timeout=60)           # doctest: +SKIP
+    >>> ledger.release("('load', 7)")                                          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from . import _cgroup
+from ._exceptions import OomguardError
+
+__all__ = ["Admission", "AdmissionTimeout", "HostLedger", "cgroup_available", "format_bytes"]
+
+_VERSION = 1
+#: Per-prefix peaks kept in the file; the least recently seen beyond this are dropped.
+MAX_PEAKS = 512
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def format_bytes(n: int | float) -> str:
+    """Binary units with one decimal, the way people read memory limits.
+
+    >>> format_bytes(4 * 2**30), format_bytes(1536 * 2**20), format_bytes(-3 * 2**20)
+    ('4 GiB', '1.5 GiB', '-3 MiB')
+    """
+    sign = "-" if n < 0 else ""
+    n = abs(float(n))
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            text = f"{n:.1f}".rstrip("0").rstrip(".")
+            return f"{sign}{text} {unit}"
+        n /= 1024
+    raise AssertionError  # unreachable
+
+
+class AdmissionTimeout(OomguardError, TimeoutError):
+    """A task waited past `max-wait` for host memory. Names the need and what was free."""
+
+    def __init__(self, key: str, need: int, free: int, waited: float, detail: str = "") -> None:
+        self.key, self.need, self.free, self.waited, self.detail = key, need, free, waited, detail
+        super().__init__(
+            f"oomguard: task {key} waited {waited:.1f} s for {format_bytes(need)} of host "
+            f"memory, but only {format_bytes(max(free, 0))} was free{detail}. Raise "
+            "oomguard.worker.admission.max-wait, run fewer memory-heavy tasks per host, or "
+            "lower the task's oomguard.memory(...) need."
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.key, self.need, self.free, self.waited, self.detail))
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The outcome of one admission attempt (bytes). `cold`: granted only because no other
+    lease was held on the host."""
+
+    granted: bool
+    need: int
+    free: int
+    available: int
+    claimed: int  # what other live leases still claim
+    floor: int
+    others: int  # other live leases
+    cold: bool = False
+
+    def detail(self) -> str:
+        return (
+            f" (available {format_bytes(self.available)}, claimed by {self.others} other "
+            f"lease(s) {format_bytes(self.claimed)}, floor {format_bytes(self.floor)})"
+        )
+
+
+def _proc_start(pid: int) -> int | None:
+    # Field 22 of /proc/<pid>/stat: start time in clock ticks; tells a reused PID apart.
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return int(data.rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _rss(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _alive(pid: int, start: int | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, owned by someone else
+    if start is None:
+        return True
+    now = _proc_start(pid)
+    # A zombie (killed, not yet reaped) still answers kill(0); its statm says 0 pages.
+    return now is None or (now == start and _rss(pid) != 0)
+
+
+def host_available() -> int:
+    """MemAvailable of the host, bytes (0 when unreadable: then only cold starts pass)."""
+    return _cgroup.host_memory().get("available") or 0
+
+
+def cgroup_available(path: str, version: int | None = None) -> Callable[[], int]:
+    """`available` for workers sharing one memory cgroup: limit - usage of that group.
+
+    >>> avail = cgroup_available("/sys/fs/cgroup/memory/workers")  # doctest: +SKIP
+    """
+
+    if version is None:
+        version = 2 if os.path.exists(os.path.join(path, "memory.max")) else 1
+
+    def available() -> int:
+        c = _cgroup.read_memory_counters(path, version)
+        if c.limit is None or c.usage is None:
+            return host_available()
+        return max(0, c.limit - c.usage)
+
+    return available
+
+
+class HostLedger:
+    """Leases of host memory, in a JSON file shared by every worker process on the host.
+
+    `available` returns the bytes available now; `floor` is kept free at all times.
+
+    >>> import tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "ledger.json")
+    >>> ledger = HostLedger(path, floor=0, available=lambda: 10 * 2**30)
+    >>> ledger.try_acquire("a", 6 * 2**30).granted
+    True
+    >>> ledger.release("a")
+    True
+    """
+
+    def __init__(
+        self, path: str, *, floor: int = 0, available: Callable[[], int] | None = None
+    ) -> None:
+        if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
+            raise ValueError(f"floor is {floor!r}; expected a number of bytes >= 0.")
+        self.path = path
+        self.floor = floor
+        self.available = available or host_available
+        self.pid = os.getpid()
+        self._start = _proc_start(self.pid)
+        self.peaks: dict[str, int] = {}  # prefix -> observed peak, refreshed on each access
+        directory = os.path.dirname(path)
+        if directory:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+
+    # -- the file --------------------------------------------------------------------
+
+    def _locked(self, mutate: Callable[[dict], bool]) -> dict:
+        """Read the file under an exclusive lock, let `mutate` change it, write it back
+        if it says so. Dead leases are dropped on the way."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            raw = b""
+            while chunk := os.read(fd, 1 << 16):
+                raw += chunk
+            state = _parse(raw)
+            n = len(state["leases"])
+            state["leases"] = [le for le in state["leases"] if _alive(le[0], le[4])]
+            dirty = mutate(state) or len(state["leases"]) != n or not raw
+            if dirty:
+                data = json.dumps(state, separators=(",", ":")).encode()
+                os.lseek(fd, 0, os.SEEK_SET)
+                os.write(fd, data)
+                os.ftruncate(fd, len(data))
+            self.peaks = state["peaks"]
+            return state
+        finally:
+            os.close(fd)  # closing drops the flock
+
+    # -- leases ------------------------------------------------------------------------
+
+    def try_acquire(self, key: str, nbytes: int, *, pid: int | None = None) -> Admission:
+        """One attempt: grant a lease of `nbytes` for `key` now, or say why not."""
+        pid = self.pid if pid is None else pid
+        start = self._start if pid == self.pid else _proc_start(pid)
+        result: list[Admission] = []
+
+        def mutate(state: dict) -> bool:
+            leases = state["leases"]
+            others = [le for le in leases if not (le[0] == pid and le[1] == key)]
+            claimed = 0
+            for p, _, n, base, _ in others:
+                rss = _rss(p)
+                grown = (rss - base) if rss is not None and base is not None else 0
+                claimed += max(0, n - max(0, grown))
+            available = self.available() if others else 0
+            free = available - claimed - self.floor
+            cold = not others
+            granted = cold or nbytes <= free
+            result.append(
+                Admission(granted, nbytes, free, available, claimed, self.floor, len(others), cold)
+            )
+            if granted:
+                others.append([pid, key, nbytes, _rss(pid), start])
+                state["leases"] = others
+            return granted
+
+        self._locked(mutate)
+        return result[0]
+
+    def release(self, key: str, *, pid: int | None = None, peak: tuple[str, int] | None = None) -> bool:
+        """Drop the lease of `key`; optionally record `peak` = (prefix, bytes) in the same
+        write. True when a lease was dropped."""
+        pid = self.pid if pid is None else pid
+        found: list[bool] = []
+
+        def mutate(state: dict) -> bool:
+            before = len(state["leases"])
+            state["leases"] = [le for le in state["leases"] if not (le[0] == pid and le[1] == key)]
+            found.append(len(state["leases"]) != before)
+            return _record_peak(state, peak) or found[0]
+
+        self._locked(mutate)
+        return found[0]
+
+    def record_peak(self, prefix: str, nbytes: int) -> None:
+        """Remember the largest memory peak seen for a task prefix (host-wide)."""
+        self._locked(lambda state: _record_peak(state, (prefix, nbytes)))
+
+    def refresh(self) -> dict[str, int]:
+        """Re-read the peaks (and reclaim dead leases); returns the peaks."""
+        self._locked(lambda state: False)
+        return self.peaks
+
+    def leases(self) -> list[tuple[int, str, int]]:
+        """Live leases as (pid, key, nbytes); dead ones are reclaimed by this call."""
+        state = self._locked(lambda state: False)
+        return [(le[0], le[1], le[2]) for le in state["leases"]]
+
+    def acquire(
+        self,
+        key: str,
+        nbytes: int,
+        *,
+        timeout: float,
+        poll: float = 0.05,
+        on_wait: Callable[[Admission], None] | None = None,
+    ) -> tuple[Admission, float]:
+        """Block until granted; returns (the granting Admission, seconds waited). Raises
+        AdmissionTimeout past `timeout`. `on_wait` is called once, at the first refusal."""
+        began = time.monotonic()
+        delay = min(poll, 0.01)
+        first = True
+        while True:
+            adm = self.try_acquire(key, nbytes)
+            if adm.granted:
+                return adm, time.monotonic() - began
+            waited = time.monotonic() - began
+            if first and on_wait is not None:
+                on_wait(adm)
+            first = False
+            if waited >= timeout:
+                raise AdmissionTimeout(key, nbytes, adm.free, waited, adm.detail())
+            time.sleep(min(delay, max(0.0, timeout - waited)))
+            delay = min(delay * 2, poll)
+
+
+def _parse(raw: bytes) -> dict:
+    # A torn or foreign file starts over empty: losing leases only errs towards admitting.
+    try:
+        state = json.loads(raw) if raw else {}
+    except ValueError:
+        state = {}
+    if not isinstance(state, dict) or state.get("version") != _VERSION:
+        state = {}
+    leases = state.get("leases")
+    peaks = state.get("peaks")
+    return {
+        "version": _VERSION,
+        "leases": [le for le in leases if _lease_ok(le)] if isinstance(leases, list) else [],
+        "peaks": peaks if isinstance(peaks, dict) else {},
+    }
+
+
+def _lease_ok(le) -> bool:
+    return (
+        isinstance(le, list)
+        and len(le) == 5
+        and isinstance(le[0], int)
+        and isinstance(le[1], str)
+        and isinstance(le[2], int)
+    )
+
+
+def _record_peak(state: dict, peak: tuple[str, int] | None) -> bool:
+    if peak is None:
+        return False
+    prefix, nbytes = peak
+    peaks = state["peaks"]
+    old = peaks.pop(prefix, 0)  # re-insert: dict order is recency, oldest dropped first
+    peaks[prefix] = max(int(old) if isinstance(old, int) else 0, int(nbytes))
+    while len(peaks) > MAX_PEAKS:
+        peaks.pop(next(iter(peaks)))
+    return True

@@ -1,0 +1,104 @@
+"""A bounded intake for death reports: the RPC handler only queues bytes; a thread decodes
+and validates them and hands batches back to the event loop.
+
+A flood of reports (a rack going down, or a hostile client) then costs the event loop a
+queue append each; what does not fit is refused and counted as overflow, never dropped
+silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from .. import _report
+from .._exceptions import ReportError
+
+logger = logging.getLogger("oomguard.scheduler")
+
+Result = tuple[dict[str, Any] | ReportError, float]  # (clean report or its error, arrival)
+
+
+class ReportIntake:
+    """Queue -> decoding thread -> `on_batch(results)` on the event loop.
+
+    >>> intake = ReportIntake(on_batch=print, max_items=2)   # doctest: +SKIP
+    >>> intake.start(asyncio.get_running_loop())              # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        on_batch: Callable[[list[Result]], None],
+        *,
+        max_items: int = 10_000,
+        max_bytes: int = 256 * 2**20,
+        max_report_bytes: int = _report.MAX_REPORT_BYTES,
+        batch: int = 256,
+    ):
+        self.on_batch = on_batch
+        self.max_items = max_items
+        self.max_bytes = max_bytes
+        self.max_report_bytes = max_report_bytes
+        self.batch = batch
+        self._queue: deque[tuple[bytes, float]] = deque()
+        self._bytes = 0
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.overflow = 0
+        self.accepted = 0
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run, name="oomguard-intake", daemon=True)
+        self._thread.start()
+
+    def submit(self, data: bytes) -> bool:
+        """Queue one report (event loop; O(1)). False when full: counted in `overflow`."""
+        with self._cond:
+            if len(self._queue) >= self.max_items or self._bytes + len(data) > self.max_bytes:
+                self.overflow += 1
+                return False
+            self._queue.append((data, time.time()))
+            self._bytes += len(data)
+            self.accepted += 1
+            self._cond.notify()
+        return True
+
+    def pending(self) -> int:
+        return len(self._queue)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if self._closed and not self._queue:
+                    return
+                items = [self._queue.popleft() for _ in range(min(self.batch, len(self._queue)))]
+                self._bytes -= sum(len(d) for d, _ in items)
+            results: list[Result] = []
+            for data, arrived in items:
+                try:
+                    results.append((_report.decode(data, self.max_report_bytes), arrived))
+                except ReportError as e:
+                    results.append((e, arrived))
+                except Exception as e:  # the validator's own bug: refuse, never crash
+                    results.append((ReportError("report", f"unreadable ({e!r})", "undecodable"), arrived))
+            try:
+                self._loop.call_soon_threadsafe(self.on_batch, results)
+            except RuntimeError:  # the loop is closed: the scheduler is gone
+                return
+
+    def close(self, timeout: float = 5.0) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)

@@ -1,0 +1,89 @@
+"""`oomguard report --scheduler`: a real scheduler with oomguard, a real task error, read back
+by the command in a subprocess; and the one-line failures for schedulers it cannot use."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import distributed
+import pytest
+from distributed import Client, LocalCluster
+
+import oomguard
+from oomguard import FailureEvent
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def bad_parse(x):
+    raise ValueError(f"cannot parse block {x}")
+
+
+def oomguard_report(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "oomguard._cli", "report", *argv],
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def _one_line_error(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
+    assert proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("oomguard report: "), proc.stderr
+    return proc.stderr
+
+
+def test_report_reads_a_running_scheduler(tmp_path):
+    with LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as cluster, Client(cluster) as client:
+        address = cluster.scheduler_address
+
+        # Before oomguard is installed the scheduler never answers the query: one line.
+        err = _one_line_error(oomguard_report("--scheduler", address, "--timeout", "2"))
+        assert "is oomguard loaded there" in err
+
+        oomguard.install(client, store=str(tmp_path / "failures.sqlite3"))
+        with distributed.span("etl"):
+            fut = client.submit(bad_parse, 7, key="parse-7")
+        with pytest.raises(ValueError, match="cannot parse block 7"):
+            fut.result(timeout=60)
+        failures = oomguard.Failures(client)
+        deadline = time.monotonic() + 30
+        while not failures.events(shard="parse-7") and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+        proc = oomguard_report("--scheduler", address, "--json")
+        assert proc.returncode == 0, proc.stderr
+        doc = json.loads(proc.stdout)
+        assert list(doc) == ["events", "signatures", "pipelines"]
+        events = [FailureEvent.from_dict(row) for row in doc["events"]]
+        assert events == failures.events()
+        (user,) = [e for e in events if e.shard == "parse-7"]
+        assert (user.kind, user.cause, user.pipeline) == ("user", "exception", "etl")
+        assert "ValueError" in user.signature_title
+        assert "cannot parse block 7" in user.evidence["exception"]
+        assert user.signature_id in {s["id"] for s in doc["signatures"]}
+        assert "etl" in {p["name"] for p in doc["pipelines"]}
+
+        proc = oomguard_report("--scheduler", address, "--shard", "parse-7")
+        assert proc.returncode == 0, proc.stderr
+        assert "EVENTS: 1, oldest first" in proc.stdout
+        assert "parse-7" in proc.stdout and "exception" in proc.stdout
+        assert "cannot parse block 7" in proc.stdout
+        assert max(len(line) for line in proc.stdout.splitlines()) <= 100
+
+
+def test_report_fails_fast_with_nothing_listening():
+    start = time.monotonic()
+    err = _one_line_error(oomguard_report("--scheduler", "tcp://127.0.0.1:1"))
+    assert time.monotonic() - start < 20  # default --timeout 5 s, plus interpreter start
+    assert "cannot reach the scheduler at tcp://127.0.0.1:1" in err
+
+
+def test_report_refuses_a_malformed_address():
+    err = _one_line_error(oomguard_report("--scheduler", "nonsense::"))
+    assert "nonsense::" in err

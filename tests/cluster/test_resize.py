@@ -1,0 +1,107 @@
+"""No retry at the same size, on a real LocalCluster: workers of different memory limits,
+each in its own memory cgroup, and real kernel OOM kills.
+"""
+
+from __future__ import annotations
+
+import time
+
+import dask
+import distributed
+import pytest
+from capabilities import require
+from distributed import Client, LocalCluster, Nanny
+
+import oomguard
+from oomguard import _cgroup
+
+pytestmark = pytest.mark.timeout(300)
+
+MiB = 2**20
+SMALL = 400 * MiB
+BIG = 1200 * MiB
+
+
+def hungry(i, nbytes):
+    time.sleep(0.5)  # let the sampler record this frame
+    block = bytearray(b"x") * nbytes
+    return len(block)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    ok, reason = _cgroup.can_create_child()
+    require(ok, f"per-worker memory cgroups cannot be made here: {reason}")
+    store = tmp_path_factory.mktemp("resize") / "failures.sqlite3"
+    with dask.config.set(
+        {
+            "oomguard.worker.cgroup-limit": "true",
+            "oomguard.worker.sample-interval": "100ms",
+            "oomguard.scheduler.report-grace-timeout": "3s",
+            "distributed.worker.memory.terminate": False,
+        }
+    ):
+        with LocalCluster(
+            n_workers=1,
+            threads_per_worker=1,
+            processes=True,
+            memory_limit=SMALL,
+            dashboard_address=":0",
+        ) as cl, Client(cl) as client:
+            oomguard.install(client, store=str(store))
+            _wait_installed(client, 1)
+            yield cl, client
+
+
+def _wait_installed(client, n):
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        got = client.run(lambda dask_worker: "oomguard-worker" in dask_worker.plugins)
+        if len(got) >= n and all(got.values()):
+            return
+        time.sleep(0.1)
+    raise AssertionError("worker plugins were not installed")
+
+
+def _limits(client):
+    return {a: w["memory_limit"] for a, w in client.scheduler_info()["workers"].items()}
+
+
+def test_no_larger_worker_aborts_after_the_first_oom_kill(cluster):
+    cl, client = cluster
+    with distributed.span("too-big"):
+        fut = client.submit(hungry, 1, 600 * MiB, key=("hungry", 1), pure=False)
+    with pytest.raises(oomguard.PipelineAborted) as info:
+        fut.result(timeout=120)
+    msg = str(info.value)
+    assert "no worker has more than 400 MiB; the shard needed more" in msg, msg
+    assert info.value.cause == "oom_kill" and info.value.count == 1
+    events = oomguard.Failures(client).shard(("hungry", 1))
+    assert [e.cause for e in events] == ["oom_kill"]  # aborted at once, no second kill
+    assert oomguard.Failures(client).pipeline("too-big").status == "aborted"
+
+
+def test_the_retry_goes_to_the_larger_worker_and_succeeds(cluster):
+    cl, client = cluster
+    spec = dict(cl.new_spec)
+    spec["options"] = {**spec["options"], "memory_limit": BIG}
+    spec["cls"] = Nanny
+    cl.worker_spec["big"] = spec
+    cl.sync(cl._correct_state)
+    client.wait_for_workers(2, timeout=60)
+    _wait_installed(client, 2)
+    limits = _limits(client)
+    small = next(a for a, lim in limits.items() if lim == SMALL)
+    big = next(a for a, lim in limits.items() if lim == BIG)
+    with distributed.span("resized"):
+        fut = client.submit(hungry, 2, 600 * MiB, key=("hungry", 2), pure=False,
+                            workers=[small], allow_other_workers=True)
+    assert fut.result(timeout=120) == 600 * MiB
+    events = oomguard.Failures(client).shard(("hungry", 2))
+    assert [(e.cause, e.worker) for e in events] == [("oom_kill", small)]
+    (where,) = client.who_has(fut)[fut.key]
+    assert where == big
+    resizes = [m for _, m in client.get_events("oomguard") if m.get("action") == "retry-resize"]
+    assert any(m["shard"] == str(("hungry", 2)) and m["workers"] == [big] for m in resizes)
+    status = oomguard.Failures(client).pipeline("resized")
+    assert status.status == "succeeded_after_infra_failures"

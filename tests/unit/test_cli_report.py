@@ -1,0 +1,390 @@
+"""`oomguard report --store`: tables, filters, the JSON round trip against the store API,
+one-line errors with the right exit status, and a store file left byte-for-byte alone."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import pathlib
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from oomguard import FailureEvent, PipelineStatus, SignatureRow
+from oomguard._cli import main
+from oomguard._cli_report import parse_since, table
+from oomguard._store import FailureStore
+
+NOW = time.time()
+T0 = NOW - 3 * 3600  # events from 3 h ago to ~1 h ago
+OOMGUARD = pathlib.Path(sys.executable).with_name("oomguard")
+
+#: (kind, cause, shard, pipeline, host, signature)
+ROWS = [
+    ("infra", "oom_kill", "('load', 7)", "etl", "node-a", "sig-oom"),
+    ("infra", "oom_kill", "('load', 7)", "etl", "node-b", "sig-oom"),
+    ("user", "exception", "('parse', 2)", "etl", "node-a", "sig-key"),
+    ("infra", "native_crash", "('load', 3)", "backfill", "node-b", "sig-segv"),
+    ("user", "exception", "('parse', 9)", "backfill", "node-b", "sig-key"),
+    ("infra", "oom_kill", "('load', 8)", "backfill", "node-a", "sig-oom"),
+    ("infra", "native_crash", "('load', 3)", "backfill", "node-a", "sig-segv"),
+]
+TITLES = {
+    "sig-oom": "MemoryError in shardapp.core.load_shard ← run",
+    "sig-key": "KeyError in shardapp.core.parse_block",
+    "sig-segv": "SIGSEGV in numpy.core._multiarray_umath ← shardapp.core.load_shard",
+}
+
+
+def _event(i: int, kind, cause, shard, pipeline, host, sig) -> FailureEvent:
+    evidence = {"exception": "KeyError: 'x'", "retries_left": 0}
+    if cause == "oom_kill":
+        evidence = {
+            "exitcode": -9,
+            "exitcode_source": "nanny: worker process exit status",
+            "oom_kill_delta": 1,
+            "oom_kill_source": "kernel cgroup counter memory.events",
+            "peak_bytes": 1095216660,
+            "summary": "kernel oom_kill counted, peak 1.02 GiB of a 1.00 GiB limit",
+        }
+    elif cause == "native_crash":
+        evidence = {"exitcode": -11, "signal": "SIGSEGV", "summary": "SIGSEGV, faulthandler stack captured"}
+    return FailureEvent(
+        kind=kind,
+        cause=cause,
+        shard=shard,
+        pipeline=pipeline,
+        worker=f"tcp://{host}:4000{i}",
+        host=host,
+        signature_id=sig,
+        signature_title=TITLES[sig],
+        evidence=evidence,
+        attempt=1 + sum(1 for r in ROWS[:i] if r[2] == shard),
+        time=T0 + i * 1200,  # 20 minutes apart
+    )
+
+
+def _build(path: pathlib.Path) -> None:
+    store = FailureStore(str(path), batch_interval=0.01)
+    store.start()
+    for i, row in enumerate(ROWS):
+        assert store.add(_event(i, *row), example=f"Traceback ...\n{TITLES[row[5]]}")
+    store.upsert_pipeline(PipelineStatus(
+        "backfill", "succeeded_after_infra_failures", 40, 0, 0, 3, 1,
+        "40 shards finished, after 3 worker deaths (2 native_crash, 1 oom_kill) that "
+        "oomguard retried, and 1 user error that Dask retried.",
+    ))  # fmt: skip
+    store.upsert_pipeline(PipelineStatus(
+        "etl", "aborted", 10, 1, 5, 2, 1,
+        "a worker was OOM-killed by the kernel at shard ('load', 7) 2 times; the pipeline "
+        "was aborted; 10 shards had finished, 1 erred, 5 were aborted.",
+        "oomguard aborted pipeline 'etl' because shard ('load', 7) failed 2 times: its worker "
+        "was OOM-killed by the kernel each time. " + "Pipeline tally: ... " * 8,
+    ))  # fmt: skip
+    assert store.flush(), store.last_error
+    store.close()
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory) -> pathlib.Path:
+    path = tmp_path_factory.mktemp("report") / "history.sqlite3"
+    _build(path)
+    return path
+
+
+def sha256(path) -> str:
+    return hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()
+
+
+def report(capsys, *argv):
+    """(exit status, stdout, stderr) of `oomguard report ...`, run in this process."""
+    try:
+        rc = main(["report", *map(str, argv)])
+    except SystemExit as e:
+        rc = e.code
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def store_api(path, method, **kw):
+    """What the Python store API returns, as dicts (opened after the report ran)."""
+    store = FailureStore(str(path))
+    store.start()
+    try:
+        got = getattr(store, method)(**kw)
+    finally:
+        store.close()
+    return [r.to_dict() for r in (got if isinstance(got, list) else [got] if got else [])]
+
+
+# -- tables -----------------------------------------------------------------------------------
+
+
+def test_tables_hold_every_row_and_fit_100_columns(history, capsys):
+    before = sha256(history)
+    rc, out, err = report(capsys, "--store", history)
+    assert rc == 0 and err == ""
+    assert [ln for ln in out.splitlines() if len(ln) > 100] == []
+    for head in ("EVENTS: 7,", "SIGNATURES: 3,", "PIPELINES: 2,"):
+        assert head in out
+    events = out.split("SIGNATURES:")[0]
+    for _kind, cause, shard, pipeline, host, _sig in ROWS:
+        assert any(cause in ln and shard in ln and pipeline in ln and host in ln
+                   for ln in events.splitlines()), (cause, shard)  # fmt: skip
+    # Newest first: the last event added is on the first row.
+    assert events.splitlines()[2].split()[2:4] == ["infra", "native_crash"]
+    sigs = out.split("SIGNATURES:")[1].split("PIPELINES:")[0]
+    counts = {ln.split()[0]: ln.split()[1:3] for ln in sigs.splitlines()[2:] if ln}
+    assert counts == {"sig-oom": ["3", "2"], "sig-key": ["2", "2"], "sig-segv": ["2", "2"]}
+    pipes = out.split("PIPELINES:")[1]
+    assert "aborted" in pipes and "succeeded_after_infra_failures" in pipes
+    # The summary and the abort paragraph are wrapped, never cut.
+    text = " ".join(pipes.split())
+    assert "10 shards had finished, 1 erred, 5 were aborted." in text
+    assert "oomguard aborted pipeline 'etl' because shard ('load', 7)" in text
+    assert sha256(history) == before
+
+
+def test_sections_can_be_picked(history, capsys):
+    rc, out, _ = report(capsys, "--store", history, "--signatures")
+    assert rc == 0 and "SIGNATURES:" in out
+    assert "EVENTS:" not in out and "PIPELINES:" not in out
+    rc, out, _ = report(capsys, "--store", history, "--pipelines", "--json")
+    assert list(json.loads(out)) == ["pipelines"]
+
+
+def test_shard_history_is_oldest_first_with_its_evidence(history, capsys):
+    rc, out, _ = report(capsys, "--store", history, "--shard", "('load', 7)")
+    assert rc == 0
+    assert "EVENTS: 2, oldest first" in out
+    assert "kernel oom_kill counted, peak 1.02 GiB of a 1.00 GiB limit" in out
+    assert 'oom_kill_source="kernel cgroup counter memory.events"' in out
+    assert "worker tcp://node-a:40000" in out and "worker tcp://node-b:40001" in out
+    # Only the shard's signature and pipeline.
+    assert "sig-oom" in out and "sig-key" not in out and "backfill" not in out
+    assert [ln for ln in out.splitlines() if len(ln) > 100] == []
+
+
+def test_table_shortens_the_widest_column():
+    lines = table(["ID", "TITLE"], [["abc", "x" * 300]], width=40)
+    assert max(map(len, lines)) == 40
+    assert lines[1].endswith("…")
+
+
+# -- filters and the JSON round trip -----------------------------------------------------------
+
+
+FILTERS = [
+    ([], {}),
+    (["--kind", "user"], dict(kind="user")),
+    (["--cause", "oom_kill"], dict(cause="oom_kill")),
+    (["--pipeline", "backfill"], dict(pipeline="backfill")),
+    (["--signature", "sig-segv"], dict(signature="sig-segv")),
+    (["--since", "90m"], "since-90m"),
+    (["--limit", "2"], dict(limit=2)),
+    (["--cause", "exception", "--pipeline", "etl"], dict(cause="exception", pipeline="etl")),
+    (["--shard", "('load', 3)", "--limit", "1"], dict(shard="('load', 3)", limit=1)),
+]
+
+
+@pytest.mark.parametrize("argv, query", FILTERS, ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_json_events_equal_the_store_api(history, capsys, argv, query):
+    before = sha256(history)
+    rc, out, err = report(capsys, "--store", history, "--events", "--json", *argv)
+    assert rc == 0 and err == ""
+    rows = json.loads(out)["events"]
+    if query == "since-90m":
+        # The boundary moves with the clock: check the rows against it, and the ends.
+        cut = time.time() - 90 * 60
+        assert rows and all(r["time"] >= cut - 5 for r in rows)
+        query = dict(since=rows[-1]["time"])
+    assert sha256(history) == before
+    expected = store_api(history, "events", **{"limit": 1000, **query})
+    assert rows == expected
+    assert [FailureEvent.from_dict(r).to_dict() for r in rows] == rows
+    if argv:
+        assert 0 < len(rows) < len(ROWS)  # the filter did narrow, to something
+
+
+def test_json_round_trips_all_three_sections(history, capsys):
+    rc, out, _ = report(capsys, "--store", history, "--json")
+    doc = json.loads(out)
+    assert list(doc) == ["events", "signatures", "pipelines"]
+    assert doc["events"] == store_api(history, "events")
+    assert doc["signatures"] == store_api(history, "signatures")
+    assert doc["pipelines"] == store_api(history, "pipelines")
+    events = [FailureEvent.from_dict(r) for r in doc["events"]]
+    assert {(e.shard, e.cause, e.host) for e in events} == {(r[2], r[1], r[4]) for r in ROWS}
+    assert all(isinstance(e.evidence, dict) and e.id for e in events)
+    sigs = [SignatureRow.from_dict(r) for r in doc["signatures"]]
+    assert {s.id: s.count for s in sigs} == {"sig-oom": 3, "sig-key": 2, "sig-segv": 2}
+    assert {s.id: s.hosts for s in sigs}["sig-oom"] == ["node-a", "node-b"]
+    assert [PipelineStatus.from_dict(r).status for r in doc["pipelines"]] == [
+        "aborted", "succeeded_after_infra_failures"]  # fmt: skip
+
+
+def test_json_shard_alone_is_the_shard_history(history, capsys):
+    rc, out, _ = report(capsys, "--store", history, "--json", "--shard", "('load', 3)")
+    doc = json.loads(out)
+    assert doc["events"] == store_api(history, "shard", key="('load', 3)")
+    assert [e["attempt"] for e in doc["events"]] == [1, 2]
+    assert [s["id"] for s in doc["signatures"]] == ["sig-segv"]
+    assert [p["name"] for p in doc["pipelines"]] == ["backfill"]
+
+
+def test_signature_and_pipeline_filters_narrow_their_sections(history, capsys):
+    rc, out, _ = report(capsys, "--store", history, "--json", "--cause", "native_crash",
+                        "--signatures")  # fmt: skip
+    assert json.loads(out)["signatures"] == store_api(history, "signatures", cause="native_crash")
+    assert [s["id"] for s in json.loads(out)["signatures"]] == ["sig-segv"]
+    rc, out, _ = report(capsys, "--store", history, "--json", "--pipeline", "etl", "--pipelines")
+    assert json.loads(out)["pipelines"] == store_api(history, "pipeline", name="etl")
+    rc, out, _ = report(capsys, "--store", history, "--json", "--pipeline", "nope")
+    assert json.loads(out) == {"events": [], "signatures": [], "pipelines": []}
+
+
+def test_since_accepts_iso_and_relative_times():
+    assert parse_since("30m", now=10_000.0) == 8_200.0
+    assert parse_since("1h", now=10_000.0) == 6_400.0
+    assert parse_since("2026-05-01T12:00:00+00:00") == 1777636800.0
+    assert parse_since("2026-05-01T12:00:00Z") == 1777636800.0
+    naive = datetime.datetime(2026, 5, 1, 12, 0)
+    assert parse_since("2026-05-01 12:00") == naive.timestamp()  # local time
+
+
+# -- errors: one line, the right status ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, code, words",
+    [
+        (["--limit", "-1"], 2, "--limit"),
+        (["--limit", "many"], 2, "--limit"),
+        (["--cause", "oom"], 2, "--cause"),
+        (["--kind", "both"], 2, "--kind"),
+        (["--since", "yesterday"], 2, "--since"),
+        (["--since", "2026-13-45"], 2, "--since"),
+        (["--timeout", "0"], 2, "--timeout"),
+        (["--scheduler", "tcp://127.0.0.1:1"], 2, "not allowed with"),
+        (["--colour"], 2, "unrecognized arguments: --colour"),
+    ],
+)
+def test_bad_arguments_are_one_line_and_exit_2(history, capsys, argv, code, words):
+    rc, out, err = report(capsys, "--store", history, *argv)
+    assert (rc, out) == (code, "")
+    assert err.count("\n") == 1 and err.startswith("oomguard report: ") and words in err
+
+
+def test_neither_source_is_a_usage_error(capsys):
+    rc, out, err = report(capsys, "--events")
+    assert (rc, out) == (2, "")
+    assert err == "oomguard report: one of the arguments --scheduler --store is required\n"
+
+
+def _other_app(path):
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE t (x)")
+
+
+def _empty_sqlite(path):
+    sqlite3.connect(path).close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("VACUUM")  # a valid, empty SQLite file
+
+
+@pytest.mark.parametrize(
+    "make, words",
+    [
+        (None, "does not exist"),
+        (lambda p: p.mkdir(), "is not a file"),
+        (lambda p: p.write_bytes(b""), "is empty"),
+        (lambda p: p.write_bytes(b"not a database at all\n" * 200), "not a SQLite database"),
+        (lambda p: p.write_bytes(b"SQLite format 3\x00" + os.urandom(8192)), "failure store"),
+        (_other_app, "another application"),
+        (_empty_sqlite, "empty SQLite database"),
+    ],
+    ids=["missing", "directory", "empty", "text", "corrupt", "other-app", "empty-sqlite"],
+)
+def test_unusable_store_files_are_one_line_exit_1_and_untouched(tmp_path, capsys, make, words):
+    path = tmp_path / "store.sqlite3"
+    if make is not None:
+        make(path)
+    before = sorted(os.listdir(tmp_path))
+    digest = sha256(path) if path.is_file() else None
+    rc, out, err = report(capsys, "--store", path)
+    assert (rc, out) == (1, "")
+    assert err.count("\n") == 1 and err.startswith("oomguard report: ") and words in err, err
+    assert sorted(os.listdir(tmp_path)) == before  # nothing created, not even the file
+    if digest is not None:
+        assert sha256(path) == digest
+
+
+def test_the_installed_script_prints_one_line_and_no_traceback(tmp_path):
+    if not OOMGUARD.exists():
+        pytest.skip(f"no {OOMGUARD} (package not installed as a script)")
+    for argv, code in ((["--store", tmp_path / "nope"], 1), (["--store", "x", "--limit", "-1"], 2)):
+        proc = subprocess.run([str(OOMGUARD), "report", *map(str, argv)], capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+        assert proc.returncode == code and proc.stdout == ""
+        assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("oomguard report: ")
+
+
+# -- the file is only read -------------------------------------------------------------------------
+
+
+_CRASHING_WRITER = textwrap.dedent(
+    """
+    import os, sys
+    sys.path[:0] = {paths!r}
+    from test_cli_report import ROWS, _event
+    from oomguard._store import FailureStore
+    store = FailureStore({path!r}, batch_interval=0.01)
+    store.start()
+    for i, row in enumerate(ROWS):
+        store.add(_event(i, *row))
+    assert store.flush()
+    os._exit(0)  # a scheduler that died: its commits are in the WAL, not the main file
+    """
+)
+
+
+def test_commits_only_in_the_wal_are_read_and_nothing_is_checkpointed(tmp_path, capsys):
+    path = tmp_path / "store.sqlite3"
+    here = str(pathlib.Path(__file__).parent)
+    code = _CRASHING_WRITER.format(paths=[here, *sys.path], path=str(path))
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    wal = pathlib.Path(f"{path}-wal")
+    assert wal.stat().st_size > 0
+    main_before, wal_before = sha256(path), sha256(wal)
+    rc, out, _ = report(capsys, "--store", path, "--json", "--events")
+    assert rc == 0 and len(json.loads(out)["events"]) == len(ROWS)
+    assert (sha256(path), sha256(wal)) == (main_before, wal_before)
+
+
+def test_a_store_needing_a_migration_is_read_from_a_copy(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "store.sqlite3"
+    _build(path)
+    digest = sha256(path)
+    newer = (*FailureStore.migrations, ("CREATE TABLE added_later (x)",))
+    monkeypatch.setattr(FailureStore, "migrations", newer)  # this oomguard knows schema 2
+    rc, out, _ = report(capsys, "--store", path, "--json")
+    assert rc == 0 and len(json.loads(out)["events"]) == len(ROWS)
+    assert sha256(path) == digest and sorted(os.listdir(tmp_path)) == ["store.sqlite3"]
+
+
+def test_a_store_not_in_wal_mode_is_read_from_a_copy(tmp_path, capsys):
+    path = tmp_path / "store.sqlite3"
+    _build(path)
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA journal_mode = DELETE").fetchone() == ("delete",)
+    conn.close()
+    digest = sha256(path)
+    rc, out, _ = report(capsys, "--store", path, "--json", "--signatures")
+    assert rc == 0 and len(json.loads(out)["signatures"]) == 3
+    assert sha256(path) == digest and sorted(os.listdir(tmp_path)) == ["store.sqlite3"]
