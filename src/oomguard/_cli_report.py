@@ -135,8 +135,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     src.add_argument("--scheduler", metavar="ADDRESS", help="a running scheduler, e.g. "
                      "tcp://10.0.0.5:8786")  # fmt: skip
     src.add_argument("--store", metavar="PATH", help="a failure store file (read only)")
-    p.add_argument("--timeout", type=_seconds, default=5.0, metavar="SECONDS",
-                   help="for the connection to the scheduler and each query (default 5)")  # fmt: skip
+    p.add_argument(
+        "--timeout", type=_seconds, default=5.0, metavar="SECONDS",
+        help="for the connection to the scheduler and each query (default 5)",
+    )  # fmt: skip
     for name in SECTIONS:
         p.add_argument(f"--{name}", action="store_true", help=f"print the {name} section")
     p.add_argument("--kind", choices=[k.value for k in Kind])
@@ -506,8 +508,10 @@ def run(args: argparse.Namespace) -> int:
             except ReportFailed:
                 raise
             except TimeoutError as e:
-                raise ReportFailed(f"the scheduler at {args.scheduler} did not answer within "
-                                   f"{args.timeout:g} s (try a larger --timeout)") from e  # fmt: skip
+                raise ReportFailed(
+                    f"the scheduler at {args.scheduler} did not answer within "
+                    f"{args.timeout:g} s (try a larger --timeout)"
+                ) from e
             except sqlite3.Error as e:
                 raise ReportFailed(f"cannot read the failure store {args.store}: "
                                    f"{_one_line(e)}") from e  # fmt: skip

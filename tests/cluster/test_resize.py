@@ -102,6 +102,7 @@ def test_the_retry_goes_to_the_larger_worker_and_succeeds(cluster):
     (where,) = client.who_has(fut)[fut.key]
     assert where == big
     resizes = [m for _, m in client.get_events("oomguard") if m.get("action") == "retry-resize"]
-    assert any(m["shard"] == str(("hungry", 2)) and m["workers"] == [big] for m in resizes)
+    assert any(m["shard"] == str(("hungry", 2)) and m["workers"] == [big] for m in resizes), (
+        resizes, client.get_events("oomguard"))
     status = oomguard.Failures(client).pipeline("resized")
     assert status.status == "succeeded_after_infra_failures"

@@ -54,7 +54,8 @@ def _event(i: int, kind, cause, shard, pipeline, host, sig) -> FailureEvent:
             "summary": "kernel oom_kill counted, peak 1.02 GiB of a 1.00 GiB limit",
         }
     elif cause == "native_crash":
-        evidence = {"exitcode": -11, "signal": "SIGSEGV", "summary": "SIGSEGV, faulthandler stack captured"}
+        evidence = {"exitcode": -11, "signal": "SIGSEGV",
+                    "summary": "SIGSEGV, faulthandler stack captured"}  # fmt: skip
     return FailureEvent(
         kind=kind,
         cause=cause,
@@ -193,7 +194,11 @@ FILTERS = [
 ]
 
 
-@pytest.mark.parametrize("argv, query", FILTERS, ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def _filter_id(v):
+    return " ".join(v) or "none" if isinstance(v, list) else ""
+
+
+@pytest.mark.parametrize("argv, query", FILTERS, ids=_filter_id)
 def test_json_events_equal_the_store_api(history, capsys, argv, query):
     before = sha256(history)
     rc, out, err = report(capsys, "--store", history, "--events", "--json", *argv)

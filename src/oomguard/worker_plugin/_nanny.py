@@ -260,9 +260,9 @@ class OomguardNannyPlugin(NannyPlugin):
             if info.path is None:
                 life.missing.append(f"cgroup: {info.reason or 'not found'}")
         if life.cgroup_path is not None and life.cgroup_version is not None:
-            life.cgroup_before = _cgroup.read_memory_counters(
-                life.cgroup_path, life.cgroup_version
-            ).to_dict()
+            counters = _cgroup.read_memory_counters(life.cgroup_path, life.cgroup_version)
+            life.cgroup_before = counters.to_dict()
+            life.missing.extend(f"cgroup at worker start: {m}" for m in counters.missing)
         self._life = life
 
     def _wrap_mark_stopped(self, wp: Any) -> None:
@@ -343,9 +343,9 @@ class OomguardNannyPlugin(NannyPlugin):
         sample = flight["sample"] or {}
         cgroup_after = None
         if life is not None and life.cgroup_path is not None:
-            cgroup_after = _cgroup.read_memory_counters(
-                life.cgroup_path, life.cgroup_version
-            ).to_dict()
+            counters = _cgroup.read_memory_counters(life.cgroup_path, life.cgroup_version)
+            cgroup_after = counters.to_dict()
+            missing.extend(f"cgroup after the death: {m}" for m in counters.missing)
         kernel_victim = None
         if exitcode in (-9, 255, None):
             kernel_victim = _cgroup.kernel_oom_victims(_cgroup.read_kernel_log()).get(pid)

@@ -1,0 +1,97 @@
+"""The nanny's report builder with evidence missing or broken (issue 3).
+
+`OomguardNannyPlugin._build` is the part of the nanny that reads files and counters after
+a death; it runs here without a cluster, on files we break on purpose.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+
+from oomguard import CgroupError, _cgroup, _report
+from oomguard._flight import FlightRecorder
+from oomguard.worker_plugin._nanny import OomguardNannyPlugin, _Life
+from oomguard.worker_plugin._paths import crash_path, flight_path
+
+
+def _plugin(tmp_path) -> OomguardNannyPlugin:
+    plugin = OomguardNannyPlugin(crash_dir=str(tmp_path), cgroup_limit="false")
+    plugin._resolve_config()
+    return plugin
+
+
+def _life(pid, **kw) -> _Life:
+    return _Life(pid=pid, started=1.0, address="tcp://w:1", name="w", memory_limit=2**30, **kw)
+
+
+def test_missing_crash_file_and_flight_record_are_named(tmp_path):
+    report = _plugin(tmp_path)._build(4321, -9, False, "tcp://w:1", _life(4321), 2.0)
+    assert report["cause"] == "sigkill"
+    missing = " | ".join(report["missing"])
+    assert "crash file: not found" in missing
+    assert "flight record" in missing
+    _report.validate(report)  # still a valid report
+
+
+def test_corrupt_files_and_unreadable_cgroup_still_give_a_report(tmp_path):
+    pid = 4322
+    with open(crash_path(str(tmp_path), pid), "wb") as f:
+        f.write(b"\xff\xfe garbage \x00 not a dump")
+    with open(flight_path(str(tmp_path), pid), "wb") as f:
+        f.write(b"OOMGFLT1" + b"\x00" * 10)  # right magic, truncated header
+    gone = tmp_path / "no-such-cgroup"
+    life = _life(pid, cgroup_path=str(gone), cgroup_version=1)
+    report = _plugin(tmp_path)._build(pid, -11, False, "tcp://w:1", life, 2.0)
+    assert report["cause"] == "native_crash"
+    missing = " | ".join(report["missing"])
+    assert "flight record" in missing
+    assert "memory.oom_control" in missing or "memory.limit_in_bytes" in missing
+    assert report["evidence"]["signal"] == "SIGSEGV"
+    _report.validate(report)
+
+
+def test_unknown_exit_code_is_exit_with_what_was_known(tmp_path):
+    pid = 4323
+    rec = FlightRecorder.create(flight_path(str(tmp_path), pid))
+    rec.task_started("('load', 3)", start=1.5)
+    rec.close()
+    report = _plugin(tmp_path)._build(pid, 255, False, "tcp://w:1", _life(pid), 2.0)
+    assert report["cause"] == "exit"
+    assert report["exitcode"] == 255
+    assert [e["key"] for e in report["executing"]] == ["('load', 3)"]
+    assert report["executing"][0]["stack"] is None  # no sample was taken
+    assert any("no stack sample" in m for m in report["missing"])
+    # The files are gone once read.
+    assert not os.path.exists(flight_path(str(tmp_path), pid))
+
+
+def test_requested_close_is_not_a_failure(tmp_path):
+    report = _plugin(tmp_path)._build(4324, -15, True, "tcp://w:1", _life(4324), 2.0)
+    assert report["cause"] is None
+
+
+def test_cgroup_limit_true_where_impossible_is_a_startup_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(_cgroup, "can_create_child", lambda info=None: (False, "read-only fs"))
+    plugin = OomguardNannyPlugin(crash_dir=str(tmp_path), cgroup_limit="true")
+    with pytest.raises(CgroupError, match="cgroup-limit is true.*read-only fs"):
+        plugin._decide_cgroups()
+
+
+def test_cgroup_limit_auto_where_impossible_logs_and_goes_on(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(_cgroup, "can_create_child", lambda info=None: (False, "read-only fs"))
+    plugin = OomguardNannyPlugin(crash_dir=str(tmp_path), cgroup_limit="auto")
+    with caplog.at_level(logging.INFO, logger="oomguard.nanny"):
+        plugin._decide_cgroups()
+    assert plugin._use_cgroups is False
+    assert "no per-worker memory cgroups (read-only fs)" in caplog.text
+
+
+def test_bad_cgroup_limit_value_names_the_key(tmp_path):
+    import dask
+
+    with dask.config.set({"oomguard.worker.cgroup-limit": "sometimes"}):
+        with pytest.raises(ValueError, match="oomguard.worker.cgroup-limit is 'sometimes'"):
+            OomguardNannyPlugin(crash_dir=str(tmp_path))._resolve_config()
