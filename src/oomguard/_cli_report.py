@@ -126,7 +126,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "report",
         help="print the failure history: events, signatures, pipelines",
-        description="Print the failure history a scheduler keeps: failure events, crash "
+        description="Print the failure history a scheduler keeps: failure events, crash\n"
         "signatures and pipeline statuses, from a running scheduler or a store file.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -141,8 +141,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )  # fmt: skip
     for name in SECTIONS:
         p.add_argument(f"--{name}", action="store_true", help=f"print the {name} section")
-    p.add_argument("--kind", choices=[k.value for k in Kind])
-    p.add_argument("--cause", choices=[c.value for c in Cause])
+    p.add_argument("--kind", choices=[k.value for k in Kind], help="infra or user")
+    causes = [c.value for c in Cause]
+    p.add_argument("--cause", choices=causes, metavar="CAUSE", help=", ".join(causes))
     p.add_argument("--pipeline", metavar="NAME")
     p.add_argument("--shard", metavar="KEY", help="a task key as str(key), e.g. \"('load', 7)\"")
     p.add_argument("--signature", metavar="ID")
