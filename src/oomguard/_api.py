@@ -34,12 +34,19 @@ class Failures:
     'a worker was OOM-killed by the kernel at shard ...'
     """
 
-    def __init__(self, client: Client):
+    def __init__(self, client: Client, *, timeout: float | None = 60.0):
+        # A scheduler without oomguard never answers the query: bound every call.
         self.client = client
+        self.timeout = timeout
 
     def _query(self, what: str, **filters: Any) -> Any:
         filters = {k: v for k, v in filters.items() if v is not None}
-        return self.client.sync(self.client.scheduler.oomguard_query, what=what, **filters)
+        return self.client.sync(
+            self.client.scheduler.oomguard_query,
+            what=what,
+            callback_timeout=self.timeout,
+            **filters,
+        )
 
     def events(
         self,

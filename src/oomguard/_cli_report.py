@@ -131,9 +131,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    src = p.add_mutually_exclusive_group(required=True)
+    src = p.add_mutually_exclusive_group()
     src.add_argument("--scheduler", metavar="ADDRESS", help="a running scheduler, e.g. "
-                     "tcp://10.0.0.5:8786")  # fmt: skip
+                     "tcp://10.0.0.5:8786 (default: Dask's scheduler-address setting, "
+                     "DASK_SCHEDULER_ADDRESS)")  # fmt: skip
     src.add_argument("--store", metavar="PATH", help="a failure store file (read only)")
     p.add_argument(
         "--timeout", type=_seconds, default=5.0, metavar="SECONDS",
@@ -178,14 +179,7 @@ class _SchedulerSource:
     def __init__(self, client: Any, timeout: float) -> None:
         from ._api import Failures
 
-        class _Timed(Failures):
-            # A scheduler without oomguard never answers an unknown RPC: bound every query.
-            def _query(self, what: str, **filters: Any) -> Any:
-                filters = {k: v for k, v in filters.items() if v is not None}
-                return self.client.sync(self.client.scheduler.oomguard_query, what=what,
-                                        callback_timeout=timeout, **filters)  # fmt: skip
-
-        self.failures = _Timed(client)
+        self.failures = Failures(client, timeout=timeout)
         self.events = self.failures.events
         self.shard = self.failures.shard
         self.signatures = self.failures.signatures
@@ -497,6 +491,14 @@ def render_pipelines(rows: list) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     sections = tuple(s for s in SECTIONS if getattr(args, s)) or SECTIONS
+    if args.scheduler is None and args.store is None:
+        import dask
+
+        args.scheduler = dask.config.get("scheduler-address", None)
+        if not args.scheduler:
+            print(f"{PROG}: give --scheduler ADDRESS or --store PATH (or set "
+                  "DASK_SCHEDULER_ADDRESS)", file=sys.stderr)  # fmt: skip
+            return 2
     try:
         opened = (
             _scheduler_source(args.scheduler, args.timeout)

@@ -286,10 +286,26 @@ def test_bad_arguments_are_one_line_and_exit_2(history, capsys, argv, code, word
     assert err.count("\n") == 1 and err.startswith("oomguard report: ") and words in err
 
 
-def test_neither_source_is_a_usage_error(capsys):
-    rc, out, err = report(capsys, "--events")
+def test_neither_source_is_a_usage_error(capsys, monkeypatch):
+    import dask
+
+    monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
+    with dask.config.set({"scheduler-address": None}):
+        rc, out, err = report(capsys, "--events")
     assert (rc, out) == (2, "")
-    assert err == "oomguard report: one of the arguments --scheduler --store is required\n"
+    assert err == (
+        "oomguard report: give --scheduler ADDRESS or --store PATH "
+        "(or set DASK_SCHEDULER_ADDRESS)\n"
+    )
+
+
+def test_scheduler_address_setting_is_the_default(capsys):
+    import dask
+
+    with dask.config.set({"scheduler-address": "tcp://127.0.0.1:1"}):
+        rc, out, err = report(capsys, "--events", "--timeout", "1")
+    assert rc == 1
+    assert err.startswith("oomguard report: ") and "127.0.0.1:1" in err
 
 
 def _other_app(path):
