@@ -95,36 +95,42 @@ class Admission:
         )
 
 
-def _proc_start(pid: int) -> int | None:
-    # Field 22 of /proc/<pid>/stat: start time in clock ticks; tells a reused PID apart.
+def _proc_stat(pid: int) -> tuple[int, str, int] | None:
+    """(start time in clock ticks, state letter, RSS bytes) from one read of
+    /proc/<pid>/stat (fields 22, 3 and 24); None when the process is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
-        return int(data.rsplit(b")", 1)[1].split()[19])
+        fields = data.rsplit(b")", 1)[1].split()
+        return int(fields[19]), fields[0].decode(), int(fields[21]) * _PAGE
     except (OSError, IndexError, ValueError):
         return None
+
+
+def _proc_start(pid: int) -> int | None:
+    info = _proc_stat(pid)
+    return None if info is None else info[0]
 
 
 def _rss(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/statm", "rb") as f:
-            return int(f.read().split()[1]) * _PAGE
-    except (OSError, IndexError, ValueError):
-        return None
+    info = _proc_stat(pid)
+    return None if info is None else info[2]
 
 
-def _alive(pid: int, start: int | None) -> bool:
+def _alive(pid: int, start: int | None) -> tuple[bool, int | None]:
+    """(alive, its RSS) for a lease holder; a reused PID (other start time) or a zombie
+    (killed, not yet reaped: kill(0) still succeeds) is dead."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return False
+        return False, None
     except PermissionError:
         pass  # alive, owned by someone else
-    if start is None:
-        return True
-    now = _proc_start(pid)
-    # A zombie (killed, not yet reaped) still answers kill(0); its statm says 0 pages.
-    return now is None or (now == start and _rss(pid) != 0)
+    info = _proc_stat(pid)
+    if info is None:
+        return True, None  # no /proc (another mount namespace): trust kill(0)
+    now, state, rss = info
+    return (state not in ("Z", "X") and (start is None or now == start)), rss
 
 
 def host_available() -> int:
@@ -175,34 +181,68 @@ class HostLedger:
         self.pid = os.getpid()
         self._start = _proc_start(self.pid)
         self.peaks: dict[str, int] = {}  # prefix -> observed peak, refreshed on each access
+        self._fd: int | None = None  # kept open: an open() per access doubles its cost
+        self._statm: int | None = None
+        self._rss_of: dict[int, tuple[bool, int | None]] = {}  # pid -> read in this access
         directory = os.path.dirname(path)
         if directory:
             os.makedirs(directory, mode=0o700, exist_ok=True)
 
     # -- the file --------------------------------------------------------------------
 
-    def _locked(self, mutate: Callable[[dict], bool]) -> dict:
+    def _locked(self, mutate: Callable[[dict], bool], reclaim: bool = True) -> dict:
         """Read the file under an exclusive lock, let `mutate` change it, write it back
         if it says so. Dead leases are dropped on the way."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = self._fd
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            raw = b""
-            while chunk := os.read(fd, 1 << 16):
-                raw += chunk
+            raw = os.pread(fd, 1 << 16, 0)
+            while len(raw) % (1 << 16) == 0 and raw:  # a large file: read the rest
+                more = os.pread(fd, 1 << 16, len(raw))
+                if not more:
+                    break
+                raw += more
             state = _parse(raw)
             n = len(state["leases"])
-            state["leases"] = [le for le in state["leases"] if _alive(le[0], le[4])]
+            if reclaim:
+                me, kept, self._rss_of = self.pid, [], {}
+                for le in state["leases"]:
+                    if le[0] == me:  # our own leases: we are alive
+                        kept.append(le)
+                        continue
+                    alive, rss = self._rss_of.get(le[0]) or _alive(le[0], le[4])
+                    self._rss_of[le[0]] = (alive, rss)
+                    if alive:
+                        kept.append(le)
+                state["leases"] = kept
             dirty = mutate(state) or len(state["leases"]) != n or not raw
             if dirty:
                 data = json.dumps(state, separators=(",", ":")).encode()
-                os.lseek(fd, 0, os.SEEK_SET)
-                os.write(fd, data)
-                os.ftruncate(fd, len(data))
+                os.pwrite(fd, data, 0)
+                if len(data) < len(raw):
+                    os.ftruncate(fd, len(data))
             self.peaks = state["peaks"]
             return state
         finally:
-            os.close(fd)  # closing drops the flock
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        """Close the ledger's file descriptors (leases stay until released or reclaimed)."""
+        for name in ("_fd", "_statm"):
+            fd = getattr(self, name)
+            if fd is not None:
+                setattr(self, name, None)
+                os.close(fd)
+
+    def _own_rss(self) -> int | None:
+        try:
+            if self._statm is None:
+                self._statm = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
+            return int(os.pread(self._statm, 128, 0).split()[1]) * _PAGE
+        except (OSError, IndexError, ValueError):
+            return None
 
     # -- leases ------------------------------------------------------------------------
 
@@ -217,7 +257,7 @@ class HostLedger:
             others = [le for le in leases if not (le[0] == pid and le[1] == key)]
             claimed = 0
             for p, _, n, base, _ in others:
-                rss = _rss(p)
+                rss = self._own_rss() if p == self.pid else self._rss_of.get(p, (True, None))[1]
                 grown = (rss - base) if rss is not None and base is not None else 0
                 claimed += max(0, n - max(0, grown))
             available = self.available() if others else 0
@@ -228,7 +268,8 @@ class HostLedger:
                 Admission(granted, nbytes, free, available, claimed, self.floor, len(others), cold)
             )
             if granted:
-                others.append([pid, key, nbytes, _rss(pid), start])
+                rss = self._own_rss() if pid == self.pid else _rss(pid)
+                others.append([pid, key, nbytes, rss, start])
                 state["leases"] = others
             return granted
 
@@ -247,7 +288,8 @@ class HostLedger:
             found.append(len(state["leases"]) != before)
             return _record_peak(state, peak) or found[0]
 
-        self._locked(mutate)
+        # Reclaiming others' dead leases is left to acquisitions: a release stays cheap.
+        self._locked(mutate, reclaim=False)
         return found[0]
 
     def record_peak(self, prefix: str, nbytes: int) -> None:

@@ -46,6 +46,9 @@ def cluster(tmp_path):
             "oomguard.worker.cgroup-limit": "true",
             "oomguard.worker.sample-interval": "100ms",
             "oomguard.scheduler.report-grace-timeout": "3s",
+            # Same-size workers: show the repeat-signature path (two deaths on two
+            # workers); the larger-worker retry has its own tests (test_resize_live.py).
+            "oomguard.scheduler.memory-retry-larger-only": False,
             "distributed.worker.memory.terminate": False,
         }
     ):

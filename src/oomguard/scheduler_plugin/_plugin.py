@@ -31,6 +31,7 @@ from .._store import FailureStore
 from ..worker_plugin import CLEAN_EXIT_HANDLER, REPORT_HANDLER
 from ._deaths import Death, DeathLedger, Removal
 from ._intake import ReportIntake
+from ._resize import retry_larger
 from ._pipelines import PipelineNames
 
 if TYPE_CHECKING:
@@ -77,6 +78,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         self.dashboard_path = ""
         self._pods = None  # oomguard._kubernetes.PodLookup where enabled
         self._lookups: set[asyncio.Task] = set()
+        self._larger_only = True
         self._saved_allowed_failures: int | None = None
         self._original_task_erred = None
         self._workers: dict[str, Any] = {}  # address -> WorkerState, to read after removal
@@ -121,6 +123,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
                 "abort-on-repeat-signature", _config.get_bool
             ),
         )
+        self._larger_only = self._setting("memory-retry-larger-only", _config.get_bool)
         path = self._setting("store", _config.get_optional_path) or os.path.join(
             scheduler.local_directory or ".", "oomguard.sqlite3"
         )
@@ -465,15 +468,18 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             if s and event.pipeline:
                 decision = self.policy.record(event)
                 if decision is None and key is not None and cause in MEMORY_CAUSES:
-                    # Issue 7: retry only on a larger worker, or abort when there is none.
-                    from ._resize import retry_larger
-
-                    limit = report.get("memory_limit") if report is not None else None
-                    decision = retry_larger(self.scheduler, key, event, limit, self.policy)
+                    decision = self._retry_larger(key, event, report)
                 if decision is not None:
                     decisions.append(decision)
         for decision in decisions:
             self._abort(decision)
+
+    def _retry_larger(self, key, event, report) -> AbortDecision | None:
+        """Killed for memory: retry only on a larger worker, or abort when there is none."""
+        if not self._larger_only:
+            return None
+        limit = report.get("memory_limit") if report is not None else None
+        return retry_larger(self.scheduler, key, event, limit, self.policy)
 
     def _death_signature(self, cause, report, entry, key):
         crash = (report or {}).get("crash") or {}

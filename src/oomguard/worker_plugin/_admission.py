@@ -293,7 +293,7 @@ class WorkerAdmission:
     # -- peaks: RSS growth while the task ran alone in this process ----------------------
 
     def _start(self, key) -> _Running:
-        rss = _self_rss()
+        rss = self.ledger._own_rss() or 0
         alone = not self._running
         for other in self._running.values():
             other.alone = False
@@ -302,7 +302,7 @@ class WorkerAdmission:
 
     def _finish(self, key, run: _Running) -> tuple[str, int] | None:
         self._running.pop(key, None)
-        run.max_rss = max(run.max_rss, _self_rss())
+        run.max_rss = max(run.max_rss, self.ledger._own_rss() or 0)
         if not run.alone or run.max_rss <= run.start_rss:
             return None  # shared with other tasks: its own share is unknown
         peak = run.max_rss - run.start_rss
@@ -314,14 +314,6 @@ class WorkerAdmission:
         self.stats["errors"] += 1
         if self.stats["errors"] == 1:
             logger.exception("oomguard admission failed in %s (logged once)", where)
-
-
-def _self_rss() -> int:
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, IndexError, ValueError):
-        return 0
 
 
 def _failure(key, worker, exc: BaseException) -> ExecuteFailureEvent:
