@@ -31,9 +31,9 @@ def run(args) -> int:
     if args.shards < FLAKY + 1:
         print(f"oomguard demo: --shards must be at least {FLAKY + 1}", file=sys.stderr)
         return 2
-    print("oomguard demo: a local cluster, 2 workers with nannies, 320 MiB each")
+    print("oomguard demo: a local cluster, 2 workers with nannies (320 MiB and 480 MiB)")
     print(
-        f"  shard {CRASHER} reads more than its worker's memory, every time; "
+        f"  shard {CRASHER} needs 1 GiB, more than any worker has; "
         f"shard {SEGFAULTER} segfaults once; shard {FLAKY} raises once (retries=1)"
     )
     result = run_demo(args.shards, progress=progress_bar)

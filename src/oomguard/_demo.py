@@ -1,7 +1,7 @@
 """`oomguard demo`: a real OOM kill, a real segfault and a user error on a local cluster.
 
-The pipeline "demo" has `shards` shards: one allocates past its worker's memory limit every
-time, one segfaults on its first attempt, one raises a user error on its first attempt
+Two workers, 320 MiB and 480 MiB. The pipeline "demo" has `shards` shards: one needs
+more memory than either worker has (oomguard retries it on the larger one, then aborts), one segfaults on its first attempt, one raises a user error on its first attempt
 (and has `retries=1`), the rest sleep briefly. oomguard classifies every failure, groups
 the two OOM kills of the crasher into one signature, and aborts the pipeline.
 """
@@ -17,17 +17,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-#: Each worker's memory limit; the crasher allocates twice this.
-LIMIT = 320 * 2**20
+#: The two workers' memory limits; the crasher needs 1 GiB, more than either.
+SMALL, BIG = 320 * 2**20, 480 * 2**20
+NEED = 2**30
 CRASHER, SEGFAULTER, FLAKY = 7, 13, 21
 
 
-def load_shard(i: int, limit: int) -> int:
-    """The crasher: reads a shard far larger than its worker's memory."""
+def load_shard(i: int, need: int) -> int:
+    """The crasher: reads a shard larger than any worker's memory."""
     time.sleep(0.6)  # the flight recorder samples this frame before the kill
     held = []
     for _ in range(8):
-        held.append(bytearray(limit // 4))
+        held.append(bytearray(need // 8))
         time.sleep(0.02)
     time.sleep(2)  # without a cgroup limit: hold it until the nanny's monitor sees it
     return len(held)
@@ -101,35 +102,54 @@ def run_demo(shards: int = 30, progress=None) -> DemoResult:
     }
     with dask.config.set(config):
         with LocalCluster(
-            n_workers=2,
+            n_workers=1,
             threads_per_worker=1,
             processes=True,
-            memory_limit=LIMIT,
+            memory_limit=SMALL,
             dashboard_address=":0",
             silence_logs=50,
         ) as cluster, Client(cluster) as client:
+            # A second, larger worker: oomguard retries a memory kill only on a larger one.
+            spec = dict(cluster.new_spec)
+            spec["options"] = {**spec["options"], "memory_limit": BIG}
+            cluster.worker_spec["big"] = spec
+            cluster.sync(cluster._correct_state)
+            client.wait_for_workers(2, timeout=60)
             oomguard.install(client)
             with distributed.span("demo"):
                 futures = []
                 for i in range(shards):
                     key = ("demo", i)
-                    if i == CRASHER:
-                        # Last in line, so the other failures are seen before the abort.
-                        fut = client.submit(load_shard, i, LIMIT, key=key, priority=-10)
-                    elif i == SEGFAULTER:
-                        fut = client.submit(parse_shard, i, marker_dir, key=key)
+                    if i == SEGFAULTER:
+                        futures.append(client.submit(parse_shard, i, marker_dir, key=key))
                     elif i == FLAKY:
-                        fut = client.submit(flaky_shard, i, marker_dir, key=key, retries=1)
-                    else:
-                        fut = client.submit(shard, i, key=key)
-                    futures.append(fut)
+                        futures.append(
+                            client.submit(flaky_shard, i, marker_dir, key=key, retries=1)
+                        )
+                    elif i != CRASHER:
+                        futures.append(client.submit(shard, i, key=key))
                 done = 0
-                for fut in distributed.as_completed(futures):
+                pending = distributed.as_completed(futures)
+                del futures
+                for fut in pending:
                     done += 1
                     if progress is not None:
                         progress(done, shards)
+                    if done == shards // 2:
+                        # The crasher starts half way, on the small worker first, so the
+                        # other failures are seen before the abort.
+                        small = _worker_with_limit(client, SMALL)
+                        pending.add(
+                            client.submit(
+                                load_shard, CRASHER, NEED, key=("demo", CRASHER),
+                                workers=small, allow_other_workers=True,
+                            )  # fmt: skip
+                        )
                     try:
                         fut.result()
+                        # Like a pipeline writing each shard's output away: a worker's
+                        # death then loses only what it was running.
+                        fut.release()
                     except oomguard.PipelineAborted as e:
                         result.aborted = result.aborted or e
                     except Exception as e:  # pragma: no cover - reported as a problem
@@ -141,6 +161,13 @@ def run_demo(shards: int = 30, progress=None) -> DemoResult:
     result.seconds = time.monotonic() - start
     result.problems += _check(result)
     return result
+
+
+def _worker_with_limit(client, limit: int) -> list[str]:
+    """The address of the worker with this memory limit (it changes when one restarts)."""
+    client.wait_for_workers(2, timeout=60)
+    workers = client.scheduler_info()["workers"]
+    return [addr for addr, w in workers.items() if w["memory_limit"] == limit]
 
 
 def _check(r: DemoResult) -> list[str]:
