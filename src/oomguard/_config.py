@@ -106,3 +106,16 @@ def get_optional_str(key: str) -> str | None:
     if not isinstance(value, str):
         raise ConfigError(f"oomguard.{key} is {value!r}; expected a string or null.")
     return value
+
+
+def scheduler_keys() -> frozenset[str]:
+    """Every key under oomguard.scheduler, dotted below it ("kubernetes.enabled")."""
+
+    def walk(d: dict, prefix: str):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                yield from walk(v, f"{prefix}{k}.")
+            else:
+                yield f"{prefix}{k}"
+
+    return frozenset(walk(_defaults["oomguard"]["scheduler"], ""))

@@ -95,3 +95,12 @@ def test_bad_cgroup_limit_value_names_the_key(tmp_path):
     with dask.config.set({"oomguard.worker.cgroup-limit": "sometimes"}):
         with pytest.raises(ValueError, match="oomguard.worker.cgroup-limit is 'sometimes'"):
             OomguardNannyPlugin(crash_dir=str(tmp_path))._resolve_config()
+
+
+def test_install_rejects_an_unknown_setting_by_name():
+    from oomguard.scheduler_plugin import OomguardSchedulerPlugin
+
+    with pytest.raises(ValueError, match="unknown oomguard scheduler setting 'max-shard-failures'"):
+        OomguardSchedulerPlugin(max_shard_failures=2)
+    plugin = OomguardSchedulerPlugin(max_shard_infra_failures=2, **{"kubernetes.enabled": False})
+    assert plugin.config["max-shard-infra-failures"] == 2

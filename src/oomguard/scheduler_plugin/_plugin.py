@@ -15,6 +15,7 @@ import pickle
 import time
 from typing import TYPE_CHECKING, Any
 
+import dask.config
 from distributed.core import Status
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.utils import get_ip
@@ -22,7 +23,7 @@ from distributed.utils import get_ip
 from .. import _config, _report
 from .._causes import MEMORY_CAUSES, Cause, Kind, kind_of
 from .._classify import evidence_summary
-from .._exceptions import ReportError
+from .._exceptions import ConfigError, ReportError
 from .._metrics import OomguardMetrics, store_totals
 from .._models import FailureEvent
 from .._policy import AbortDecision, FailurePolicy
@@ -62,6 +63,12 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         # Keys as in oomguard.scheduler.* with dashes or underscores; unset ones come from
         # the scheduler's Dask config in start().
         self.config = {k.replace("_", "-"): v for k, v in config.items()}
+        unknown = sorted(set(self.config) - _config.scheduler_keys())
+        if unknown:
+            raise ConfigError(
+                f"unknown oomguard scheduler setting {unknown[0]!r}; expected one of "
+                f"{', '.join(sorted(_config.scheduler_keys()))}."
+            )
         self._reset()
 
     def _reset(self) -> None:
@@ -106,8 +113,9 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
     # --- configuration ----------------------------------------------------------------
 
     def _setting(self, key: str, getter, *args):
+        """oomguard.scheduler.<key>, from install(**config) if given there, else config."""
         if key in self.config:
-            with _config.dask.config.set({f"oomguard.scheduler.{key}": self.config[key]}):
+            with dask.config.set({f"oomguard.scheduler.{key}": self.config[key]}):
                 return getter(f"scheduler.{key}", *args)
         return getter(f"scheduler.{key}", *args)
 
