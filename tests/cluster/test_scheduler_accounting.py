@@ -229,18 +229,30 @@ def test_random_sigkills_without_a_crasher_complete(cluster):
                 timeout=60,
             )
 
-    n = 400
     with distributed.span("survivor"):
-        futs = client.map(work, range(n), [0.3] * n, key=[("s", i) for i in range(n)])
+        # A pipeline that keeps feeding shards until the killer is done, and writes each
+        # shard's output away (collect and release), so a death loses only what was
+        # executing.
+        n = 0
+
+        def more(count):
+            nonlocal n
+            futs = client.map(
+                work, range(n, n + count), [0.3] * count,
+                key=[("s", i) for i in range(n, n + count)],
+            )  # fmt: skip
+            n += count
+            return futs
+
+        pending = distributed.as_completed(more(100))
         t = threading.Thread(target=killer)
         t.start()
-        # Like a pipeline that writes each shard's output away: collect and release
-        # results as they come, so a death loses only what was executing.
         results = []
-        for fut in distributed.as_completed(futs):
+        for fut in pending:
             results.append(fut.result())
             fut.release()
-        del futs
+            if t.is_alive() and pending.count() < 20:
+                pending.update(more(50))
         t.join()
     assert len(kills) == n_kills
     assert sorted(results) == list(range(n))

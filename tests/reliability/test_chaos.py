@@ -167,6 +167,10 @@ def cluster(tmp_path):
             "distributed.worker.memory.target": False,
             "distributed.worker.memory.spill": False,
             "distributed.worker.memory.pause": False,
+            # SpecCluster closes a nanny whose worker name is absent from the scheduler 15 s
+            # after any removal of that name: with a worker killed every few seconds it
+            # sometimes is (restarting), and Dask's deploy layer, not oomguard, would end it.
+            "distributed.deploy.lost-worker-timeout": "1h",
         }
     ):
         spec = {

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import faulthandler
 import json
+import subprocess
+import sys
 import time
 import traceback
 
@@ -80,11 +82,19 @@ def test_dump_without_fatal_header(tmp_path):
 
 
 def test_timeout_dump_of_one_thread(tmp_path):
+    # In a fresh process: dump_traceback_later dumps every thread, and this test process
+    # may still have threads left by earlier tests.
     path = tmp_path / "timeout.txt"
-    with open(path, "w") as f:
-        faulthandler.dump_traceback_later(0.01, file=f)
-        time.sleep(0.3)
-        faulthandler.cancel_dump_traceback_later()
+    code = (
+        "import faulthandler, time\n"
+        "def test_timeout_dump_of_one_thread():\n"
+        f"    with open({str(path)!r}, 'w') as f:\n"
+        "        faulthandler.dump_traceback_later(0.01, file=f)\n"
+        "        time.sleep(0.3)\n"
+        "        faulthandler.cancel_dump_traceback_later()\n"
+        "test_timeout_dump_of_one_thread()\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
     text = path.read_text()
     assert text.startswith("Timeout (")
     sig = fingerprint(text)
