@@ -32,30 +32,7 @@ def boom(x):
 
 
 def _valid_report(**over):
-    report = _report.build_report(
-        worker="tcp://10.0.0.9:1234",
-        nanny="tcp://10.0.0.9:1233",
-        name="w9",
-        host="node-9",
-        pid=4242,
-        exitcode=-9,
-        time=time.time(),
-        started=time.time() - 10,
-        memory_limit=2**30,
-        executing=[],
-        crash_text=None,
-        cgroup_before=None,
-        cgroup_after=None,
-        cgroup_path=None,
-        cgroup_version=None,
-        rss_sampled=None,
-        rss_time=None,
-        host_memory=None,
-        nanny_memory_kill=None,
-        kernel_log_victim=None,
-        requested_close=False,
-        missing=[],
-    )
+    report = _report.build_report(**{**_report.EXAMPLE_ARGS, "time": time.time()})
     report.update(over)
     return report
 
