@@ -76,25 +76,38 @@ def _ready(dask_worker=None):
 def wait_for_workers(client: Client, exclude_pid: int | None, timeout: float = 60.0) -> dict:
     """Two workers, none of them the dead one, each with the worker plugin set up."""
     deadline = time.monotonic() + timeout
+    got: dict = {}
     while time.monotonic() < deadline:
         try:
             got = client.run(_ready)
-        except Exception:
-            got = {}
+        except Exception as e:  # a worker that died between listing and the call
+            got = {"error": repr(e)}
         if len(got) == 2 and all(ok and pid != exclude_pid for ok, pid in got.values()):
             time.sleep(0.5)  # the nanny's own start hook (cgroup, counters) settles
             return {addr: pid for addr, (_, pid) in got.items()}
         time.sleep(0.1)
-    raise TimeoutError("the workers did not come back with the oomguard worker plugin")
+    raise TimeoutError(
+        f"the workers did not come back with the oomguard worker plugin in {timeout:.0f} s; "
+        f"last seen (address: (plugin, pid)): {got}; scheduler lists "
+        f"{list(client.scheduler_info()['workers'])}"
+    )
 
 
 def run(args, tmp: str) -> list[dict]:
     arrivals: list[tuple[float, bytes]] = []
     deaths: list[dict] = []
-    with dask.config.set({"oomguard.worker.crash-dir": os.path.join(tmp, "crash")}):
-        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                               dashboard_address=":0")  # fmt: skip
-        client = Client(cluster)
+    cfg = {
+        "oomguard.worker.crash-dir": os.path.join(tmp, "crash"),
+        # LocalCluster closes a nanny whose worker is absent when a 15 s timer set at an
+        # earlier death fires; with a death every ~2.3 s that hits a restarting worker.
+        "distributed.deploy.lost-worker-timeout": "1h",
+    }
+    # Set for the whole run, not just the cluster's start: SpecCluster reads the timeout
+    # when a worker is removed.
+    dask.config.set(cfg)
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                           dashboard_address=":0")  # fmt: skip
+    client = Client(cluster)
     try:
         client.wait_for_workers(2)
         oomguard.install(client, store=os.path.join(tmp, "store.sqlite3"))
@@ -140,11 +153,34 @@ def run(args, tmp: str) -> list[dict]:
             lat = f"{(arrived - t0) * 1000:.0f} ms" if arrived else "no report in 30 s"
             print(f"  {i + 1:>2}/{len(kinds)} {kind:<8} pid {pid:<7} cause {d['cause']}: {lat}",
                   flush=True)  # fmt: skip
-            pids = wait_for_workers(client, pid)
+            try:
+                pids = wait_for_workers(client, pid)
+            except TimeoutError as e:
+                print(f"  STOPPED: {e}\n  nannies: {_nanny_states(cluster)}", flush=True)
+                break
     finally:
         client.close()
         cluster.close()
     return deaths
+
+
+def _nanny_states(cluster) -> list[str]:
+    """Where each in-process nanny stands, and its worker process's kernel state."""
+    out = []
+    for name, nanny in cluster.workers.items():
+        wp = getattr(nanny, "process", None)
+        proc = getattr(wp, "process", None) if wp is not None else None
+        pid = getattr(proc, "pid", None)
+        kstate = ""
+        if pid:
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    kstate = next(l for l in f if l.startswith("State:")).split(None, 1)[1].strip()
+            except (OSError, StopIteration):
+                kstate = "gone"
+        out.append(f"{name}: nanny {nanny.status.name}, worker process "
+                   f"{getattr(wp, 'status', None)} pid {pid} {kstate}")  # fmt: skip
+    return out
 
 
 def _wait_executing(client: Client, addr: str, timeout: float = 30.0) -> None:

@@ -4,7 +4,7 @@ The public surface; everything else is private (`oomguard._*`).
 """
 
 from . import _config  # noqa: F401  (registers oomguard's Dask config defaults)
-from ._api import Failures, install
+from ._api import Failures, install, uninstall
 from ._causes import Cause, Kind
 from ._exceptions import (
     CgroupError,
@@ -35,4 +35,5 @@ __all__ = [
     "__version__",
     "install",
     "memory",
+    "uninstall",
 ]

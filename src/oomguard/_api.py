@@ -25,6 +25,29 @@ def install(client: Client, **config: Any) -> None:
     client.register_plugin(OomguardSchedulerPlugin(**config))
 
 
+def uninstall(client: Client) -> None:
+    """Remove oomguard from a running cluster: its scheduler plugin is closed (Dask's own
+    `allowed-failures` and handlers come back), and the nanny and worker plugins are
+    torn down on every worker. The failure store file is kept.
+
+    >>> oomguard.uninstall(client)                 # doctest: +SKIP
+    """
+
+    async def remove(dask_scheduler):
+        plugin = dask_scheduler.plugins.pop("oomguard", None)
+        if plugin is not None:
+            await plugin.close()
+
+    client.run_on_scheduler(remove)
+    from .worker_plugin import OomguardNannyPlugin, OomguardWorkerPlugin
+
+    for name, nanny in ((OomguardWorkerPlugin.name, False), (OomguardNannyPlugin.name, True)):
+        try:
+            client.unregister_worker_plugin(name, nanny=nanny)
+        except ValueError:
+            pass  # never registered there (e.g. loaded by preload only)
+
+
 class Failures:
     """Query the failure history a scheduler keeps.
 

@@ -179,12 +179,6 @@ def test_graceful_operations_are_never_failures(cluster, tmp_path):
     assert stats["internal_errors"] == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: Client.unregister_scheduler_plugin -> Scheduler.remove_plugin only deletes "
-    "the plugin from scheduler.plugins and never calls its close(), so allowed_failures stays "
-    "2**31, the oomguard_* handlers and the task-erred wrapper stay installed",
-)
 def test_removing_oomguard_restores_dask(cluster, tmp_path):
     cl, client = cluster
 

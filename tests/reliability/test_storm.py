@@ -65,15 +65,6 @@ def nap(x):
     return x
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: deaths are decided on the event loop in bulk. Each storm report (no "
-    "matching removal) waits in DeathLedger for the grace timeout, then _expire_loop calls "
-    "_decide() for every expired death in one synchronous pass (~100-200 us each: signature, "
-    "FailureEvent, store.add, policy): thousands per tick block the loop for seconds "
-    "(measured lag p99 ~1 s, max ~7.8 s) and back-pressure the sender to ~6,000/s; "
-    "unmatched pending reports are unbounded until then",
-)
 def test_report_storm(tmp_path, long_run, record_figures):
     seconds = 60 if long_run else 10
     with dask.config.set({"distributed.scheduler.work-stealing": False}):

@@ -44,7 +44,7 @@ class DeathLedger:
     'tcp://a:1'
     """
 
-    def __init__(self, grace: float, max_pending: int = 10_000):
+    def __init__(self, grace: float, max_pending: int = 1_000):
         self.grace = grace
         self.max_pending = max_pending
         self._removals: OrderedDict[str, tuple[float, Removal]] = OrderedDict()
@@ -52,6 +52,7 @@ class DeathLedger:
         self._clean: OrderedDict[str, float] = OrderedDict()  # nannies said: not a death
         self.overflow = 0  # entries pushed out by max_pending; decided early, not lost
         self.clean_exits = 0
+        self.dropped = 0  # unmatched reports refused past max_pending (or a repeat)
 
     def clean(self, worker: str, now: float) -> None:
         """The worker's nanny says its exit was requested or clean (status 0): its removal,
@@ -78,6 +79,11 @@ class DeathLedger:
         waiting = self._removals.pop(worker, None)
         if waiting is not None:
             return Death(worker, waiting[1], report)
+        if worker in self._reports or len(self._reports) >= self.max_pending:
+            # A flood of reports no removal matches (a storm, or a hostile sender):
+            # refused and counted, never queued without bound.
+            self.dropped += 1
+            return None
         self._reports[worker] = (now, report)
         return None
 

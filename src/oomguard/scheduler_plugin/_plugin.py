@@ -9,6 +9,7 @@ flight record) are blamed; the rest were displaced and are rescheduled without a
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import pickle
@@ -86,6 +87,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         self._pods = None  # oomguard._kubernetes.PodLookup where enabled
         self._lookups: set[asyncio.Task] = set()
         self._larger_only = True
+        self._resized: dict[Any, int] = {}  # key -> memory limit it died under
         self._saved_allowed_failures: int | None = None
         self._original_task_erred = None
         self._workers: dict[str, Any] = {}  # address -> WorkerState, to read after removal
@@ -233,7 +235,8 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         if scheduler is None:
             return
         for task in (self._timer, self._gauges):
-            if task is not None:
+            # close() may run inside the expire loop itself (plugin removed).
+            if task is not None and task is not asyncio.current_task():
                 task.cancel()
         self.metrics.unregister()
         if self.intake is not None:
@@ -270,6 +273,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
     def transition(self, key, start, finish, *args, stimulus_id, **kwargs):
         try:
             if finish == "memory" or finish == "erred":
+                self._resized.pop(key, None)
                 pipeline = self.pipelines.end(key)
                 if pipeline is not None:
                     if finish == "memory":
@@ -279,6 +283,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
                         self.policy.shard_erred(pipeline, str(key), aborted=aborted)
             elif finish == "forgotten":
                 self._aborted.discard(key)
+                self._resized.pop(key, None)
                 gone = self.pipelines.forget(key)
                 if gone is not None and not gone[1]:
                     self.policy.shard_forgotten(gone[0], str(key))
@@ -293,8 +298,27 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
 
     def add_worker(self, scheduler, worker):
         ws = scheduler.workers.get(worker)
-        if ws is not None:
-            self._workers[worker] = ws
+        if ws is None:
+            return
+        self._workers[worker] = ws
+        if self._resized:
+            self._guard(self._admit_larger, "add_worker", ws)
+
+    def _admit_larger(self, ws) -> None:
+        """A worker joined (perhaps a larger one restarted under a new address): shards
+        restricted to workers larger than the one they died on may run there too."""
+        release = []
+        for key, limit in self._resized.items():
+            ts = self.scheduler.tasks.get(key)
+            if ts is None or ts.worker_restrictions is None:
+                continue
+            if not ws.memory_limit or ws.memory_limit > limit:
+                ts.worker_restrictions.add(ws.address)
+                if ts.state == "no-worker":
+                    release.append(key)
+        if release:
+            stimulus_id = f"oomguard-larger-worker-{time.time()}"
+            self.scheduler.transitions(dict.fromkeys(release, "released"), stimulus_id)
 
     # --- worker deaths ----------------------------------------------------------------
 
@@ -364,7 +388,6 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
                 if isinstance(clean, ReportError):
                     self._reject(clean)
                     continue
-                self.stats["reports"] += 1
                 latencies = self.stats["latencies"]
                 latencies.append(max(0.0, arrived - clean["time"]))
                 del latencies[:-1000]
@@ -375,7 +398,14 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
                     self.metrics.set_cgroup_workers(len(self._cgroup_workers))
                 if clean.get("cause") is None:
                     continue
+                dropped = self.ledger.dropped
                 death = self.ledger.reported(clean, time.monotonic())
+                if self.ledger.dropped != dropped:
+                    self.stats["overflow"] += 1
+                    self.metrics.report_rejected("overflow")
+                    continue
+                # Accepted; with overflow and rejected, every report is counted once.
+                self.stats["reports"] += 1
                 if death is not None:
                     self._decide(death)
             except Exception:
@@ -392,14 +422,23 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
     async def _expire_loop(self, interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
+            if self.scheduler is not None and self.scheduler.plugins.get(self.name) is not self:
+                # Removed with Scheduler.remove_plugin, which does not call close().
+                await self.close()
+                return
             try:
+                slice_start = time.monotonic()
                 for death in self.ledger.expired(time.monotonic()):
                     if death.report is None and self._pods is not None:
                         task = asyncio.create_task(self._decide_lost(death))
                         self._lookups.add(task)
                         task.add_done_callback(self._lookups.discard)
                     else:
-                        self._decide(death)
+                        self._guard(self._decide, "expire", death)
+                    if time.monotonic() - slice_start > 0.01:
+                        # A storm of late reports: let the event loop breathe.
+                        await asyncio.sleep(0)
+                        slice_start = time.monotonic()
                 self._persist_pipelines()
             except Exception:
                 self._internal_error("expire")
@@ -487,7 +526,11 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         if not self._larger_only:
             return None
         limit = report.get("memory_limit") if report is not None else None
-        return retry_larger(self.scheduler, key, event, limit, self.policy)
+        decision = retry_larger(self.scheduler, key, event, limit, self.policy)
+        ts = self.scheduler.tasks.get(key)
+        if decision is None and limit and ts is not None and ts.worker_restrictions:
+            self._resized[key] = limit  # larger workers that join later qualify too
+        return decision
 
     def _death_signature(self, cause, report, entry, key):
         crash = (report or {}).get("crash") or {}
@@ -500,7 +543,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         # No sample, or one taken before the task's own code ran (only Dask's frames):
         # the task's function (its key prefix) stands in for the stack.
         prefix = entry["prefix"] if entry else self._prefix(key)
-        return fingerprint_stack(str(cause), [("<task>", None, prefix or "<no task>")])
+        return _prefix_signature(str(cause), prefix or "<no task>")
 
     def _prefix(self, key) -> str:
         ts = self.scheduler.tasks.get(key) if key is not None else None
@@ -667,6 +710,11 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         if where not in self._logged:
             self._logged.add(where)
             logger.exception("oomguard scheduler plugin failed in %s (logged once)", where)
+
+
+@functools.lru_cache(maxsize=4096)
+def _prefix_signature(cause: str, prefix: str):
+    return fingerprint_stack(cause, [("<task>", None, prefix)])
 
 
 def _example(report: dict | None, entry: dict | None, shard: str) -> str:
