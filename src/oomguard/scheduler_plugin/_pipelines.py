@@ -28,7 +28,8 @@ class PipelineNames:
     """
 
     def __init__(self) -> None:
-        self._of: dict[Any, list] = {}  # key -> [pipeline, ended]
+        self._of: dict[Any, str] = {}  # key -> pipeline
+        self._ended: set[Any] = set()  # keys that reached memory or erred
         self._members: dict[str, set] = {}
         self._counter = itertools.count(1)
 
@@ -38,19 +39,19 @@ class PipelineNames:
         keys: Iterable[Any],
         annotations: Mapping[str, Mapping[Any, Any]],
         stimulus_id: str,
-    ) -> dict[str, list[str]]:
-        """Name the new tasks of one graph submission; returns {pipeline: [str(key)]}."""
+    ) -> dict[str, list[Any]]:
+        """Name the new tasks of one graph submission; returns {pipeline: [key]}."""
         explicit = annotations.get(ANNOTATION) or {}
         spans = annotations.get("span") or {}
         default: str | None = None
-        new: dict[str, list[str]] = {}
+        new: dict[str, list[Any]] = {}
         for key in tasks:
             if key in self._of:
                 continue
-            name = explicit.get(key)
-            if name is None:
+            name = explicit.get(key) if explicit else None
+            if name is None and spans:
                 span = spans.get(key)
-                parts = tuple(span.get("name") or ()) if isinstance(span, Mapping) else ()
+                parts = tuple(span.get("name") or ()) if span else ()
                 if parts and parts != ("default",):
                     name = "/".join(str(p) for p in parts)
             if name is None:
@@ -59,42 +60,48 @@ class PipelineNames:
                     default = f"{key_split(first)}#{next(self._counter)}"
                 name = default
             name = str(name)
-            self._of[key] = [name, False]
-            self._members.setdefault(name, set()).add(key)
-            new.setdefault(name, []).append(str(key))
+            self._of[key] = name
+            members = self._members.get(name)
+            if members is None:
+                members = self._members[name] = set()
+            members.add(key)
+            shards = new.get(name)
+            if shards is None:
+                shards = new[name] = []
+            shards.append(key)
         return new
 
     def get(self, key: Any) -> str | None:
-        entry = self._of.get(key)
-        return entry[0] if entry is not None else None
+        return self._of.get(key)
 
     def end(self, key: Any) -> str | None:
         """Mark the shard finished (memory or erred); its pipeline the first time, else None."""
-        entry = self._of.get(key)
-        if entry is None or entry[1]:
+        name = self._of.get(key)
+        if name is None or key in self._ended:
             return None
-        entry[1] = True
-        return entry[0]
+        self._ended.add(key)
+        return name
 
     def reopen(self, key: Any) -> str | None:
         """A finished shard runs again (its result was lost); its pipeline, else None."""
-        entry = self._of.get(key)
-        if entry is None or not entry[1]:
+        if key not in self._ended:
             return None
-        entry[1] = False
-        return entry[0]
+        self._ended.discard(key)
+        return self._of.get(key)
 
     def forget(self, key: Any) -> tuple[str, bool] | None:
         """Drop the key; (pipeline, ended) or None when it was not tracked."""
-        entry = self._of.pop(key, None)
-        if entry is None:
+        name = self._of.pop(key, None)
+        if name is None:
             return None
-        members = self._members.get(entry[0])
+        ended = key in self._ended
+        self._ended.discard(key)
+        members = self._members.get(name)
         if members is not None:
             members.discard(key)
             if not members:
-                del self._members[entry[0]]
-        return entry[0], entry[1]
+                del self._members[name]
+        return name, ended
 
     def keys_of(self, pipeline: str) -> list[Any]:
         return list(self._members.get(pipeline, ()))

@@ -9,7 +9,6 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from typing import TYPE_CHECKING, Any
 
 import psutil
@@ -53,6 +52,9 @@ class OomguardWorkerPlugin(WorkerPlugin):
         self._slots: dict[Any, int] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._process: psutil.Process | None = None
+        self._cgroup: _cgroup.CgroupInfo | None = None
+        self._samples = 0
         self.errors = 0
         self._admission = None  # oomguard admission wiring (issue 7)
 
@@ -142,12 +144,10 @@ class OomguardWorkerPlugin(WorkerPlugin):
             frame = frames.get(ident)
             if frame is None:
                 continue
-            stack = traceback.extract_stack(frame)[-_STACK_LIMIT:]
-            tasks[str(key)] = {
-                "thread": ident,
-                "stack": [[fs.filename, fs.lineno, fs.name] for fs in stack],
-            }
-        rss = psutil.Process().memory_info().rss
+            tasks[str(key)] = {"thread": ident, "stack": _stack(frame)}
+        if self._process is None:
+            self._process = psutil.Process()
+        rss = self._process.memory_info().rss
         if self._admission is not None:  # oomguard admission wiring (issue 7): peaks
             self._admission.observe(rss)
         rec.write_sample(
@@ -160,9 +160,12 @@ class OomguardWorkerPlugin(WorkerPlugin):
         )
 
     def _cgroup_usage(self) -> int | None:
-        # Detected per sample: the nanny moves this process into its own group after it
-        # has started.
-        info = _cgroup.detect(os.getpid())
+        # Re-detected every 20 samples: the nanny moves this process into its own group
+        # after it has started.
+        if self._cgroup is None or self._samples % 20 == 0:
+            self._cgroup = _cgroup.detect(os.getpid())
+        self._samples += 1
+        info = self._cgroup
         if info.path is None or info.version is None:
             return None
         return _cgroup.read_memory_counters(info.path, info.version).usage
@@ -172,3 +175,15 @@ class OomguardWorkerPlugin(WorkerPlugin):
         self.errors += 1
         if self.errors == 1:
             logger.exception("oomguard worker plugin failed in %s (logged once)", where)
+
+
+def _stack(frame) -> list[list]:
+    """[filename, lineno, function] innermost last, at most _STACK_LIMIT frames. A plain
+    walk: traceback.extract_stack would also read source lines we do not keep."""
+    out = []
+    while frame is not None and len(out) < _STACK_LIMIT:
+        code = frame.f_code
+        out.append([code.co_filename, frame.f_lineno, code.co_name])
+        frame = frame.f_back
+    out.reverse()
+    return out
