@@ -9,6 +9,8 @@ rule  when                                                                     c
 ====  =======================================================================  ================
 R1    the nanny or the user asked for the close (any exit status)              None
 R2    exit status 0                                                            None
+R3a   exit signal SIGSEGV/... while being terminated: the nanny's memory kill  memory_terminate
+      was sent, or the crash file begins with a SIGTERM dump                   or sigterm
 R3    exit signal SIGSEGV/SIGABRT/SIGBUS/SIGFPE/SIGILL                         native_crash
 R4    exit status unknown (None or 255) and the crash file says                native_crash
       "Fatal Python error" (its signal, or SIGABRT for a Py_FatalError)
@@ -23,6 +25,10 @@ R9    anything else: another positive status, another signal, unknown          e
 
 Precedence, and why:
 
+- R3a before R3: faulthandler dumps every thread from inside the SIGTERM handler, which can
+  itself crash a busy process (other threads change their frames meanwhile). Seen here: a
+  worker the nanny terminated for memory died of SIGSEGV. The termination came first, so
+  it is the cause; the evidence keeps the signal.
 - R3/R4 before R5: the exit signal (or a faulthandler "Fatal Python error", which SIGKILL can
   never produce) is direct proof of how *this* process died, while a moved ``oom_kill``
   counter only says the kernel killed *something* in the group (a task's subprocess, say).
@@ -88,6 +94,9 @@ class DeathFacts:
     kernel_log_oom: bool = False
     crash_signal: str | None = None  # from the crash file's "Fatal Python error" line
     requested_close: bool = False
+    # The crash file begins with a SIGTERM dump: the process was being terminated when
+    # whatever came next (often a crash inside the dying process) happened.
+    terminated_first: bool = False
 
 
 def describe_signal(exitcode: int | None) -> str | None:
@@ -121,6 +130,21 @@ def crash_signal(crash_text: str | None) -> str | None:
     return _FATAL_ERROR_SIGNALS.get(m.group(1).strip().lower(), "SIGABRT")
 
 
+def terminated_first(crash_text: str | None) -> bool:
+    """Whether a crash file begins with a dump for SIGTERM (a registered signal: no
+    "Fatal Python error" header) rather than with a fatal error.
+
+    >>> terminated_first("Current thread 0x1 (most recent call first):\n  File ...")
+    True
+    >>> terminated_first("Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 ...")
+    False
+    """
+    if not isinstance(crash_text, str):
+        return False
+    head = crash_text[:4096].lstrip()
+    return head.startswith(("Current thread ", "Thread 0x", "Stack (most recent call first)"))
+
+
 def oom_counter_moved(before: int | None, after: int | None) -> bool | None:
     """True/False when both counters were read, None (unknown) when either was not."""
     if type(before) is not int or type(after) is not int:
@@ -137,6 +161,11 @@ def explain(facts: DeathFacts) -> tuple[Cause | None, str]:
         return None, "R1 close requested by the nanny or user"
     if code == 0:
         return None, "R2 clean exit"
+    if sig in NATIVE_SIGNALS and (facts.nanny_memory_kill or facts.terminated_first):
+        # Dumping every thread from a signal handler can itself crash a busy process.
+        if facts.nanny_memory_kill:
+            return Cause.MEMORY_TERMINATE, f"R3a nanny memory kill, crashed ({sig}) while terminating"
+        return Cause.SIGTERM, f"R3a SIGTERM, crashed ({sig}) while terminating"
     if sig in NATIVE_SIGNALS:
         return Cause.NATIVE_CRASH, f"R3 exit signal {sig}"
     if unknown and facts.crash_signal in NATIVE_SIGNALS:
@@ -206,6 +235,7 @@ def facts_from(report_like: Mapping[str, Any]) -> DeathFacts:
         and _kernel_log_is_worker(victim, r.get("pid")),
         crash_signal=crash_signal(crash.get("text")),
         requested_close=bool(r.get("requested_close")),
+        terminated_first=terminated_first(crash.get("text")),
     )
 
 

@@ -48,7 +48,8 @@ TABLE = [
     ("ill", dict(exitcode=ILL), Cause.NATIVE_CRASH, "R3"),
     ("segv-beats-oom-counter", dict(exitcode=SEGV, **MOVED), Cause.NATIVE_CRASH, "R3"),
     ("segv-beats-kernel-log", dict(exitcode=SEGV, kernel_log_oom=True), Cause.NATIVE_CRASH, "R3"),
-    ("segv-beats-nanny", dict(exitcode=SEGV, nanny_memory_kill=True), Cause.NATIVE_CRASH, "R3"),
+    # A crash while the nanny terminates it for memory: the termination came first.
+    ("nanny-beats-segv", dict(exitcode=SEGV, nanny_memory_kill=True), Cause.MEMORY_TERMINATE, "R3a"),
     ("unknown-crashfile", dict(exitcode=None, crash_signal="SIGSEGV"), Cause.NATIVE_CRASH, "R4"),
     ("255-crashfile", dict(exitcode=255, crash_signal="SIGABRT"), Cause.NATIVE_CRASH, "R4"),
     (
@@ -377,3 +378,31 @@ def test_evidence_summary(ev, cause, phrase):
 )
 def test_format_bytes(n, text):
     assert format_bytes(n) == text
+
+
+@pytest.mark.parametrize(
+    "facts, cause",
+    [
+        # A crash while dying of the nanny's memory kill is the memory kill.
+        (DeathFacts(exitcode=-11, nanny_memory_kill=True), Cause.MEMORY_TERMINATE),
+        # A crash while dying of an outside SIGTERM (its dump came first) is the SIGTERM.
+        (DeathFacts(exitcode=-11, terminated_first=True), Cause.SIGTERM),
+        (DeathFacts(exitcode=-6, terminated_first=True), Cause.SIGTERM),
+        # Without either, a segfault is a native crash.
+        (DeathFacts(exitcode=-11), Cause.NATIVE_CRASH),
+    ],
+)
+def test_crash_while_terminating(facts, cause):
+    assert classify(facts) is cause
+
+
+def test_terminated_first_reads_the_crash_file_head():
+    from oomguard._classify import facts_from
+
+    sigterm_then_segv = (
+        "Current thread 0x00007f (most recent call first):\n  File \"x.py\", line 1 in f\n\n"
+        "Fatal Python error: Segmentation fault\n\nCurrent thread 0x00007f ...\n"
+    )
+    assert facts_from({"exitcode": -11, "crash": {"text": sigterm_then_segv}}).terminated_first
+    segv = "Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 ...\n"
+    assert not facts_from({"exitcode": -11, "crash": {"text": segv}}).terminated_first
