@@ -24,7 +24,6 @@ Targets (goals, not tests; the script exits 0): throughput ratio <= 1.03.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import shutil
 import statistics

@@ -16,7 +16,7 @@ import dask
 import distributed
 import pytest
 from capabilities import require
-from distributed import Client, LocalCluster, wait
+from distributed import Client, LocalCluster
 
 import oomguard
 from oomguard import _cgroup

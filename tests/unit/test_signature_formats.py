@@ -7,7 +7,6 @@ import faulthandler
 import json
 import subprocess
 import sys
-import time
 import traceback
 
 import pytest

@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING, Any
 import dask.config
 from distributed.core import Status
 from distributed.diagnostics.plugin import SchedulerPlugin
-from distributed.utils import get_ip
 
-from .. import _config, _report
+from .. import _config
 from .._causes import MEMORY_CAUSES, Cause, Kind, kind_of
 from .._classify import evidence_summary
 from .._exceptions import ConfigError, ReportError
