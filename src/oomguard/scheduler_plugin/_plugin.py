@@ -549,7 +549,10 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         return ts.prefix.name if ts is not None else ""
 
     def _find_key(self, s: str):
-        # Rare: a report whose removal never came. Only then scan for the key.
+        # Rare: a report whose removal never came. Only then scan for the key, and not on
+        # a huge graph (a flood of such reports must not cost O(tasks) each).
+        if len(self.scheduler.tasks) > 50_000:
+            return None
         for key in self.scheduler.tasks:
             if str(key) == s:
                 return key
