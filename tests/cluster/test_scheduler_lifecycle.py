@@ -83,7 +83,9 @@ def test_lost_with_its_nanny_is_worker_lost(tmp_path):
             try:
                 client.wait_for_workers(1, timeout=60)
                 with distributed.span("lost"):
-                    fut = client.submit(nap, 60, key="lost-0", pure=False)
+                    # time.sleep, not a test function: the worker process started here
+                    # cannot import this test module.
+                    fut = client.submit(time.sleep, 60, key="lost-0", pure=False)
                     _poll(lambda: any(client.processing().values()))
                     time.sleep(1.0)
                     os.killpg(proc.pid, signal.SIGKILL)  # nanny and worker together
