@@ -49,6 +49,19 @@ def work(i, seconds=SHARD_SECONDS):
     return i * i
 
 
+def _right(planned: str, event) -> bool:
+    """The event names the planned cause. One race is real, not a misclassification: the
+    nanny's 100 ms memory monitor can catch a worker filling its cgroup before the kernel
+    does, and then the nanny's kill is what ended it (its own event is the evidence)."""
+    if event.cause == planned:
+        return True
+    return (
+        planned == "oom_kill"
+        and event.cause == "memory_terminate"
+        and event.evidence.get("nanny_memory_kill") is True
+    )
+
+
 # --- ways to die, run inside the victim worker (client.run, wait=False: coroutines) ---
 
 
@@ -234,7 +247,7 @@ def test_chaos(cluster, long_run, record_figures):
         by_worker[e.worker].append(e)
     kills = killer.kills
     exact = [k for k in kills if len(by_worker[k["worker"]]) == 1]
-    right_cause = [k for k in exact if by_worker[k["worker"]][0].cause == k["cause"]]
+    right_cause = [k for k in exact if _right(k["cause"], by_worker[k["worker"]][0])]
     right_shard = [k for k in exact if by_worker[k["worker"]][0].shard == k["shard"]]
     killed = {k["worker"] for k in kills}
     extra = [e for e in events if e.worker not in killed]
