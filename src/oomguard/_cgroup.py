@@ -37,6 +37,7 @@ import os
 import re
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -624,10 +625,16 @@ def can_create_child(info: CgroupInfo | None = None) -> tuple[bool, str]:
     return True, ""
 
 
-def cleanup_stale(prefix: str = "oomguard-", info: CgroupInfo | None = None) -> int:
+def cleanup_stale(
+    prefix: str = "oomguard-",
+    info: CgroupInfo | None = None,
+    *,
+    stale: Callable[[str], bool] | None = None,
+) -> int:
     """Remove empty child groups named `prefix*` (left by dead runs); return how many.
 
-    A group still holding a process is left alone. Never raises.
+    A group still holding a process is left alone, and so is one `stale(name)` says is
+    not stale (e.g. a group another nanny has just made for a live PID). Never raises.
 
     >>> cleanup_stale(info=CgroupInfo(None, None, None, "none"))
     0
@@ -640,7 +647,12 @@ def cleanup_stale(prefix: str = "oomguard-", info: CgroupInfo | None = None) -> 
     removed = 0
     for name in names:
         path = os.path.join(parent, name)
-        if name.startswith(prefix) and os.path.isdir(path) and not _procs(path):
+        if (
+            name.startswith(prefix)
+            and (stale is None or stale(name))
+            and os.path.isdir(path)
+            and not _procs(path)
+        ):
             try:
                 os.rmdir(path)
                 removed += 1

@@ -104,3 +104,11 @@ def test_install_rejects_an_unknown_setting_by_name():
         OomguardSchedulerPlugin(max_shard_failures=2)
     plugin = OomguardSchedulerPlugin(max_shard_infra_failures=2, **{"kubernetes.enabled": False})
     assert plugin.config["max-shard-infra-failures"] == 2
+
+
+def test_stale_group_predicate_only_takes_dead_worker_pids():
+    from oomguard.worker_plugin._nanny import _dead_worker_group
+
+    assert _dead_worker_group(f"oomguard-worker-{os.getpid()}") is False  # alive
+    assert _dead_worker_group("oomguard-worker-not-a-pid") is False
+    assert _dead_worker_group("oomguard-worker-4194303") is True  # above pid_max: dead

@@ -42,6 +42,7 @@ CLEAN_EXIT_HANDLER = "oomguard_clean_exit"
 EVENT_TOPIC = "oomguard-death"
 
 _CLOSING = (Status.closing, Status.closed, Status.closing_gracefully, Status.failed)
+_GROUP_PREFIX = "oomguard-worker-"
 
 
 @dataclass
@@ -132,6 +133,9 @@ class OomguardNannyPlugin(NannyPlugin):
         ok, reason = _cgroup.can_create_child()
         if ok:
             self._use_cgroups = True
+            # Groups of workers whose nanny died with them (SIGKILL of the whole host
+            # process tree) cannot be removed by that nanny: sweep them here.
+            _cgroup.cleanup_stale(f"{_GROUP_PREFIX}", stale=_dead_worker_group)
         elif self.cgroup_limit == "true":
             raise CgroupError(
                 f"oomguard.worker.cgroup-limit is true but a per-worker memory cgroup "
@@ -244,7 +248,7 @@ class OomguardNannyPlugin(NannyPlugin):
         if self._use_cgroups:
             try:
                 life.group = _cgroup.ChildGroup.create(
-                    f"oomguard-worker-{pid}", life.memory_limit
+                    f"{_GROUP_PREFIX}{pid}", life.memory_limit
                 )
                 life.group.add_pid(pid)
             except Exception as e:
@@ -424,6 +428,21 @@ class OomguardNannyPlugin(NannyPlugin):
         self.errors += 1
         if self.errors == 1:
             logger.exception("oomguard nanny plugin failed in %s (logged once)", where)
+
+
+def _dead_worker_group(name: str) -> bool:
+    """A per-worker group whose worker PID no longer exists."""
+    try:
+        pid = int(name[len(_GROUP_PREFIX):])
+    except ValueError:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _unlink(path: str) -> None:
