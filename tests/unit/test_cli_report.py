@@ -15,6 +15,7 @@ import textwrap
 import time
 
 import pytest
+from capabilities import require
 
 from oomguard import FailureEvent, PipelineStatus, SignatureRow
 from oomguard._cli import main
@@ -347,8 +348,7 @@ def test_unusable_store_files_are_one_line_exit_1_and_untouched(tmp_path, capsys
 
 
 def test_the_installed_script_prints_one_line_and_no_traceback(tmp_path):
-    if not OOMGUARD.exists():
-        pytest.skip(f"no {OOMGUARD} (package not installed as a script)")
+    require(OOMGUARD.exists(), f"no {OOMGUARD} (package not installed as a script)")
     for argv, code in ((["--store", tmp_path / "nope"], 1), (["--store", "x", "--limit", "-1"], 2)):
         proc = subprocess.run([str(OOMGUARD), "report", *map(str, argv)], capture_output=True,
                               text=True, timeout=60)  # fmt: skip
