@@ -9,6 +9,7 @@ import time
 import dask
 import pytest
 from capabilities import require
+from cluster_helpers import wait_installed
 from distributed import Client, LocalCluster, Nanny
 
 import oomguard
@@ -48,18 +49,8 @@ def cluster(tmp_path_factory):
             dashboard_address=":0",
         ) as cl, Client(cl) as client:
             oomguard.install(client, store=str(store))
-            _wait_installed(client, 1)
+            wait_installed(client, 1)
             yield cl, client
-
-
-def _wait_installed(client, n):
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        got = client.run(lambda dask_worker: "oomguard-worker" in dask_worker.plugins)
-        if len(got) >= n and all(got.values()):
-            return
-        time.sleep(0.1)
-    raise AssertionError("worker plugins were not installed")
 
 
 def _limits(client):
@@ -88,7 +79,7 @@ def test_the_retry_goes_to_the_larger_worker_and_succeeds(cluster):
     cl.worker_spec["big"] = spec
     cl.sync(cl._correct_state)
     client.wait_for_workers(2, timeout=60)
-    _wait_installed(client, 2)
+    wait_installed(client, 2)
     limits = _limits(client)
     small = next(a for a, lim in limits.items() if lim == SMALL)
     big = next(a for a, lim in limits.items() if lim == BIG)

@@ -16,6 +16,7 @@ import dask
 import distributed
 import pytest
 from capabilities import require
+from cluster_helpers import wait_installed
 from distributed import Client, LocalCluster
 
 import oomguard
@@ -64,18 +65,8 @@ def cluster(tmp_path):
             dashboard_address=":0",
         ) as cl, Client(cl) as client:
             oomguard.install(client, store=str(tmp_path / "failures.sqlite3"))
-            _wait_installed(client)
+            wait_installed(client)
             yield cl, client, tmp_path / "failures.sqlite3"
-
-
-def _wait_installed(client, n=2):
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        got = client.run(lambda dask_worker: "oomguard-worker" in dask_worker.plugins)
-        if len(got) >= n and all(got.values()):
-            return
-        time.sleep(0.1)
-    raise AssertionError("worker plugins were not installed")
 
 
 def _worker_pids(client):
