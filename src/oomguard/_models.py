@@ -89,6 +89,8 @@ class PipelineStatus(_Record):
 
     status  "running" | "succeeded" | "succeeded_after_infra_failures" | "failed" | "aborted"
     summary one plain sentence naming the layer that failed
+    started when this run of the pipeline began, seconds since the epoch; with the name it
+            tells runs apart (0.0: not known, as for runs stored before oomguard had runs)
     """
 
     name: str
@@ -100,3 +102,4 @@ class PipelineStatus(_Record):
     user_failures: int
     summary: str
     abort_reason: str = ""
+    started: float = 0.0

@@ -211,12 +211,15 @@ class _Shard:
 
 @dataclass(slots=True)
 class _Pipeline:
+    name: str = ""  # the pipeline's name; the policy's own key is the run's label
+    started: float = 0.0
     submitted: int = 0
     done: int = 0
     erred: int = 0
     aborted: int = 0
     forgotten: int = 0
     displaced: int = 0
+    isolated: int = 0  # shards retried alone after a memory kill of a worker running several
     infra: int = 0
     user: int = 0
     memory_errors: int = 0
@@ -267,10 +270,12 @@ class FailurePolicy:
         self.abort_on_repeat_signature = bool(abort_on_repeat_signature)
         self._pipelines: dict[str, _Pipeline] = {}
         self._shards: dict[str, _Shard] = {}
+        self.dirty: set[str] = set()  # pipelines changed since `take_dirty`
 
     # ---- lifecycle of shards
 
     def _pipeline(self, name: str) -> _Pipeline:
+        self.dirty.add(name)  # every change goes through here
         p = self._pipelines.get(name)
         if p is None:
             p = self._pipelines[name] = _Pipeline()
@@ -285,8 +290,13 @@ class FailurePolicy:
             rec.ended = how
         return p
 
-    def pipeline_submitted(self, pipeline: str, shards: Iterable[str]) -> None:
+    def pipeline_submitted(
+        self, pipeline: str, shards: Iterable[Any], *, name: str = "", started: float = 0.0
+    ) -> None:
         """Add shards (task keys new to the scheduler) to `pipeline`; call once per graph.
+
+        `pipeline` identifies one run; `name` (default: `pipeline`) is what people read and
+        `started` when the run began.
 
         >>> p = FailurePolicy(); p.pipeline_submitted("etl", ["a", "b"]); p.status("etl").status
         'running'
@@ -296,6 +306,8 @@ class FailurePolicy:
                 f"shards is the string {shards!r}; expected an iterable of task keys."
             )
         p = self._pipeline(pipeline)
+        if not p.name:
+            p.name, p.started = name or pipeline, started
         n = sum(1 for _ in shards)
         p.submitted += n
 
@@ -339,6 +351,18 @@ class FailurePolicy:
         """The shard was only queued on a worker that died; it was rescheduled uncounted."""
         self._pipeline(pipeline).displaced += 1
 
+    def isolated(self, pipeline: str) -> None:
+        """A shard of `pipeline` is retried alone after a memory kill of a worker that was
+        executing several tasks (which proves no single shard too big)."""
+        self._pipeline(pipeline).isolated += 1
+
+    def adopt(self, pipeline: str, decision: AbortDecision) -> None:
+        """Take a decision made outside the shard counters (no larger worker, the death
+        budget): the pipeline reads "aborted" and decides nothing more."""
+        p = self._pipeline(pipeline)
+        if p.decision is None:
+            p.decision = decision
+
     # ---- failures
 
     def attempt(self, shard: str) -> int:
@@ -350,9 +374,13 @@ class FailurePolicy:
         rec = self._shards.get(shard)
         return 1 if rec is None else rec.infra + rec.user + 1
 
-    def record(self, event: FailureEvent) -> AbortDecision | None:
+    def record(
+        self, event: FailureEvent, *, run: str | None = None, may_decide: bool = True
+    ) -> AbortDecision | None:
         """Count one failure; return an `AbortDecision` the first time it makes its shard a
-        deterministic crasher, at most once per pipeline.
+        deterministic crasher, at most once per pipeline run (`run`, default the event's
+        pipeline). `may_decide=False` counts without deciding: the failure does not point
+        at this shard alone (a memory kill of a worker running several tasks).
 
         Raises ValueError naming the field for an unknown cause or a kind that contradicts it;
         nothing is counted then.
@@ -372,15 +400,16 @@ class FailurePolicy:
         if not isinstance(event.shard, str) or not event.shard:
             raise ValueError(f"FailureEvent.shard is {event.shard!r}; expected a task key as str.")
 
-        p = self._pipeline(event.pipeline)
+        run = run or event.pipeline
+        p = self._pipeline(run)
         rec = self._shards.get(event.shard)
-        if rec is None or rec.pipeline != event.pipeline:
+        if rec is None or rec.pipeline != run:
             # A key reused by another pipeline starts over there.
             if rec is not None:
                 old = self._pipelines.get(rec.pipeline)
                 if old is not None:
                     old.failed.pop(event.shard, None)
-            rec = self._shards[event.shard] = _Shard(pipeline=event.pipeline)
+            rec = self._shards[event.shard] = _Shard(pipeline=run)
         p.failed[event.shard] = None
         rec.last_kind = kind.value
 
@@ -406,7 +435,7 @@ class FailurePolicy:
         if len(rec.failures) < _HISTORY_CAP:
             rec.failures.append(new)
 
-        if p.decision is not None or rec.ended == "done":
+        if p.decision is not None or rec.ended == "done" or not may_decide:
             return None
         if rec.infra >= self.max_shard_infra_failures:
             reason = "count"
@@ -529,6 +558,14 @@ class FailurePolicy:
         """Names of the pipelines the policy holds, oldest first."""
         return list(self._pipelines)
 
+    def has(self, pipeline: str) -> bool:
+        return pipeline in self._pipelines
+
+    def take_dirty(self) -> list[str]:
+        """Pipelines changed since the last call (to persist only what changed)."""
+        dirty, self.dirty = self.dirty, set()
+        return [name for name in dirty if name in self._pipelines]
+
     def tracked_shards(self) -> int:
         """How many shards have a failure record (the policy's only per-shard state)."""
         return len(self._shards)
@@ -567,7 +604,7 @@ class FailurePolicy:
         else:
             status = "succeeded"
         return PipelineStatus(
-            name=pipeline,
+            name=p.name or pipeline,
             status=status,
             shards_done=p.done,
             shards_failed=p.erred,
@@ -576,6 +613,7 @@ class FailurePolicy:
             user_failures=p.user,
             summary=self._summary(status, p),
             abort_reason=p.decision.message if p.decision is not None else "",
+            started=p.started,
         )
 
     # ---- summaries
@@ -606,7 +644,7 @@ class FailurePolicy:
             d = p.decision
             assert d is not None
             rec = self._shards.get(d.shard)
-            if rec is not None and rec.pipeline == d.pipeline and rec.infra:
+            if rec is not None and rec.infra:
                 story = self._shard_story(d.shard, rec)
             else:
                 story = f"shard {_shard_name(d.shard)} failed {_times(d.count)}"
@@ -628,6 +666,8 @@ class FailurePolicy:
             infra = self._infra_clause(p, "that oomguard retried")
             if infra:
                 s += f", after {infra}"
+            if p.isolated:
+                s += f"; {_plural(p.isolated, 'shard')} retried alone after a shared memory kill"
             return s + "."
 
         if status == "failed":
@@ -670,6 +710,11 @@ class FailurePolicy:
             s += f", after {infra}"
         if p.user:
             s += f"; task retries absorbed {_plural(p.user, 'exception')}"
+        if p.isolated:
+            s += (
+                f"; {_plural(p.isolated, 'shard')} {_was(p.isolated)} retried alone after a "
+                "memory kill of a worker running several"
+            )
         if p.displaced:
             s += (
                 f"; {_plural(p.displaced, 'queued shard')} {_was(p.displaced)} moved off dead "

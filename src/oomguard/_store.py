@@ -1,5 +1,6 @@
 """The failure history: every failure event, one deduplicated row per signature, and the
-last status of every pipeline, in one SQLite file (stdlib `sqlite3`). Knows nothing of Dask.
+last status of every pipeline run, in one SQLite file (stdlib `sqlite3`). Knows nothing of
+Dask.
 
 Writes never touch the disk on the caller's thread: `add()` and `upsert_pipeline()` append
 to a bounded in-memory queue (O(1), no I/O, never blocks; a full queue returns False and is
@@ -16,10 +17,20 @@ file). A failure history is diagnostics, not a ledger: we trade that for write s
 Deduplication: `signatures` holds one row per signature id across every host: count,
 first/last seen (event times), title and grouping version (from the latest write), and the
 example trace (the first non-empty one given to `add()`). The distinct hosts, workers,
-shards, pipelines and causes of a signature live, uncapped, in `signature_members` (empty
-strings are not recorded); a returned SignatureRow lists at most `member_cap` of each,
-sorted, and `distinct_counts()` gives the true numbers. Retention drops the oldest events
-(in insertion order) past `max_events` and never touches signatures, so counts survive.
+shards, pipelines and causes of a signature live in `signature_members` (empty strings are
+not recorded), at most `member_rows` of each: the first to arrive (within one batch, the
+smallest), so a signature hit by millions of shards stays small. A returned SignatureRow
+lists at most `member_cap` of those, sorted; the `cause` and `pipeline` filters of
+`signatures()` see only them. `distinct_counts()` counts on past them: exact until a value
+goes unstored, a lower bound after (see there). Rows already stored past the bound (by an
+older oomguard, or a larger `member_rows`) are kept.
+
+A pipeline is stored per run, keyed by (name, `started`): a second run of "etl", or the
+name reused by a new scheduler, does not overwrite the first.
+
+Retention, in the writer's commits: past `max_events` the oldest events (in insertion
+order) are deleted, signatures never, so counts survive; past `max_pipelines` runs the
+least recently updated finished ones, never a running one.
 
 Schema: `PRAGMA user_version` is the number of migrations applied; `MIGRATIONS[i]` takes
 version i to i+1 in one transaction. `PRAGMA application_id` marks the file as ours. A
@@ -116,6 +127,37 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE INDEX pipelines_updated ON pipelines(updated)",
     ),
+    (
+        # Runs, not names: a pipeline's second run (or a name reused after a restart) gets
+        # a row of its own. Rows stored before runs existed become the run started at 0.0.
+        """CREATE TABLE pipeline_runs (
+            name TEXT NOT NULL,
+            started REAL NOT NULL,  -- when the run began; 0.0 when not known
+            status TEXT NOT NULL,
+            shards_done INTEGER NOT NULL,
+            shards_failed INTEGER NOT NULL,
+            shards_aborted INTEGER NOT NULL,
+            infra_failures INTEGER NOT NULL,
+            user_failures INTEGER NOT NULL,
+            summary TEXT NOT NULL,
+            abort_reason TEXT NOT NULL,
+            updated REAL NOT NULL,
+            PRIMARY KEY (name, started)
+        )""",
+        # In rowid order: pipelines() breaks ties of `updated` by rowid.
+        """INSERT INTO pipeline_runs SELECT name, 0.0, status, shards_done, shards_failed,
+            shards_aborted, infra_failures, user_failures, summary, abort_reason, updated
+            FROM pipelines ORDER BY rowid""",
+        "DROP TABLE pipelines",  # and its index
+        "ALTER TABLE pipeline_runs RENAME TO pipelines",
+        "CREATE INDEX pipelines_updated ON pipelines(updated)",
+        # Bounded members: `stored` counts a field's rows in signature_members (at most the
+        # writer's member_rows), `n` its distinct values (see FailureStore.distinct_counts).
+        # Until now every member was stored, so stored = n; the writer now counts per batch.
+        "ALTER TABLE signature_distinct ADD COLUMN stored INTEGER NOT NULL DEFAULT 0",
+        "UPDATE signature_distinct SET stored = n",
+        "DROP TRIGGER signature_members_count",
+    ),
 )
 
 #: The SignatureRow lists kept in signature_members; the position is the stored code.
@@ -135,8 +177,9 @@ _PIPELINE_INT_FIELDS = ("shards_done", "shards_failed", "shards_aborted", "infra
                         "user_failures")  # fmt: skip
 _EVENT_COLUMNS = ("id, time, kind, cause, shard, pipeline, worker, host, signature_id, "
                   "signature_title, evidence, attempt")  # fmt: skip
+# In PipelineStatus's field order.
 _PIPELINE_COLUMNS = ("name, status, shards_done, shards_failed, shards_aborted, "
-                     "infra_failures, user_failures, summary, abort_reason")  # fmt: skip
+                     "infra_failures, user_failures, summary, abort_reason, started")  # fmt: skip
 
 
 class _MultiRow:
@@ -160,6 +203,10 @@ def _insert(conn: sqlite3.Connection, stmt: _MultiRow, rows: list[tuple]) -> Non
         conn.executemany(stmt.single, rows[full:])
 
 
+_LOST_EVENTS = (
+    "SELECT id, signature_id FROM events WHERE worker = ? AND cause = 'worker_lost' AND time ="
+    " (SELECT max(time) FROM events WHERE worker = ? AND cause = 'worker_lost')"
+)
 _INSERT_EVENT = _MultiRow(
     "INSERT INTO events (time, kind, cause, shard, pipeline, worker, host, signature_id,"
     " signature_title, evidence, attempt, grouping_version) VALUES",
@@ -184,13 +231,46 @@ _UPSERT_SIGNATURES = """
         grouping_version = excluded.grouping_version
 """
 _SET_EXAMPLE = "UPDATE signatures SET example = ? WHERE id = ? AND example = ''"
-# In key order, so the B-tree cursor walks forward; an empty string means "unknown".
-_INSERT_MEMBERS = tuple(
-    f"INSERT OR IGNORE INTO signature_members (signature_id, field, value)"
-    f" SELECT DISTINCT signature_id, {code}, {column} FROM events NOT INDEXED"
-    f" WHERE id > ? AND {column} <> '' ORDER BY 1, 3"
-    for code, column in enumerate(("host", "worker", "shard", "pipeline", "cause"))
+# Per batch, the members of the events with id > ? that are not stored yet go through the
+# writer's temp.batch_members (then emptied): each field's first `:rows` are stored, the
+# rest only counted. In key order, so the B-tree cursor walks forward; an empty string
+# means "unknown".
+_MEMBERS = (
+    *(
+        f"INSERT INTO temp.batch_members (signature_id, field, value)"
+        f" SELECT DISTINCT signature_id, {code}, {column} FROM events NOT INDEXED"
+        f" WHERE id > :last AND {column} <> '' ORDER BY 1, 3"
+        for code, column in enumerate(("host", "worker", "shard", "pipeline", "cause"))
+    ),
+    """DELETE FROM temp.batch_members WHERE EXISTS (SELECT 1 FROM signature_members AS m
+        WHERE m.signature_id = batch_members.signature_id AND m.field = batch_members.field
+          AND m.value = batch_members.value)""",
+    # Room for `:rows - stored` more rows per field; the smallest values of the batch take
+    # it. Already in key order: the window walks temp.batch_members by its key.
+    """INSERT INTO signature_members (signature_id, field, value)
+    SELECT b.signature_id, b.field, b.value
+    FROM (SELECT signature_id, field, value,
+                 row_number() OVER (PARTITION BY signature_id, field ORDER BY value) AS k
+          FROM temp.batch_members) AS b
+    LEFT JOIN signature_distinct AS d ON d.signature_id = b.signature_id AND d.field = b.field
+    WHERE b.k <= :rows - coalesce(d.stored, 0)""",
+    # The stored rows and this batch's new values are all distinct and all real, so their
+    # sum is a lower bound of the distinct values; it is the exact count as long as no
+    # earlier batch had a value left unstored. (SET reads the values from before the update.)
+    """INSERT INTO signature_distinct (signature_id, field, n, stored)
+    SELECT signature_id, field, count(*), min(count(*), :rows) FROM temp.batch_members
+    WHERE true GROUP BY signature_id, field
+    ON CONFLICT (signature_id, field) DO UPDATE SET
+        n = max(n, stored + excluded.n),
+        stored = stored + max(0, min(excluded.n, :rows - stored))""",
+    "DELETE FROM temp.batch_members",
 )
+_CREATE_BATCH_MEMBERS = """CREATE TEMP TABLE batch_members (
+    signature_id TEXT NOT NULL,
+    field INTEGER NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (signature_id, field, value)
+) WITHOUT ROWID"""
 # Each member list comes back as one JSON array: one row per signature, not one per member.
 _SELECT_SIGNATURE = (
     "SELECT id, title, grouping_version, count, first_seen, last_seen, example, "
@@ -202,8 +282,8 @@ _SELECT_SIGNATURE = (
     + " FROM signatures s"
 )
 _UPSERT_PIPELINE = f"""
-    INSERT INTO pipelines ({_PIPELINE_COLUMNS}, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-    ON CONFLICT (name) DO UPDATE SET
+    INSERT INTO pipelines ({_PIPELINE_COLUMNS}, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT (name, started) DO UPDATE SET
         status = excluded.status, shards_done = excluded.shards_done,
         shards_failed = excluded.shards_failed, shards_aborted = excluded.shards_aborted,
         infra_failures = excluded.infra_failures, user_failures = excluded.user_failures,
@@ -251,17 +331,25 @@ class FailureStore:
         max_events: int = 1_000_000,
         queue_size: int = 100_000,
         batch_interval: float = 0.05,
+        max_pipelines: int = 10_000,
+        member_rows: int = 1_000,
     ) -> None:
         if not isinstance(max_events, int) or max_events < 1:
             raise ValueError(f"max_events must be a positive integer, got {max_events!r}.")
         if not isinstance(queue_size, int) or queue_size < 1:
             raise ValueError(f"queue_size must be a positive integer, got {queue_size!r}.")
+        if not isinstance(max_pipelines, int) or max_pipelines < 1:
+            raise ValueError(f"max_pipelines must be a positive integer, got {max_pipelines!r}.")
+        if not isinstance(member_rows, int) or member_rows < 1:
+            raise ValueError(f"member_rows must be a positive integer, got {member_rows!r}.")
         if not batch_interval > 0:
             raise ValueError(f"batch_interval must be > 0 seconds, got {batch_interval!r}.")
         self.path = path
         self.max_events = max_events
         self.queue_size = queue_size
         self.batch_interval = float(batch_interval)
+        self.max_pipelines = max_pipelines
+        self.member_rows = member_rows
         self.written = 0
         self.overflow = 0
         self.write_errors = 0
@@ -314,6 +402,7 @@ class FailureStore:
             conn.execute("PRAGMA temp_store = MEMORY")  # the per-batch GROUP BY and DISTINCT
             _require_json(conn, self._file)
             _migrate(conn, self._file, self.migrations)
+            conn.execute(_CREATE_BATCH_MEMBERS)  # TEMP: the connection's own, not the file's
             self._event_count = conn.execute("SELECT count(*) FROM events").fetchone()[0]
         except BaseException:
             conn.close()
@@ -370,11 +459,32 @@ class FailureStore:
             return False
         return self._put(item)
 
-    def upsert_pipeline(self, status: PipelineStatus) -> None:
-        """Queue the latest status of a pipeline (it replaces the stored one). Like add():
-        never blocks, never raises; a refusal is counted in `overflow` or `write_errors`.
+    def amend(self, event: FailureEvent, *, grouping_version: int = 1, example: str = "") -> bool:
+        """Queue the real cause of a death first recorded as ``worker_lost`` (its report came
+        late, or the pod said what happened): the worker's latest ``worker_lost`` events are
+        replaced by `event`, so the death stays one event. Otherwise as `add`.
 
-        >>> store.upsert_pipeline(PipelineStatus("nightly", "running", 10, 0, 0, 0, 0, ""))
+        >>> store.amend(event_with_the_real_cause)
+        True
+        """
+        try:
+            item = _event_item(event, grouping_version, example)
+        except Exception as e:  # a scheduler hook must never raise
+            self._error(f"amend(): {_describe(event)}: {e}")
+            return False
+        return self._put(("amend", item))
+
+    def upsert_pipeline(self, status: PipelineStatus) -> None:
+        """Queue the latest status of one run of a pipeline: it replaces the stored status
+        of the same (name, started), and leaves the other runs of that name alone. Like
+        add(): never blocks, never raises; a refusal is counted in `overflow` or
+        `write_errors`.
+
+        Past `max_pipelines` runs, the writer deletes the least recently updated finished
+        ones (status other than "running") in the same commit; it never deletes a running one.
+
+        >>> store.upsert_pipeline(PipelineStatus("nightly", "running", 10, 0, 0, 0, 0, "",
+        ...                                      started=1_790_000_000.0))
         """
         try:
             row = _pipeline_row(status, time.time())
@@ -444,11 +554,25 @@ class FailureStore:
         first = self._processed  # sequence numbers first+1 .. first+len(items)
         events: list[tuple] = []
         pipelines: list[tuple] = []
+        amends: list[tuple] = []
+        lost: set[str] = set()  # workers with a worker_lost event in this batch
         examples: dict[str, str] = {}
         for item in items:  # as little Python per item as possible: it holds the GIL
             n = len(item)
             if n == 12:
                 events.append(item)
+                if item[2] == "worker_lost":
+                    lost.add(item[5])
+            elif n == 2:  # ("amend", event item)
+                worker = item[1][5]
+                if worker in lost:  # its worker_lost events are in this very batch
+                    lost.discard(worker)
+                    events = [e for e in events if e[5] != worker or e[2] != "worker_lost"]
+                else:
+                    amends.append(item[1][:12])
+                events.append(item[1][:12])
+                if len(item[1]) == 13:
+                    examples.setdefault(item[1][7], item[1][12])
             elif n == 13:  # an event with an example trace (see _event_item)
                 events.append(item[:12])
                 examples.setdefault(item[7], item[12])
@@ -457,20 +581,38 @@ class FailureStore:
         conn = self._conn
         assert conn is not None
         count = self._event_count + len(events)
-        lost: list[tuple[int, int]] = []
+        uncommitted: list[tuple[int, int]] = []
         try:
             conn.execute("BEGIN IMMEDIATE")
             # The single writer: every id above `last` is an event of this batch. The
             # signature and member updates are computed from them by SQLite, which does the
             # work without holding the GIL (the event loop's thread needs it).
             last = conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
+            for worker in {item[5] for item in amends}:
+                # The death's worker_lost events go; the amended one is inserted below.
+                replaced = conn.execute(_LOST_EVENTS, (worker, worker)).fetchall()
+                conn.executemany("DELETE FROM events WHERE id = ?", [(i,) for i, _ in replaced])
+                conn.executemany("UPDATE signatures SET count = count - 1 WHERE id = ?",
+                                 [(sid,) for _, sid in replaced])
+                count -= len(replaced)
             _insert(conn, _INSERT_EVENT, events)
             if events:
                 conn.execute(_UPSERT_SIGNATURES, (last,))
                 conn.executemany(_SET_EXAMPLE, [(ex, sid) for sid, ex in examples.items()])
-                for statement in _INSERT_MEMBERS:
-                    conn.execute(statement, (last,))
+                members = {"last": last, "rows": self.member_rows}
+                for statement in _MEMBERS:
+                    conn.execute(statement, members)
             conn.executemany(_UPSERT_PIPELINE, pipelines)
+            if pipelines:
+                runs = conn.execute("SELECT count(*) FROM pipelines").fetchone()[0]
+                if runs > self.max_pipelines:
+                    # The oldest finished runs. Never a running one: pipeline(name) would
+                    # answer with an older run until the next update brought it back.
+                    conn.execute(
+                        "DELETE FROM pipelines WHERE rowid IN (SELECT rowid FROM pipelines"
+                        " WHERE status <> 'running' ORDER BY updated, rowid LIMIT ?)",
+                        (runs - self.max_pipelines,),
+                    )
             if count > self.max_events:
                 # Oldest first by id (insertion order); signature rows are never recounted.
                 cur = conn.execute(
@@ -484,13 +626,13 @@ class FailureStore:
                 conn.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
-            lost = [(first, first + len(items))]
+            uncommitted = [(first, first + len(items))]
             self._error(f"writer: a batch of {len(items)} items was not committed: {e!r}")
         else:
             self._event_count = count
             self.written += len(events)
         with self._done:
-            self._lost.extend(lost)
+            self._lost.extend(uncommitted)
             self._processed = first + len(items)
             self._done.notify_all()
 
@@ -602,8 +744,13 @@ class FailureStore:
         return None if r is None else _signature(r)
 
     def distinct_counts(self, signature_id: str) -> dict[str, int]:
-        """The true number of distinct hosts, workers, shards, pipelines and causes of a
+        """The number of distinct hosts, workers, shards, pipelines and causes of a
         signature (a SignatureRow lists at most `member_cap` of each).
+
+        Exact until a field of the signature has had more distinct values than
+        `member_rows`, the rows the store keeps of it. Past that, a lower bound: the stored
+        rows plus the most values one write batch brought that were not stored (so it
+        still grows when a batch brings more), never a value counted twice.
 
         >>> store.distinct_counts("3f2a9c")
         {'hosts': 3, 'workers': 3, 'shards': 1, 'pipelines': 1, 'causes': 1}
@@ -616,18 +763,27 @@ class FailureStore:
         return counts
 
     def pipeline(self, name: str) -> PipelineStatus | None:
-        """The latest status of one pipeline, or None.
+        """The status of the latest run (greatest `started`) of one pipeline, or None.
 
         >>> store.pipeline("nightly").status
         'aborted'
         """
-        r = self._reader().execute(
-            f"SELECT {_PIPELINE_COLUMNS} FROM pipelines WHERE name = ?", (name,)
-        ).fetchone()
-        return None if r is None else PipelineStatus(*r)
+        runs = self.pipeline_runs(name, limit=1)
+        return runs[0] if runs else None
+
+    def pipeline_runs(self, name: str, limit: int | None = 100) -> list[PipelineStatus]:
+        """The runs of one pipeline, newest (greatest `started`) first.
+
+        >>> [(p.started, p.status) for p in store.pipeline_runs("nightly")]
+        [(1790086400.0, 'running'), (1790000000.0, 'aborted')]
+        """
+        # (name, started) is the key: no two runs of a name share `started`.
+        sql = (f"SELECT {_PIPELINE_COLUMNS} FROM pipelines WHERE name = ? "
+               "ORDER BY started DESC LIMIT ?")  # fmt: skip
+        return [PipelineStatus(*r) for r in self._reader().execute(sql, (name, _limit(limit)))]
 
     def pipelines(self, limit: int | None = 100) -> list[PipelineStatus]:
-        """Pipelines, most recently updated first.
+        """Pipeline runs (a name may come more than once), most recently updated first.
 
         >>> [p.name for p in store.pipelines(limit=2)]
         ['nightly', 'backfill']
@@ -779,9 +935,14 @@ def _pipeline_row(p: PipelineStatus, updated: float) -> tuple:
         value = getattr(p, name)
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"field {name!r} must be an int, got {value!r}")
+    started = p.started
+    if isinstance(started, bool) or not isinstance(started, (int, float)):
+        raise TypeError(f"field 'started' must be seconds since the epoch, got {started!r}")
+    if started != started:
+        raise ValueError("field 'started' is NaN")
     return (texts["name"], texts["status"], int(p.shards_done), int(p.shards_failed),
             int(p.shards_aborted), int(p.infra_failures), int(p.user_failures),
-            texts["summary"], texts["abort_reason"], updated)  # fmt: skip
+            texts["summary"], texts["abort_reason"], float(started), updated)  # fmt: skip
 
 
 def _describe(event: Any) -> str:

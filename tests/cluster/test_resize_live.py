@@ -39,6 +39,10 @@ def cluster(tmp_path_factory):
             "oomguard.worker.sample-interval": "100ms",
             "oomguard.scheduler.report-grace-timeout": "3s",
             "distributed.worker.memory.terminate": False,
+            # Each test OOM-kills a worker that its nanny restarts; LocalCluster's
+            # lost-worker timer from an earlier kill must not close that nanny while the
+            # new worker process is still starting on a slow machine.
+            "distributed.deploy.lost-worker-timeout": "1h",
         }
     ):
         with LocalCluster(

@@ -19,7 +19,7 @@ from capabilities import require
 from distributed import Client, LocalCluster
 
 from oomguard import _cgroup, _report
-from oomguard.worker_plugin import REPORT_HANDLER
+from oomguard.worker_plugin import CLEAN_EXIT_HANDLER, REPORT_HANDLER
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -90,20 +90,40 @@ def cluster():
 
 @contextlib.contextmanager
 def _cluster(n_workers):
-    with LocalCluster(
+    # LocalCluster arms a timer (distributed.deploy.lost-worker-timeout, 15 s) at every
+    # worker removal and closes that worker's nanny for good if, when it fires, no worker
+    # of that name is connected. Each test here kills worker "0" or "1"; on a slow machine
+    # a timer armed at an earlier kill fires while a later kill's (or client.restart()'s)
+    # new worker is still starting, the nanny is closed and the test waits for a worker
+    # that never comes. Nothing here needs that clean-up: turn it off.
+    with dask.config.set({"distributed.deploy.lost-worker-timeout": "1h"}), LocalCluster(
         n_workers=n_workers,
         threads_per_worker=1,
         processes=True,
         memory_limit=LIMIT,
         dashboard_address=":0",
     ) as cluster, Client(cluster) as client:
-        reports: list[dict] = []
+        reports = _Received()
 
         def receive(report: bytes) -> None:
             reports.append(_report.decode(report))
 
+        def clean_exit(worker: str) -> dict:
+            reports.clean_exits.append(worker)
+            return {"status": "ok"}
+
         cluster.scheduler.handlers[REPORT_HANDLER] = receive
+        cluster.scheduler.handlers[CLEAN_EXIT_HANDLER] = clean_exit
         yield cluster, client, reports
+
+
+class _Received(list):
+    """The death reports the nannies sent; `clean_exits`: the workers whose exit their
+    nanny declared requested or clean (no report for those)."""
+
+    def __init__(self):
+        super().__init__()
+        self.clean_exits: list[str] = []
 
 
 def _wait_for(predicate, timeout=30.0):
@@ -242,9 +262,16 @@ def test_clean_close_and_retirement_send_nothing(cluster):
     cl, client, reports = cluster
     client.wait_for_workers(2, timeout=60)
     before = len(reports)
-    addr = sorted(client.scheduler_info()["workers"])[0]
+    workers = client.scheduler_info()["workers"]
+    addr, other = sorted(workers)[:2]
+    nanny = cl.workers[workers[addr]["name"]]
     client.retire_workers([addr], close_workers=True)
-    time.sleep(2)
+    # Each nanny decides "report or clean exit" when its worker process is gone: wait for
+    # those decisions, not a fixed time (a sleep can end first on a slow machine and see
+    # nothing). The retired nanny closes after its worker process stopped.
+    assert _wait_for(lambda: nanny.status.name == "closed", 60), nanny.status
+    assert _wait_for(lambda: addr in reports.clean_exits, 60), reports.clean_exits
     client.restart()  # a requested restart of every worker is not a failure either
-    time.sleep(2)
+    # A restart's kill has no teardown: this clean exit is the nanny's decision itself.
+    assert _wait_for(lambda: other in reports.clean_exits, 60), reports.clean_exits
     assert reports[before:] == []

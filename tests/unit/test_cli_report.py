@@ -393,9 +393,29 @@ def test_a_store_needing_a_migration_is_read_from_a_copy(tmp_path, capsys, monke
     _build(path)
     digest = sha256(path)
     newer = (*FailureStore.migrations, ("CREATE TABLE added_later (x)",))
-    monkeypatch.setattr(FailureStore, "migrations", newer)  # this oomguard knows schema 2
+    monkeypatch.setattr(FailureStore, "migrations", newer)  # this oomguard knows one more
     rc, out, _ = report(capsys, "--store", path, "--json")
     assert rc == 0 and len(json.loads(out)["events"]) == len(ROWS)
+    assert sha256(path) == digest and sorted(os.listdir(tmp_path)) == ["store.sqlite3"]
+
+
+def test_a_store_of_schema_1_is_read_from_a_migrated_copy(tmp_path, capsys):
+    from oomguard._store import MIGRATIONS
+
+    path = tmp_path / "store.sqlite3"
+    conn = sqlite3.connect(path, isolation_level=None)
+    for statement in MIGRATIONS[0]:  # the released schema 1: one row per pipeline name
+        conn.execute(statement)
+    conn.execute("PRAGMA user_version = 1")
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("INSERT INTO pipelines VALUES ('etl', 'failed', 3, 1, 0, 0, 1, 'oops', '', ?)",
+                 (T0,))  # fmt: skip
+    conn.close()
+    digest = sha256(path)
+    rc, out, _ = report(capsys, "--store", path, "--json", "--pipelines")
+    assert rc == 0
+    assert json.loads(out)["pipelines"] == [
+        PipelineStatus("etl", "failed", 3, 1, 0, 0, 1, "oops", started=0.0).to_dict()]
     assert sha256(path) == digest and sorted(os.listdir(tmp_path)) == ["store.sqlite3"]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from oomguard._models import FailureEvent
-from oomguard.scheduler_plugin._resize import abort_decision, resize
+from oomguard._decide.memory import abort_decision, resize
 
 GiB = 2**30
 WORKERS = {"tcp://small:1": 4 * GiB, "tcp://mid:1": 8 * GiB, "tcp://big:1": 16 * GiB}

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from oomguard import Cause, FailureEvent, PipelineStatus
-from oomguard._store import APPLICATION_ID, MIGRATIONS, FailureStore, StoreError
+from oomguard._store import APPLICATION_ID, MEMBER_FIELDS, MIGRATIONS, FailureStore, StoreError
 
 T0 = 1_790_000_000.0
 
@@ -154,6 +154,58 @@ def test_member_lists_are_capped_but_the_true_distinct_count_is_kept(store):
     assert store.signature("sig-a").count == 20
 
 
+def member_rows(store: FailureStore, signature_id: str) -> dict[str, int]:
+    sql = "SELECT field, count(*) FROM signature_members WHERE signature_id = ? GROUP BY field"
+    return {MEMBER_FIELDS[f]: n for f, n in store._reader().execute(sql, (signature_id,))}
+
+
+def test_member_rows_are_bounded_and_one_batch_is_counted_exactly(tmp_path):
+    s = FailureStore(str(tmp_path / "s.sqlite3"), member_rows=100)
+    events = [ev(n, shard=f"shard-{n:04d}") for n in range(3000)]
+    for e in events:  # queued before start(): one batch, one commit
+        assert s.add(e)
+    s.start()
+    try:
+        assert s.flush(), s.last_error
+        assert member_rows(s, "sig-a") == {"hosts": 100, "workers": 100, "shards": 100,
+                                           "pipelines": 1, "causes": 1}  # fmt: skip
+        row = s.signature("sig-a")
+        assert row.count == 3000
+        assert row.shards == [f"shard-{n:04d}" for n in range(100)]  # the batch's smallest
+        assert len(row.hosts) == 100 and row.pipelines == ["nightly"]
+        assert [r.id for r in s.signatures(pipeline="nightly", cause="oom_kill")] == ["sig-a"]
+        counts = s.distinct_counts("sig-a")
+        assert counts == {"hosts": 250, "workers": 250, "shards": 3000, "pipelines": 1,
+                          "causes": 1}  # fmt: skip
+    finally:
+        s.close()
+
+
+def test_past_member_rows_the_distinct_count_is_a_lower_bound(tmp_path):
+    # A long interval: the writer wakes at flush(), so each fill() is one batch.
+    s = FailureStore(str(tmp_path / "s.sqlite3"), member_rows=100, batch_interval=5.0)
+    s.start()
+    try:
+        for start in range(0, 3000, 100):  # 30 batches of 100 new shards each
+            fill(s, [ev(n, host="h") for n in range(start, start + 100)])
+        assert member_rows(s, "sig-a")["shards"] == 100
+        assert s.signature("sig-a").shards == sorted(f"('load', {n})" for n in range(100))
+        # The 100 stored plus one batch's 100 unstored: no more is known for certain.
+        assert s.distinct_counts("sig-a")["shards"] == 200
+        # All 3000 again in one batch: 2900 are certainly distinct from the 100 stored.
+        # Seen before, yet never counted twice: the count stays at most the true one.
+        for _ in range(2):
+            for n in range(3000):
+                assert s.add(ev(n, host="h"))
+            assert s.flush()
+            assert s.distinct_counts("sig-a")["shards"] == 3000
+        assert member_rows(s, "sig-a") == {"hosts": 1, "workers": 100, "shards": 100,
+                                           "pipelines": 1, "causes": 1}  # fmt: skip
+        assert s.signature("sig-a").count == 9000
+    finally:
+        s.close()
+
+
 def test_empty_member_values_are_not_recorded(store):
     fill(store, [ev(1, pipeline="")])
     assert store.signature("sig-a").pipelines == []
@@ -185,6 +237,58 @@ def test_pipelines_upsert_and_most_recent_first(store):
     assert [p.name for p in store.pipelines()] == ["a", "b"]
     assert [p.name for p in store.pipelines(limit=1)] == ["a"]
     assert store.pipeline("missing") is None
+
+
+def run(name: str, started: float, status: str = "running", done: int = 0) -> PipelineStatus:
+    return PipelineStatus(name, status, done, 0, 0, 0, 0, f"{done} done", started=started)
+
+
+def test_each_run_of_a_pipeline_keeps_its_own_status(store):
+    store.upsert_pipeline(run("etl", T0 + 100, "running", 1))
+    store.upsert_pipeline(run("etl", T0, "running", 1))  # the earlier run, reported late
+    store.upsert_pipeline(run("etl", T0, "aborted", 5))  # replaces its own run only
+    store.upsert_pipeline(run("other", T0 + 50))
+    assert store.flush()
+    assert store.pipeline("etl") == run("etl", T0 + 100, "running", 1)  # greatest `started`
+    assert store.pipeline_runs("etl") == [run("etl", T0 + 100, "running", 1),
+                                          run("etl", T0, "aborted", 5)]  # fmt: skip
+    assert store.pipeline_runs("etl", limit=1) == [store.pipeline("etl")]
+    assert store.pipeline_runs("missing") == []
+    assert [(p.name, p.started) for p in store.pipelines()] == [
+        ("other", T0 + 50), ("etl", T0), ("etl", T0 + 100)]  # most recently updated first
+    store.upsert_pipeline(run("etl", T0 + 100, "succeeded", 9))
+    assert store.flush()
+    assert store.pipeline("etl").status == "succeeded" and len(store.pipeline_runs("etl")) == 2
+
+
+@pytest.mark.parametrize("started", ["yesterday", float("nan"), None, True])
+def test_a_bad_started_is_refused_and_names_the_field(store, started):
+    store.upsert_pipeline(run("etl", T0))
+    assert store.flush()
+    store.upsert_pipeline(dataclasses.replace(run("etl", T0 + 1), started=started))
+    assert store.write_errors == 1 and "started" in store.last_error
+    assert store.flush() and store.pipeline_runs("etl") == [run("etl", T0)]
+
+
+def test_pipeline_retention_deletes_the_oldest_finished_runs_never_a_running_one(tmp_path):
+    s = FailureStore(str(tmp_path / "s.sqlite3"), max_pipelines=3, batch_interval=0.01)
+    s.start()
+    try:
+        s.upsert_pipeline(run("a", T0))  # the oldest, and still running
+        assert s.flush()
+        s.upsert_pipeline(run("b", T0, "failed"))
+        s.upsert_pipeline(run("c", T0, "succeeded"))
+        assert s.flush()
+        s.upsert_pipeline(run("d", T0, "aborted"))
+        assert s.flush()  # one run over: the oldest finished one, "b", goes in this commit
+        assert [p.name for p in s.pipelines(limit=None)] == ["d", "c", "a"]
+        for name in "efg":  # running runs are kept even past the limit
+            s.upsert_pipeline(run(name, T0))
+        assert s.flush()
+        assert [p.name for p in s.pipelines(limit=None)] == ["g", "f", "e", "a"]
+        assert s.write_errors == 0
+    finally:
+        s.close()
 
 
 # -- bad data, back-pressure, lifecycle -------------------------------------------------------
@@ -346,7 +450,11 @@ def test_retention_drops_oldest_events_and_keeps_signature_counts(tmp_path):
 # -- schema versions and files that must not be touched --------------------------------------
 
 
-class StoreV2(FailureStore):
+#: The schema version this oomguard writes.
+N = len(MIGRATIONS)
+
+
+class StoreNext(FailureStore):
     migrations = MIGRATIONS + (("ALTER TABLE events ADD COLUMN note TEXT NOT NULL DEFAULT ''",),)
 
 
@@ -359,54 +467,87 @@ def user_version(path) -> int:
 
 
 def test_a_new_file_gets_every_migration(tmp_path):
-    s = StoreV2(str(tmp_path / "new.sqlite3"))
+    s = StoreNext(str(tmp_path / "new.sqlite3"))
     s.start()
     s.close()
-    assert user_version(tmp_path / "new.sqlite3") == 2
+    assert user_version(tmp_path / "new.sqlite3") == N + 1
 
 
 def test_migration_keeps_data_and_older_code_refuses_the_newer_file(tmp_path):
     path = tmp_path / "s.sqlite3"
-    v1 = FailureStore(str(path))
-    v1.start()
-    fill(v1, [ev(1)])
-    v1.close()
-    assert user_version(path) == 1
+    now = FailureStore(str(path))
+    now.start()
+    fill(now, [ev(1)])
+    now.close()
+    assert user_version(path) == N
 
-    v2 = StoreV2(str(path))
-    v2.start()
+    nxt = StoreNext(str(path))
+    nxt.start()
     try:
-        assert [e.evidence["n"] for e in v2.events()] == [1]
-        fill(v2, [ev(2)])
-        cols = [r[1] for r in v2._reader().execute("PRAGMA table_info(events)")]
+        assert [e.evidence["n"] for e in nxt.events()] == [1]
+        fill(nxt, [ev(2)])
+        cols = [r[1] for r in nxt._reader().execute("PRAGMA table_info(events)")]
         assert "note" in cols
     finally:
-        v2.close()
-    assert user_version(path) == 2
+        nxt.close()
+    assert user_version(path) == N + 1
 
     before = path.read_bytes()
     old = FailureStore(str(path))
     with pytest.raises(StoreError) as err:
         old.start()
     assert str(path) in str(err.value)
-    assert "version 2" in str(err.value) and "up to 1" in str(err.value)
+    assert f"version {N + 1}" in str(err.value) and f"up to {N}" in str(err.value)
     assert path.read_bytes() == before
     old.close()
 
 
+def test_a_store_of_schema_1_migrates_and_keeps_everything(tmp_path):
+    path = tmp_path / "old.sqlite3"
+    conn = sqlite3.connect(path, isolation_level=None)
+    for statement in MIGRATIONS[0]:  # the released schema 1, as oomguard 0.1 wrote it
+        conn.execute(statement)
+    conn.execute("PRAGMA user_version = 1")
+    conn.execute("INSERT INTO pipelines VALUES ('etl', 'aborted', 5, 1, 4, 3, 0, 'oom', "
+                 "'shard 7', ?)", (T0,))  # fmt: skip
+    conn.execute("INSERT INTO signatures VALUES ('sig-a', 'title', 1, 2, ?, ?, '')", (T0, T0))
+    conn.executemany("INSERT INTO signature_members VALUES ('sig-a', 0, ?)", [("h0",), ("h1",)])
+    conn.close()
+
+    s = FailureStore(str(path), member_rows=1, batch_interval=0.01)
+    s.start()
+    try:
+        assert user_version(path) == N
+        old = PipelineStatus("etl", "aborted", 5, 1, 4, 3, 0, "oom", "shard 7", started=0.0)
+        assert s.pipeline("etl") == old and s.pipelines() == [old]
+        s.upsert_pipeline(run("etl", T0 + 10))  # a new run leaves the old one alone
+        assert s.flush()
+        assert s.pipeline_runs("etl") == [run("etl", T0 + 10), old]
+        # Rows past member_rows from before the bound are kept; the count goes on exactly.
+        assert s.distinct_counts("sig-a")["hosts"] == 2
+        fill(s, [ev(0, host="h0"), ev(2, host="h2")])
+        assert s.signature("sig-a").hosts == ["h0", "h1"]
+        assert s.distinct_counts("sig-a")["hosts"] == 3
+        indexes = {r[0] for r in s._reader().execute(
+            "SELECT name FROM sqlite_master WHERE tbl_name = 'pipelines' AND type = 'index'")}
+        assert "pipelines_updated" in indexes
+    finally:
+        s.close()
+
+
 def test_a_failed_migration_is_rolled_back(tmp_path):
     path = tmp_path / "s.sqlite3"
-    v1 = FailureStore(str(path))
-    v1.start()
-    fill(v1, [ev(1)])
-    v1.close()
+    now = FailureStore(str(path))
+    now.start()
+    fill(now, [ev(1)])
+    now.close()
 
     class Broken(FailureStore):
         migrations = MIGRATIONS + (("CREATE TABLE extra (x)", "THIS IS NOT SQL"),)
 
-    with pytest.raises(StoreError, match="from schema version 1 to 2"):
+    with pytest.raises(StoreError, match=f"from schema version {N} to {N + 1}"):
         Broken(str(path)).start()
-    assert user_version(path) == 1
+    assert user_version(path) == N
     conn = sqlite3.connect(path)
     try:
         assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name='extra'").fetchone() == (0,)
@@ -426,7 +567,7 @@ def test_a_file_from_a_newer_oomguard_is_refused_and_untouched(tmp_path):
     with pytest.raises(StoreError) as err:
         FailureStore(str(path)).start()
     message = str(err.value)
-    assert str(path) in message and "version 7" in message and "up to 1" in message
+    assert str(path) in message and "version 7" in message and f"up to {N}" in message
     assert path.read_bytes() == before and sorted(os.listdir(tmp_path)) == listing
 
 

@@ -21,7 +21,7 @@ from .._exceptions import ReportError
 
 logger = logging.getLogger("oomguard.scheduler")
 
-Result = tuple[dict[str, Any] | ReportError, float]  # (clean report or its error, arrival)
+Result = tuple[dict[str, Any] | ReportError, float, Any]  # (report or error, arrival, meta)
 
 
 class ReportIntake:
@@ -45,7 +45,7 @@ class ReportIntake:
         self.max_bytes = max_bytes
         self.max_report_bytes = max_report_bytes
         self.batch = batch
-        self._queue: deque[tuple[bytes, float]] = deque()
+        self._queue: deque[tuple[bytes, float, Any]] = deque()
         self._bytes = 0
         self._cond = threading.Condition()
         self._closed = False
@@ -59,13 +59,14 @@ class ReportIntake:
         self._thread = threading.Thread(target=self._run, name="oomguard-intake", daemon=True)
         self._thread.start()
 
-    def submit(self, data: bytes) -> bool:
-        """Queue one report (event loop; O(1)). False when full: counted in `overflow`."""
+    def submit(self, data: bytes, meta: Any = None) -> bool:
+        """Queue one report (event loop; O(1)) with `meta` (the sender), handed back with
+        its result. False when full: counted in `overflow`."""
         with self._cond:
             if len(self._queue) >= self.max_items or self._bytes + len(data) > self.max_bytes:
                 self.overflow += 1
                 return False
-            self._queue.append((data, time.time()))
+            self._queue.append((data, time.time(), meta))
             self._bytes += len(data)
             self.accepted += 1
             self._cond.notify()
@@ -82,19 +83,34 @@ class ReportIntake:
                 if self._closed and not self._queue:
                     return
                 items = [self._queue.popleft() for _ in range(min(self.batch, len(self._queue)))]
-                self._bytes -= sum(len(d) for d, _ in items)
+                self._bytes -= sum(len(d) for d, _, _ in items)
             results: list[Result] = []
-            for data, arrived in items:
+            for data, arrived, meta in items:
                 try:
-                    results.append((_report.decode(data, self.max_report_bytes), arrived))
+                    results.append((_report.decode(data, self.max_report_bytes), arrived, meta))
                 except ReportError as e:
-                    results.append((e, arrived))
+                    results.append((e, arrived, meta))
                 except Exception as e:  # the validator's own bug: refuse, never crash
-                    results.append((ReportError("report", f"unreadable ({e!r})", "undecodable"), arrived))
+                    error = ReportError("report", f"unreadable ({e!r})", "undecodable")
+                    results.append((error, arrived, meta))
+            # Back-pressure: decode the next batch only once the event loop has taken this
+            # one. The thread competes with the loop for the GIL; decoding ahead of a busy
+            # loop (a storm on a loaded machine) only starves it, while the queue's cap
+            # refuses and counts what cannot be taken.
+            taken = threading.Event()
             try:
-                self._loop.call_soon_threadsafe(self.on_batch, results)
+                self._loop.call_soon_threadsafe(self._deliver, results, taken)
             except RuntimeError:  # the loop is closed: the scheduler is gone
                 return
+            while not taken.wait(0.5):
+                if self._closed or self._loop.is_closed():
+                    return
+
+    def _deliver(self, results: list[Result], taken: threading.Event) -> None:
+        try:
+            self.on_batch(results)
+        finally:
+            taken.set()
 
     def close(self, timeout: float = 5.0) -> None:
         with self._cond:

@@ -118,7 +118,9 @@ class OomguardWorkerPlugin(WorkerPlugin):
                 rec = self._recorder
                 if rec is not None:
                     self._slots[key] = rec.task_started(str(key))
-            elif start == "executing" or start == "long-running":
+            elif finish != "long-running" and start in ("executing", "long-running"):
+                # A task that seceded (executing -> long-running) still runs and can still
+                # kill its worker: its slot stays until it really ends.
                 slot = self._slots.pop(key, None)
                 if slot is not None and self._recorder is not None:
                     self._recorder.task_finished(slot)

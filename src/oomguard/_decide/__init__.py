@@ -1,0 +1,29 @@
+"""The scheduler side's decisions, as a pure state machine (no Dask, no I/O).
+
+`DecisionCore` takes plain events (graphs submitted, task transitions, workers added and
+removed, death reports, task exceptions, clock ticks) and returns plain decisions
+(`Hold`, `Release`, `Restrict`, `Stop`, `Forgive`, `Record`) that the scheduler plugin
+applies to Dask.
+"""
+
+from .core import DecisionCore
+from .deaths import Death, DeathPairing, Removal
+from .decisions import Decision, Forgive, Hold, Record, Release, Restrict, Stop
+from .runs import ANNOTATION, Run, Runs
+
+__all__ = [
+    "ANNOTATION",
+    "Death",
+    "DeathPairing",
+    "Decision",
+    "DecisionCore",
+    "Forgive",
+    "Hold",
+    "Record",
+    "Release",
+    "Removal",
+    "Restrict",
+    "Run",
+    "Runs",
+    "Stop",
+]

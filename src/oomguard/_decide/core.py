@@ -1,0 +1,444 @@
+"""The decision core: every worker death and task failure in, plain decisions out (pure).
+
+One owner per concern, each in its own module: `runs` (which run a key belongs to),
+`deaths` (pairing removals with reports, each death decided once), `blame` (who was
+executing), `budget` (deaths per key, Dask's bound kept exactly), `memory` (isolation and
+resize after memory kills) and the `FailurePolicy` (per-shard evidence, the abort and its
+words). The scheduler plugin turns Dask's hooks into calls here and applies the returned
+decisions; nothing here touches Dask.
+
+Invariants (tests/unit/test_decide_model.py checks them over random interleavings):
+- a key is charged at most one death per removal, and stops (`Stop`) no later than the
+  death that takes it past `allowed_failures`, exactly Dask's own bound;
+- every removal is decided exactly once (a late report amends it);
+- a key that may have killed a worker is held until that death is decided, so an abort
+  decided from it comes before the key can run again;
+- a stopped key never runs again; a run is stopped at most once;
+- once every key is forgotten and every death decided, nothing is left.
+"""
+
+from __future__ import annotations
+
+import functools
+import time as _time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from dask.utils import key_split
+
+from .._causes import MEMORY_CAUSES, Cause, Kind, kind_of
+from .._classify import evidence_summary
+from .._models import FailureEvent
+from .._policy import AbortDecision, FailurePolicy
+from .._signature import fingerprint, fingerprint_dask, fingerprint_stack, scrub
+from . import memory
+from .blame import FLIGHT_RECORD, blame
+from .budget import DeathBudget
+from .deaths import Death, DeathPairing, Removal
+from .decisions import Decision, Forgive, Hold, Record, Release, Restrict, Stop
+from .runs import Run, Runs
+
+_RUNNABLE = ("waiting", "processing", "queued", "no-worker")
+#: Memory deaths that can be shared: several tasks growing together on one worker.
+_SHARED_MEMORY = (Cause.OOM_KILL, Cause.MEMORY_TERMINATE)
+
+
+class DecisionCore:
+    """The scheduler side's state machine.
+
+    >>> core = DecisionCore(allowed_failures=3, grace=5.0)
+    >>> core.submitted(["f-1"], ["f-1"], {}, now=0.0)
+    >>> [type(d).__name__ for d in core.removed(Removal("tcp://a:1", "a", 0.0, {"f-1": "f-1"}), 0.0)]
+    ['Hold']
+    """
+
+    def __init__(
+        self,
+        *,
+        allowed_failures: int = 3,
+        grace: float = 5.0,
+        max_shard_infra_failures: int = 3,
+        abort_on_repeat_signature: bool = True,
+        larger_only: bool = True,
+        max_reports: int = 10_000,
+    ) -> None:
+        self.runs = Runs()
+        self.pairing = DeathPairing(grace, max_reports=max_reports)
+        self.budget = DeathBudget(allowed_failures)
+        self.policy = FailurePolicy(
+            max_shard_infra_failures=max_shard_infra_failures,
+            abort_on_repeat_signature=abort_on_repeat_signature,
+        )
+        self.larger_only = larger_only
+        self.workers: dict[str, int | None] = {}  # address -> memory limit
+        self.held: set = set()
+        self.stopped: dict[Any, Stop] = {}  # key -> the Stop that erred it
+        self.suspects: deque = deque()  # held after a shared memory kill, run one at a time
+        self.isolating: Any = None
+        # key -> (the memory limit it died under, the larger workers it may run on)
+        self.resized: dict[Any, tuple[int, frozenset[str]]] = {}
+        self.gone: list[str] = []  # runs whose last key was forgotten, to persist and drop
+        self._ended: set = set()  # keys that reached memory or erred
+        self.deaths = 0
+        self.displaced = 0
+        self.aborts = 0
+
+    # --- graphs and task states (hot path: O(1)) -------------------------------------
+
+    def submitted(self, tasks: Iterable[Any], keys: Iterable[Any],
+                  annotations: Mapping[str, Mapping[Any, Any]], now: float) -> None:
+        for run, new in self.runs.observe(tasks, keys, annotations, now).items():
+            self.policy.pipeline_submitted(run.label, range(new), name=run.name,
+                                           started=run.started)
+
+    def transition(self, key: Any, start: str, finish: str) -> list[Decision]:
+        if finish in ("memory", "erred"):
+            run = self.runs.of(key)
+            if run is not None and key not in self._ended:
+                self._ended.add(key)
+                if finish == "memory":
+                    self.policy.shard_done(run.label, str(key))
+                else:
+                    self.policy.shard_erred(run.label, str(key), aborted=key in self.stopped)
+            return self._isolated_done(key)
+        if finish == "forgotten":
+            return self.forget(key)
+        if key in self.stopped and finish in ("processing", "no-worker", "queued"):
+            # Never runs again: err it where it stands (its run was announced already).
+            return [Stop((key,), self.stopped[key].exception)]
+        if start == "released" and finish in _RUNNABLE and key in self._ended:
+            self._ended.discard(key)  # its result was lost, or the client retried it
+            run = self.runs.of(key)
+            if run is not None:
+                self.policy.shard_reopened(run.label, str(key))
+        return []
+
+    def forget(self, key: Any) -> list[Decision]:
+        run = self.runs.forget(key)
+        if run is not None:
+            if key not in self._ended:
+                self.policy.shard_forgotten(run.label, str(key))
+            if not run.keys:
+                self.gone.append(run.label)
+        self._ended.discard(key)
+        self.budget.forget(key)
+        self.held.discard(key)
+        self.stopped.pop(key, None)
+        self.resized.pop(key, None)
+        out = self._isolated_done(key)
+        if key in self.suspects:
+            self.suspects.remove(key)
+        return out
+
+    # --- workers ---------------------------------------------------------------------
+
+    def worker_added(self, address: str, memory_limit: int | None) -> list[Decision]:
+        self.workers[address] = memory_limit
+        out: list[Decision] = []
+        for key, (limit, workers) in self.resized.items():
+            if not memory_limit or memory_limit > limit:
+                workers = self.resized[key] = (limit, workers | {address})
+                out.append(Restrict(key, workers[1], limit))
+        return out
+
+    def removed(self, removal: Removal, now: float) -> list[Decision]:
+        """An unexpected removal, seen before Dask reschedules the worker's tasks."""
+        self.workers.pop(removal.worker, None)
+        keys = [k for k in removal.processing.values() if k not in self.stopped]
+        self.budget.charge(keys, {removal.processing[s]: n for s, n in removal.prior.items()
+                                  if s in removal.processing})
+        if self.isolating in keys:
+            self.isolating = None
+        out: list[Decision] = []
+        if keys:
+            self.held.update(keys)
+            out.append(Hold(tuple(keys)))
+        death = self.pairing.removed(removal, now)
+        if death is not None:
+            out += self._decide(death)
+        return out
+
+    def reported(self, report: dict, now: float) -> list[Decision]:
+        death = self.pairing.reported(report, now)
+        return self._decide(death) if death is not None else []
+
+    def clean_exit(self, worker: str, now: float) -> None:
+        self.pairing.clean(worker, now)
+
+    def tick(self, now: float) -> list[Decision]:
+        out: list[Decision] = []
+        for death in self.pairing.expired(now):
+            out += self._decide(death)
+        return out
+
+    def close(self) -> list[Decision]:
+        """The plugin is closing: decide what waits, let every held key run."""
+        out: list[Decision] = []
+        for death in self.pairing.drain():
+            out += self._decide(death)
+        held = tuple(k for k in self.held if k not in self.stopped)
+        self.held.clear()
+        self.suspects.clear()
+        self.isolating = None
+        if held:
+            out.append(Release(held))
+        return [d for d in out if not isinstance(d, Hold)]
+
+    # --- one death -------------------------------------------------------------------
+
+    def _decide(self, death: Death) -> list[Decision]:
+        if death.late:
+            return self._amend(death)
+        self.deaths += 1
+        report, removal = death.report, death.removal
+        cause = Cause(report["cause"]) if report is not None else Cause.WORKER_LOST
+        b = blame(death)
+        out: list[Decision] = []
+        forgiven = []
+        for s, key in b.displaced.items():
+            self.displaced += 1
+            self.budget.settle(key, blamed=False)
+            forgiven.append(key)
+            if (run := self.runs.of(key)) is not None:
+                self.policy.displaced(run.label, s)
+        if forgiven:
+            out.append(Forgive(tuple(forgiven)))
+        keys = {s: (k if k is not None else self.runs.key(s)) for s, k in b.executing.items()}
+        charged = set(removal.processing.values()) - set(forgiven) if removal is not None else set()
+        for key in charged:
+            self.budget.settle(key, blamed=True)
+        for key in keys.values():
+            if key is not None and key not in charged:  # a report whose removal never came
+                self.budget.charge([key])
+                self.budget.settle(key, blamed=True)
+        shared = (cause in _SHARED_MEMORY and b.certain
+                  and sum(k is not None for k in keys.values()) > 1)
+        evidence = self._evidence(death, cause, b.source, len(keys))
+        when = report["time"] if report is not None else removal.time
+        host = report["host"] if report is not None else removal.host
+        entries = {e["key"]: e for e in report["executing"]} if report is not None else {}
+        decisions: list[tuple[AbortDecision, Any]] = []
+        for s, key in (keys or {"": None}).items():
+            run = self.runs.of(key) if key is not None else None
+            sig = self._signature(cause, report, entries.get(s), s)
+            event = FailureEvent(
+                kind=Kind.INFRA.value, cause=cause.value, shard=s,
+                pipeline=run.name if run is not None else "", worker=death.worker, host=host,
+                signature_id=sig.id, signature_title=sig.title, evidence=evidence,
+                attempt=self.policy.attempt(s) if s else 1, time=when,
+            )
+            out.append(Record(event, sig.grouping_version, _example(report, entries.get(s), s),
+                              death=not s or s == next(iter(keys))))
+            if key is None:
+                continue
+            if run is not None and key not in self.stopped:
+                d = self.policy.record(event, run=run.label, may_decide=not shared)
+                if d is None and not shared and cause in MEMORY_CAUSES and self.larger_only:
+                    d, resize = self._resize(key, run, event, report)
+                    out += resize
+                if d is not None:
+                    decisions.append((d, key))
+            if self.budget.over(key) and key not in self.stopped:
+                decisions.append((self._over_budget(key, run, event), key))
+        for key in charged - set(keys.values()):
+            # Charged without blame (no report said what ran): Dask's bound still holds.
+            if self.budget.over(key) and key not in self.stopped:
+                s = str(key)
+                run = self.runs.of(key)
+                event = FailureEvent(Kind.INFRA.value, cause.value, s, run.name if run else "",
+                                     death.worker, host, "", "", evidence, time=when)
+                decisions.append((self._over_budget(key, run, event), key))
+        for d, key in decisions:
+            out += self._abort(d, key)
+        if shared:
+            out += self._isolate([k for k in keys.values() if k is not None])
+        out += self._release_decided(removal)
+        return out
+
+    def _release_decided(self, removal: Removal | None) -> list[Decision]:
+        # Keys held for this death run again, unless they wait for isolation, were stopped,
+        # or still wait for another undecided death.
+        if removal is None:
+            return []
+        free = []
+        for key in removal.processing.values():
+            if (key in self.held and key not in self.stopped and key not in self.suspects
+                    and key != self.isolating and self.budget.undecided(key) == 0):
+                self.held.discard(key)
+                free.append(key)
+        return [Release(tuple(free))] if free else []
+
+    def _amend(self, death: Death) -> list[Decision]:
+        report = death.report
+        cause = Cause(report["cause"])
+        evidence = self._evidence(death, cause, FLIGHT_RECORD, len(report["executing"]))
+        evidence["late_report"] = True
+        out: list[Decision] = []
+        entries = report["executing"] or [None]
+        for entry in entries:
+            s = entry["key"] if entry else ""
+            run = self.runs.of(self.runs.key(s)) if s else None
+            sig = self._signature(cause, report, entry, s)
+            event = FailureEvent(
+                kind=Kind.INFRA.value, cause=cause.value, shard=s,
+                pipeline=run.name if run is not None else "", worker=death.worker,
+                host=report["host"], signature_id=sig.id, signature_title=sig.title,
+                evidence=evidence, attempt=max(1, self.policy.attempt(s) - 1) if s else 1,
+                time=report["time"],
+            )
+            out.append(Record(event, sig.grouping_version, _example(report, entry, s),
+                              amends=True))
+        return out
+
+    def _evidence(self, death: Death, cause: Cause, source: str, n: int) -> dict:
+        report = death.report
+        if report is not None:
+            evidence = dict(report["evidence"])
+        else:
+            evidence = {"source": "no death report within the grace timeout"}
+        evidence["blame"] = source
+        if n > 1:
+            evidence["executing_tasks"] = n
+        evidence.setdefault("summary", evidence_summary(evidence, str(cause)))
+        return evidence
+
+    # --- memory: isolation and resize ------------------------------------------------
+
+    def _isolate(self, keys: list) -> list[Decision]:
+        for key in keys:
+            if key not in self.stopped and key not in self.suspects and key != self.isolating:
+                self.suspects.append(key)
+                self.held.add(key)
+                if (run := self.runs.of(key)) is not None:
+                    self.policy.isolated(run.label)
+        return self._next_isolated()
+
+    def _next_isolated(self) -> list[Decision]:
+        while self.isolating is None and self.suspects:
+            key = self.suspects.popleft()
+            if key in self.stopped or key not in self.held:
+                continue
+            if self.budget.undecided(key):
+                # Still on a worker whose death is undecided: that decision comes first.
+                self.suspects.appendleft(key)
+                return []
+            self.isolating = key
+            self.held.discard(key)
+            return [Release((key,))]
+        return []
+
+    def _isolated_done(self, key: Any) -> list[Decision]:
+        if key is not None and key == self.isolating:
+            self.isolating = None
+            return self._next_isolated()
+        return []
+
+    def _resize(self, key, run: Run, event: FailureEvent, report):
+        limit = report.get("memory_limit") if report is not None else None
+        r = memory.resize(event.cause, limit, self.workers)
+        if r is None:
+            return None, []
+        if r.abort:
+            d = memory.abort_decision(event, r.limit, self.policy.attempt(event.shard) - 1)
+            self.policy.adopt(run.label, d)
+            return d, []
+        self.resized[key] = (r.limit, r.workers)
+        return None, [Restrict(key, r.workers, r.limit)]
+
+    # --- stopping --------------------------------------------------------------------
+
+    def _over_budget(self, key: Any, run: Run | None, event: FailureEvent) -> AbortDecision:
+        d = memory.over_budget_decision(
+            event, self.budget.deaths(key), self.budget.allowed, self.policy.attempt(str(key)) - 1
+        )
+        if run is not None:
+            self.policy.adopt(run.label, d)
+        return d
+
+    def _abort(self, d: AbortDecision, key: Any) -> list[Decision]:
+        if key in self.stopped:
+            return []
+        run = self.runs.of(key)
+        exc = d.exception()
+        if run is None:
+            stop = Stop((key,), exc, "")
+        else:
+            self.runs.close(run)
+            stop = Stop(tuple(run.keys), exc, run.label)
+        self.aborts += 1
+        for key in stop.keys:
+            self.stopped[key] = stop
+            self.held.discard(key)
+            if key in self.suspects:
+                self.suspects.remove(key)
+        out: list[Decision] = [stop]
+        if self.isolating in self.stopped:
+            self.isolating = None
+            out += self._next_isolated()
+        return out
+
+    # --- task exceptions -------------------------------------------------------------
+
+    def task_erred(self, key: Any, exception_text: str, traceback_text: str, worker: str,
+                   host: str, retries: int, now: float | None = None) -> tuple[list[Decision], bool]:
+        """A task raised. Returns the decisions, and whether it was a MemoryError (INFRA:
+        retried without using the task's own retries)."""
+        memory_error = exception_text.startswith("MemoryError")
+        cause = Cause.MEMORY_ERROR if memory_error else Cause.EXCEPTION
+        sig = fingerprint_dask(exception_text, traceback_text)
+        run = self.runs.of(key)
+        shard = str(key)
+        event = FailureEvent(
+            kind=kind_of(cause).value, cause=cause.value, shard=shard,
+            pipeline=run.name if run is not None else "", worker=worker, host=host,
+            signature_id=sig.id, signature_title=sig.title,
+            evidence={"exception": exception_text[:500], "retries_left": retries},
+            attempt=self.policy.attempt(shard), time=now if now is not None else _time.time(),
+        )
+        out: list[Decision] = [
+            Record(event, sig.grouping_version, scrub(f"{traceback_text}\n{exception_text}"))
+        ]
+        d = None
+        if run is not None and key not in self.stopped:
+            d = self.policy.record(event, run=run.label)
+        if d is not None:
+            out += self._abort(d, key)
+        return out, memory_error and d is None
+
+    # --- signatures ------------------------------------------------------------------
+
+    def _signature(self, cause: Cause, report: dict | None, entry: dict | None, shard: str):
+        crash = (report or {}).get("crash") or {}
+        if cause == Cause.NATIVE_CRASH and crash.get("text"):
+            return fingerprint(crash["text"])
+        if entry is not None and entry.get("stack"):
+            sig = fingerprint_stack(str(cause), [tuple(f) for f in entry["stack"]])
+            if any(f.in_app for f in sig.frames):
+                return sig
+        # No sample, or one taken before the task's own code ran (only Dask's frames):
+        # the task's function (its key prefix) stands in for the stack.
+        prefix = entry["prefix"] if entry else (key_split(shard) if shard else "")
+        return _prefix_signature(str(cause), prefix or "<no task>")
+
+
+@functools.lru_cache(maxsize=4096)
+def _prefix_signature(cause: str, prefix: str):
+    return fingerprint_stack(cause, [("<task>", None, prefix)])
+
+
+def _example(report: dict | None, entry: dict | None, shard: str) -> str:
+    """The trace kept with a signature: the crash dump, else the last sampled stack."""
+    if report is None:
+        return ""
+    text = (report.get("crash") or {}).get("text")
+    if text:
+        return scrub(text)
+    if entry is not None and entry.get("stack"):
+        age = ""
+        if entry.get("stack_time"):
+            age = f", {max(0.0, report['time'] - entry['stack_time']):.1f} s before the death"
+        lines = [f"Last sampled stack of shard {shard}{age} (most recent call last):"]
+        lines += [f'  File "{f}", line {n}, in {fn}' for f, n, fn in entry["stack"]]
+        return scrub("\n".join(lines))
+    return ""

@@ -1,0 +1,177 @@
+"""Pairing a worker's removal with its nanny's death report: each death decided once.
+
+The scheduler removes a dead worker a few milliseconds before or after its nanny's report
+arrives; either may come first, and a partitioned nanny's report may come much later. A
+removal waits `grace` seconds for its report, then is decided ``worker_lost``; a report
+that arrives after that (same worker, same process) *amends* that death instead of making
+a second one. A report whose removal never comes is decided on its own after `grace`.
+
+Removals are bounded by the workers Dask really had; only unmatched reports (which any
+sender could flood) are capped, and everything refused is counted by reason.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Removal:
+    """What the scheduler knew of a worker when it removed it unexpectedly."""
+
+    worker: str
+    host: str
+    time: float
+    processing: dict[str, Any]  # str(key) -> key, everything Dask had sent it
+    executing_guess: dict[str, Any] = field(default_factory=dict)  # last heartbeat's view
+    nthreads: int = 1
+    pid: int | None = None
+    memory_limit: int | None = None
+    prior: dict[str, int] = field(default_factory=dict)  # str(key) -> Dask's earlier count
+
+
+@dataclass(frozen=True)
+class Death:
+    """One death to decide: a removal, a report, or both. `late`: a report for a death
+    already decided without one."""
+
+    worker: str
+    removal: Removal | None
+    report: dict | None
+    late: bool = False
+
+
+#: Why a report was refused (a metric label each).
+DUPLICATE = "duplicate"
+OVERFLOW = "overflow"
+
+
+class DeathPairing:
+    """Holds removals and reports until their partner arrives or `grace` runs out.
+
+    >>> pairing = DeathPairing(grace=5.0)
+    >>> pairing.removed(Removal("tcp://a:1", "a", 0.0, {}), now=0.0) is None
+    True
+    >>> pairing.reported({"worker": "tcp://a:1", "pid": 7}, now=0.1).removal.worker
+    'tcp://a:1'
+    """
+
+    def __init__(self, grace: float, *, max_reports: int = 10_000, remember: int = 100_000):
+        self.grace = grace
+        self.max_reports = max_reports
+        self.remember = remember
+        self._removals: OrderedDict[str, tuple[float, Removal]] = OrderedDict()
+        self._reports: OrderedDict[str, tuple[float, dict]] = OrderedDict()
+        self._clean: OrderedDict[str, float] = OrderedDict()  # nannies said: not a death
+        # worker -> (pid, had a report) of its latest decided death: a later report of that
+        # process amends it (decided worker_lost) or repeats it (refused).
+        self._decided: OrderedDict[str, tuple[Any, bool]] = OrderedDict()
+        self.refused: dict[str, int] = {}
+        self.clean_exits = 0
+
+    def _refuse(self, reason: str) -> None:
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+
+    def _done(self, death: Death) -> Death:
+        self._decided[death.worker] = (_pid(death), death.report is not None)
+        self._decided.move_to_end(death.worker)
+        while len(self._decided) > self.remember:
+            self._decided.popitem(last=False)
+        return death
+
+    def clean(self, worker: str, now: float) -> None:
+        """The worker's nanny says its exit was requested or clean: its removal, before or
+        after this, is not a death."""
+        if self._removals.pop(worker, None) is not None:
+            self.clean_exits += 1
+            return
+        self._clean[worker] = now
+        while len(self._clean) > self.max_reports:
+            self._clean.popitem(last=False)
+
+    def removed(self, removal: Removal, now: float) -> Death | None:
+        if self._clean.pop(removal.worker, None) is not None:
+            self.clean_exits += 1
+            return None
+        waiting = self._reports.pop(removal.worker, None)
+        if waiting is not None:
+            return self._done(Death(removal.worker, removal, waiting[1]))
+        earlier = self._removals.pop(removal.worker, None)
+        self._removals[removal.worker] = (now, removal)
+        if earlier is not None:  # the same address died twice before a report: decide the first
+            return self._done(Death(removal.worker, earlier[1], None))
+        return None
+
+    def reported(self, report: dict, now: float) -> Death | None:
+        worker = report["worker"]
+        waiting = self._removals.get(worker)
+        if waiting is not None and _matches(waiting[1], report):
+            del self._removals[worker]
+            return self._done(Death(worker, waiting[1], report))
+        decided = self._decided.get(worker)
+        if decided is not None and _same(decided[0], report.get("pid")):
+            if decided[1]:
+                self._refuse(DUPLICATE)
+                return None
+            # Decided as worker_lost; this report says what really happened.
+            self._decided[worker] = (report.get("pid"), True)
+            return Death(worker, None, report, late=True)
+        if worker in self._reports:
+            self._refuse(DUPLICATE)
+            return None
+        if len(self._reports) >= self.max_reports:
+            self._refuse(OVERFLOW)
+            return None
+        self._reports[worker] = (now, report)
+        return None
+
+    def expired(self, now: float) -> list[Death]:
+        """Deaths whose partner did not arrive within `grace` (oldest first)."""
+        out: list[Death] = []
+        while self._clean and now - next(iter(self._clean.values())) >= self.grace:
+            self._clean.popitem(last=False)
+        while self._removals:
+            worker, (since, removal) = next(iter(self._removals.items()))
+            if now - since < self.grace:
+                break
+            self._removals.popitem(last=False)
+            out.append(self._done(Death(worker, removal, None)))
+        while self._reports:
+            worker, (since, report) = next(iter(self._reports.items()))
+            if now - since < self.grace:
+                break
+            self._reports.popitem(last=False)
+            out.append(self._done(Death(worker, None, report)))
+        return out
+
+    def drain(self) -> list[Death]:
+        """Everything still waiting, decided now (the plugin is closing)."""
+        out = [self._done(Death(w, r, None)) for w, (_, r) in self._removals.items()]
+        out += [self._done(Death(w, None, r)) for w, (_, r) in self._reports.items()]
+        self._removals.clear()
+        self._reports.clear()
+        self._clean.clear()
+        return out
+
+    def pending_removals(self) -> int:
+        return len(self._removals)
+
+    def __len__(self) -> int:
+        return len(self._removals) + len(self._reports)
+
+
+def _pid(death: Death) -> Any:
+    if death.report is not None:
+        return death.report.get("pid")
+    return death.removal.pid if death.removal is not None else None
+
+
+def _same(a: Any, b: Any) -> bool:
+    # A restarted worker can reuse its address: the process must be the same where known.
+    return a is None or b is None or a == b
+
+
+def _matches(removal: Removal, report: dict) -> bool:
+    return _same(removal.pid, report.get("pid"))

@@ -1,0 +1,64 @@
+"""What the decision core asks the scheduler to do: plain values, applied by the plugin."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .._exceptions import PipelineAborted
+from .._models import FailureEvent
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Keep these keys from running anywhere until a `Release` or a `Stop` (applied at once,
+    before Dask reschedules a dead worker's tasks)."""
+
+    keys: tuple
+
+
+@dataclass(frozen=True)
+class Release:
+    """Let held keys run again."""
+
+    keys: tuple
+
+
+@dataclass(frozen=True)
+class Restrict:
+    """Run `key` only on `workers` (a shard killed for memory, retried on larger workers)."""
+
+    key: Any
+    workers: frozenset[str]
+    limit: int
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Err these keys with `exception` for good: running ones are released on their
+    workers first, the rest never start again."""
+
+    keys: tuple
+    exception: PipelineAborted
+    run: str = ""  # the run label, "" for keys of no run
+
+
+@dataclass(frozen=True)
+class Forgive:
+    """The dead worker only held these keys queued: take back Dask's own count."""
+
+    keys: tuple
+
+
+@dataclass(frozen=True)
+class Record:
+    """One failure event to store and count."""
+
+    event: FailureEvent
+    grouping_version: int = 1
+    example: str = ""
+    death: bool = False  # the first record of a worker death (one per death)
+    amends: bool = False  # a late report: replaces the worker_lost event of its death
+
+
+Decision = Hold | Release | Restrict | Stop | Forgive | Record

@@ -1,0 +1,128 @@
+"""Pipeline runs: which run each task key belongs to (pure; keys and annotations only).
+
+A pipeline is named, in order of precedence, by
+1. the ``oomguard_pipeline`` annotation (``with dask.annotate(oomguard_pipeline="etl")``),
+2. the ``distributed.span("etl")`` the tasks were submitted in (nested spans join with "/"),
+3. otherwise the key prefix of the submission's first output key.
+
+A *run* is one execution of a pipeline, judged on its own (its own counters and decision):
+- under a span, one ``with span(...)`` block (Dask gives each block its own span id), so a
+  second block with the same name is a second run;
+- otherwise, consecutive submissions with the same name join the live run of that name
+  (``[client.submit(f, x) for x in xs]`` is one run, not one per task) until that run is
+  decided (aborted) or has no live keys left; the next submission then starts a new run.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dask.utils import key_split
+
+ANNOTATION = "oomguard_pipeline"
+
+
+@dataclass(eq=False)
+class Run:
+    """One run of a pipeline. `label` is unique in this scheduler's life ("etl", "etl#2")."""
+
+    label: str
+    name: str
+    started: float
+    identity: tuple
+    keys: set = field(default_factory=set)
+    closed: bool = False  # decided (aborted): later submissions start a new run
+
+
+class Runs:
+    """key -> run, with a str(key) index so a report's key strings find their keys.
+
+    >>> runs = Runs()
+    >>> [r.label for r in runs.observe(["a-1"], ["a-1"], {ANNOTATION: {"a-1": "etl"}}, 0.0)]
+    ['etl']
+    >>> runs.of("a-1").name
+    'etl'
+    """
+
+    def __init__(self) -> None:
+        self._of: dict[Any, Run] = {}
+        self._by_str: dict[str, Any] = {}
+        self._live: dict[tuple, Run] = {}  # identity -> the open run
+        self._seen: dict[str, int] = {}  # name -> runs started, for labels
+        self._ids = itertools.count(1)
+
+    def observe(
+        self,
+        tasks: Iterable[Any],
+        keys: Iterable[Any],
+        annotations: Mapping[str, Mapping[Any, Any]],
+        now: float,
+    ) -> dict[Run, int]:
+        """Assign the new tasks of one graph submission to runs: {run: new keys in it}."""
+        explicit = annotations.get(ANNOTATION) or {}
+        spans = annotations.get("span") or {}
+        default: tuple[str, tuple] | None = None
+        touched: dict[Run, int] = {}
+        for key in tasks:
+            if key in self._of:
+                continue
+            name = identity = None
+            if explicit and (value := explicit.get(key)) is not None:
+                name = str(value)
+                identity = ("annotation", name)
+            elif spans and (span := spans.get(key)):
+                parts = tuple(span.get("name") or ())
+                if parts and parts != ("default",):
+                    name = "/".join(str(p) for p in parts)
+                    ids = tuple(span.get("ids") or ())
+                    identity = ("span", ids[-1] if ids else name)
+            if name is None:
+                if default is None:
+                    first = key_split(next(iter(keys), key))
+                    default = (first, ("default", first))
+                name, identity = default
+            run = self._live.get(identity)
+            if run is None or run.closed:
+                run = self._start(name, identity, now)
+            run.keys.add(key)
+            self._of[key] = run
+            self._by_str[str(key)] = key
+            touched[run] = touched.get(run, 0) + 1
+        return touched
+
+    def _start(self, name: str, identity: tuple, now: float) -> Run:
+        n = self._seen[name] = self._seen.get(name, 0) + 1
+        run = Run(label=name if n == 1 else f"{name}#{n}", name=name, started=now,
+                  identity=identity)
+        self._live[identity] = run
+        return run
+
+    def of(self, key: Any) -> Run | None:
+        return self._of.get(key)
+
+    def key(self, s: str) -> Any:
+        """The tracked key whose str() is `s`, or None."""
+        return self._by_str.get(s)
+
+    def close(self, run: Run) -> None:
+        """The run is decided: submissions with its identity start a new run."""
+        run.closed = True
+        if self._live.get(run.identity) is run:
+            del self._live[run.identity]
+
+    def forget(self, key: Any) -> Run | None:
+        """Drop the key; its run, which is gone too once it holds no key."""
+        run = self._of.pop(key, None)
+        self._by_str.pop(str(key), None)
+        if run is None:
+            return None
+        run.keys.discard(key)
+        if not run.keys and self._live.get(run.identity) is run:
+            del self._live[run.identity]
+        return run
+
+    def __len__(self) -> int:
+        return len(self._of)

@@ -1,0 +1,152 @@
+"""The scheduler's RPCs: death reports and clean-exit notices from nannies, and queries
+from `oomguard.Failures` and `oomguard report`.
+
+Trust: a report or notice is accepted only over a connection from the host of the nanny
+that registered the named worker (Dask records each worker's nanny address). Anything
+else is refused and counted (`oomguard_reports_rejected_total{reason="unknown_sender"}`).
+This is as strong as Dask's own model allows without TLS: any client may run code on the
+scheduler (`client.run_on_scheduler`) unless the cluster uses TLS with authentication, so
+oomguard defends against mistakes and stray senders, not against a client that already
+holds the keys. See docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from .._exceptions import ReportError
+from ..worker_plugin import CLEAN_EXIT_HANDLER, REPORT_HANDLER
+
+if TYPE_CHECKING:
+    from distributed import Scheduler
+
+QUERY_HANDLER = "oomguard_query"
+UNKNOWN_SENDER = "unknown_sender"
+
+
+def sender_matches(peer: str | None, worker: str, nanny: str | None, local: str = "") -> bool:
+    """Whether a connection from `peer` may speak for `worker`, whose nanny is `nanny`.
+
+    The peer's host must be the nanny's (the nanny connects from its own host; its port is
+    ephemeral). Workers the scheduler does not know (already removed) are judged by the
+    host of their address. In-process connections (`inproc://`) are the scheduler's own.
+
+    >>> sender_matches("tcp://10.0.0.5:53122", "tcp://10.0.0.5:40001", "tcp://10.0.0.5:40000")
+    True
+    >>> sender_matches("tcp://10.0.0.9:53122", "tcp://10.0.0.5:40001", "tcp://10.0.0.5:40000")
+    False
+    """
+    if not peer:
+        return False
+    if peer.startswith("inproc://"):
+        return True
+    owner = nanny or worker
+    return _host(peer) != "" and _host(peer) == _host(owner)
+
+
+def _host(address: str) -> str:
+    from distributed.comm import get_address_host
+
+    try:
+        return get_address_host(address)
+    except Exception:
+        return ""
+
+
+class Handlers:
+    """Registers the RPCs on the scheduler and removes them on close."""
+
+    def __init__(self, plugin) -> None:
+        self.plugin = plugin
+        self._nannies: dict[str, str] = {}  # worker -> nanny, kept past the worker's removal
+
+    def register(self, scheduler: Scheduler) -> None:
+        scheduler.handlers[REPORT_HANDLER] = self.report
+        scheduler.handlers[CLEAN_EXIT_HANDLER] = self.clean_exit
+        scheduler.handlers[QUERY_HANDLER] = self.query
+
+    def unregister(self, scheduler: Scheduler) -> None:
+        for name, fn in ((REPORT_HANDLER, self.report), (CLEAN_EXIT_HANDLER, self.clean_exit),
+                         (QUERY_HANDLER, self.query)):
+            if scheduler.handlers.get(name) == fn:
+                del scheduler.handlers[name]
+
+    def _nanny_of(self, worker: str) -> str | None:
+        ws = self.plugin._workers.get(worker)
+        if ws is not None and ws.nanny:
+            self._nannies[worker] = ws.nanny
+            if len(self._nannies) > 100_000:
+                self._nannies.pop(next(iter(self._nannies)))
+            return ws.nanny
+        return self._nannies.get(worker)
+
+    def trusted(self, peer: str | None, worker: Any) -> bool:
+        """Whether `peer` may speak for `worker`; a refusal is counted."""
+        if isinstance(worker, str) and sender_matches(peer, worker, self._nanny_of(worker)):
+            return True
+        self.plugin.reject(ReportError("worker", f"not sent from the host of {worker!r}'s "
+                                       "nanny", UNKNOWN_SENDER))
+        return False
+
+    async def report(self, comm=None, report: Any = None, **extra: Any) -> dict:
+        """RPC from a nanny: one death report as msgpack bytes. Only queued here; the
+        intake thread decodes and validates it (never unpickles)."""
+        plugin = self.plugin
+        with plugin.guard("report"):
+            if not isinstance(report, bytes | bytearray | memoryview):
+                e = ReportError("report", f"expected msgpack bytes, got {type(report).__name__}",
+                                "wrong_type")
+                plugin.reject(e)
+                return {"status": "rejected", "reason": e.reason, "field": e.field}
+            # The sender is checked against the report's worker once it is decoded.
+            if not plugin.intake.submit(bytes(report), getattr(comm, "peer_address", None)):
+                plugin.refused("overflow")
+                return {"status": "overflow"}
+            return {"status": "queued"}
+        return {"status": "error"}
+
+    async def clean_exit(self, comm=None, worker: Any = None, **extra: Any) -> dict:
+        """RPC from a nanny: its worker's exit was requested (close, restart) or clean."""
+        if not isinstance(worker, str) or not 0 < len(worker) <= 256:
+            self.plugin.reject(ReportError("worker", "expected a worker address", "wrong_type"))
+            return {"status": "rejected"}
+        if not self.trusted(getattr(comm, "peer_address", None), worker):
+            return {"status": "rejected"}
+        with self.plugin.guard("report"):
+            self.plugin.clean_exit(worker)
+        return {"status": "ok"}
+
+    async def query(self, comm=None, what: str = "", **filters: Any) -> Any:
+        """RPC for `oomguard.Failures` and `oomguard report`: JSON-able rows."""
+        plugin = self.plugin
+        store = plugin.store
+        if what == "pipeline":
+            name = filters.get("name", "")
+            live = [plugin.policy.status(r) for r in plugin.policy.pipelines()]
+            live = [s for s in live if s.name == name]
+            if live:
+                return max(live, key=lambda s: s.started).to_dict()
+            await asyncio.to_thread(store.flush)
+            row = await asyncio.to_thread(store.pipeline, name)
+            return row.to_dict() if row else None
+        if what == "pipelines":
+            await asyncio.to_thread(store.flush)
+            plugin._persist_pipelines(final=True)
+            await asyncio.to_thread(store.flush)
+            rows = await asyncio.to_thread(store.pipelines, filters.get("limit", 100))
+            return [r.to_dict() for r in rows]
+        if what == "stats":
+            return plugin.metrics_snapshot()
+        readers = {"events": store.events, "signatures": store.signatures,
+                   "shard": store.shard, "signature": store.signature}
+        if what not in readers:
+            raise ValueError(f"unknown oomguard query {what!r}; expected one of "
+                             f"{', '.join(sorted(readers) + ['pipeline', 'pipelines', 'stats'])}")
+        await asyncio.to_thread(store.flush)
+        rows = await asyncio.to_thread(readers[what], **filters)
+        if rows is None:
+            return None
+        if isinstance(rows, list):
+            return [r.to_dict() for r in rows]
+        return rows.to_dict()

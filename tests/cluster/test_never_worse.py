@@ -1,0 +1,119 @@
+"""Never worse than Dask alone, on real LocalClusters with nannies: every worker-killing
+task is bounded, every abort is final, and a memory kill shared by two tasks is not blamed
+on either until each has run alone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import dask
+import distributed
+import pytest
+from cluster_helpers import wait_installed
+from distributed import Client, LocalCluster
+
+import oomguard
+
+pytestmark = pytest.mark.timeout(300)
+MiB = 2**20
+
+
+def kill_myself(log: str, i: int = 0) -> int:
+    with open(log, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    os.kill(os.getpid(), signal.SIGKILL)
+    return i
+
+
+def abort_myself(log: str, i: int = 0) -> int:
+    with open(log, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    time.sleep(0.3)  # let the sampler see this frame
+    os.abort()
+    return i
+
+
+def deaths(log) -> int:
+    return len(log.read_text().split()) if log.exists() else 0
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    with dask.config.set({"oomguard.scheduler.report-grace-timeout": "2s",
+                          "distributed.deploy.lost-worker-timeout": "300s"}):
+        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                          dashboard_address=":0") as cl, Client(cl) as client:
+            yield cl, client
+
+
+def test_a_killer_submitted_before_install_stops_within_dasks_bound(cluster, tmp_path):
+    cl, client = cluster
+    allowed = dask.config.get("distributed.scheduler.allowed-failures")
+    log = tmp_path / "deaths"
+    fut = client.submit(kill_myself, str(log), pure=False)
+    oomguard.install(client, store=str(tmp_path / "f.sqlite3"))
+    with pytest.raises(Exception) as e:
+        fut.result(timeout=180)
+    assert type(e.value).__name__ in ("PipelineAborted", "KilledWorker"), e.value
+    assert 1 <= deaths(log) <= allowed + 1, (deaths(log), allowed)
+
+
+def test_no_death_after_the_abort_and_a_reused_span_name_is_judged_again(cluster, tmp_path):
+    cl, client = cluster
+    oomguard.install(client, store=str(tmp_path / "f.sqlite3"))
+    wait_installed(client, 2)
+    for run in range(2):
+        log = tmp_path / f"deaths-{run}"
+        with distributed.span("etl"):
+            futs = client.map(abort_myself, [str(log)], range(1), pure=False)
+        with pytest.raises(oomguard.PipelineAborted) as e:
+            futs[0].result(timeout=120)
+        n = deaths(log)
+        assert 2 <= n <= 3, n  # the same crash on two workers is a deterministic crasher
+        assert "'etl'" in str(e.value)
+        time.sleep(3)  # longer than the grace timeout: anything still running would show
+        assert deaths(log) == n, "the crasher ran again after PipelineAborted"
+        del futs
+    runs = [p for p in oomguard.Failures(client).pipelines() if p.name == "etl"]
+    assert [p.status for p in runs] == ["aborted", "aborted"], runs
+
+
+def grow(nbytes: int, hold: float) -> int:
+    blocks = []
+    for _ in range(nbytes // (20 * MiB)):
+        blocks.append(bytearray(20 * MiB))
+        time.sleep(0.05)  # grow slowly, so the nanny sees both tasks growing together
+    time.sleep(hold)
+    return sum(len(b) for b in blocks)
+
+
+def test_a_memory_kill_of_a_two_thread_worker_whose_shards_fit_alone_finishes(tmp_path):
+    with dask.config.set({
+        "oomguard.scheduler.report-grace-timeout": "2s",
+        "oomguard.worker.sample-interval": "100ms",
+        "oomguard.worker.cgroup-limit": "false",
+        "oomguard.worker.admission.enabled": False,
+        "distributed.worker.memory.target": False,
+        "distributed.worker.memory.spill": False,
+        "distributed.worker.memory.pause": False,
+        "distributed.deploy.lost-worker-timeout": "300s",
+    }):
+        with LocalCluster(n_workers=1, threads_per_worker=2, processes=True,
+                          memory_limit=700 * MiB, dashboard_address=":0") as cl, \
+                Client(cl) as client:
+            oomguard.install(client, store=str(tmp_path / "f.sqlite3"))
+            wait_installed(client, 1)
+            with distributed.span("pair"):
+                futs = client.map(grow, [360 * MiB] * 2, [2.0] * 2, pure=False)
+            # Together ~720 MiB plus the worker's own: past the nanny's 95 % of 700 MiB;
+            # alone ~360 MiB plus the worker's own: well below.
+            assert client.gather(futs, errors="raise") == [360 * MiB] * 2
+            failures = oomguard.Failures(client)
+            kills = failures.events(cause="memory_terminate")
+            assert kills, "the two shards together were never killed: the test proves nothing"
+            status = failures.pipeline("pair")
+            assert status.status == "succeeded_after_infra_failures", status
+            assert "retried alone" in status.summary, status.summary

@@ -1,0 +1,252 @@
+"""Model-based test of the decision core: thousands of random interleavings of task,
+worker and report events, checking the promises oomguard makes in place of Dask's own
+`allowed_failures` (see oomguard/_decide/core.py).
+
+The model plays Dask and the nannies: workers run and queue keys, die with or without a
+report (early, late, duplicated, never), forged reports arrive, keys finish, err, are
+forgotten and resubmitted, oomguard is "installed" after some keys already run. It applies
+the core's decisions the way the scheduler plugin does: a held or stopped key is never
+started on a worker.
+"""
+
+from __future__ import annotations
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from oomguard._decide import DecisionCore, Forgive, Hold, Record, Release, Removal, Restrict, Stop
+
+ALLOWED = 2
+GRACE = 5.0
+KEYS = [f"k-{i}" for i in range(4)] + ["pre-0"]  # pre-*: submitted before install
+WORKERS = [f"tcp://w{i}:1" for i in range(3)]
+CAUSES = ["sigkill", "oom_kill", "native_crash", "memory_terminate"]
+
+
+class CoreModel(RuleBasedStateMachine):
+    pending = Bundle("pending")  # reports not delivered yet
+
+    @initialize(
+        larger_only=st.booleans(),
+        limits=st.lists(st.sampled_from([0, 2**30, 2**31]), min_size=3, max_size=3),
+    )
+    def setup(self, larger_only, limits):
+        self.core = DecisionCore(allowed_failures=ALLOWED, grace=GRACE, larger_only=larger_only)
+        self.now = 0.0
+        self.limits = dict(zip(WORKERS, limits))
+        self.alive = set(WORKERS)
+        self.pid = {w: 1 for w in WORKERS}
+        self.running = {w: {} for w in WORKERS}  # worker -> {key: executing?}
+        self.submitted: set = set()
+        self.held: set = set()
+        self.stopped: set = set()
+        self.stopped_runs: list[str] = []
+        self.done: set = set()
+        self.deaths_while_executing = {k: 0 for k in KEYS}
+        self.removals = 0
+        self.forged = 0
+        self.death_records = 0
+        self.forged_addresses: set = set()
+        for w in WORKERS:
+            self.apply(self.core.worker_added(w, self.limits[w]))
+
+    # --- applying decisions, as the scheduler plugin does ---------------------------
+
+    def apply(self, decisions):
+        for d in decisions:
+            if isinstance(d, Hold):
+                self.held.update(d.keys)
+            elif isinstance(d, Release):
+                assert not set(d.keys) & self.stopped, "a stopped key was let run again"
+                self.held.difference_update(d.keys)
+            elif isinstance(d, Stop):
+                if d.run:
+                    assert d.run not in self.stopped_runs, f"run {d.run} stopped twice"
+                    self.stopped_runs.append(d.run)
+                self.stopped.update(d.keys)
+                self.held.difference_update(d.keys)
+                for w in WORKERS:  # released on its worker: Dask no longer has it there
+                    for k in d.keys:
+                        self.running[w].pop(k, None)
+            elif isinstance(d, Record):
+                if d.death and not d.amends:
+                    self.death_records += 1
+            else:
+                assert isinstance(d, Forgive | Restrict)
+
+    def on_worker(self, key):
+        return next((w for w in WORKERS if key in self.running[w]), None)
+
+    # --- the world ------------------------------------------------------------------
+
+    @rule(keys=st.sets(st.sampled_from(KEYS[:4]), min_size=1), span=st.sampled_from(["a", "b"]),
+          block=st.integers(0, 2))
+    def submit(self, keys, span, block):
+        new = [k for k in keys if k not in self.submitted]
+        ann = {"span": {k: {"name": (span,), "ids": (f"{span}{block}",)} for k in new}}
+        self.core.submitted(new, new, ann, self.now)
+        self.submitted.update(new)
+
+    @rule(key=st.sampled_from(KEYS), worker=st.sampled_from(WORKERS), executing=st.booleans())
+    def start(self, key, worker, executing):
+        # Dask schedules a key that it may run: known, not held, not erred, not running.
+        if key.startswith("k") and key not in self.submitted:
+            return
+        if key in self.held or key in self.stopped or key in self.done:
+            return
+        if worker not in self.alive or self.on_worker(key) is not None:
+            return
+        self.running[worker][key] = executing
+        self.apply(self.core.transition(key, "waiting", "processing"))
+
+    @rule(key=st.sampled_from(KEYS), erred=st.booleans())
+    def finish(self, key, erred):
+        w = self.on_worker(key)
+        if w is None or not self.running[w][key]:
+            return
+        del self.running[w][key]
+        self.done.add(key)
+        if erred:
+            out, _ = self.core.task_erred(key, "ValueError: no", "", w, "h", 0, self.now)
+            self.apply(out)
+        self.apply(self.core.transition(key, "processing", "erred" if erred else "memory"))
+
+    @rule(key=st.sampled_from(KEYS))
+    def forget(self, key):
+        if self.on_worker(key) is not None:
+            return
+        self.apply(self.core.transition(key, "released", "forgotten"))
+        self.submitted.discard(key)
+        self.held.discard(key)
+        self.stopped.discard(key)
+        self.done.discard(key)
+        self.deaths_while_executing[key] = 0
+
+    @rule(target=pending, key=st.sampled_from(KEYS), cause=st.sampled_from(CAUSES),
+          report=st.sampled_from(["before", "after", "never"]), guess=st.booleans())
+    def kill_where(self, key, cause, report, guess):
+        """The key kills the worker it runs on (or a worker dies under it)."""
+        worker = self.on_worker(key)
+        return self.kill(worker, cause, report, guess) if worker else None
+
+    @rule(target=pending, key=st.sampled_from(KEYS), worker=st.sampled_from(WORKERS),
+          cause=st.sampled_from(CAUSES), report=st.sampled_from(["before", "after", "never"]),
+          guess=st.booleans())
+    def crasher(self, key, worker, cause, report, guess):
+        """A task that kills every worker it starts on, whenever Dask lets it start."""
+        self.start(key, worker, True)
+        return self.kill_where(key, cause, report, guess)
+
+    @rule(target=pending, worker=st.sampled_from(WORKERS), cause=st.sampled_from(CAUSES),
+          report=st.sampled_from(["before", "after", "never"]), guess=st.booleans())
+    def kill(self, worker, cause, report, guess):
+        if worker not in self.alive:
+            return None
+        tasks = self.running[worker]
+        executing = [k for k, ex in tasks.items() if ex]
+        for k in executing:
+            self.deaths_while_executing[k] += 1
+        rep = {
+            "worker": worker, "pid": self.pid[worker], "cause": cause, "host": "h",
+            "time": self.now, "memory_limit": self.limits[worker] or None, "crash": None,
+            "evidence": {}, "executing": [{"key": k, "prefix": k.split("-")[0], "stack": None}
+                                          for k in executing],
+        }
+        removal = Removal(
+            worker=worker, host="h", time=self.now, processing={k: k for k in tasks},
+            executing_guess={k: k for k in executing[:1]} if guess else {},
+            nthreads=2, pid=self.pid[worker], memory_limit=self.limits[worker] or None,
+        )
+        if report == "before":
+            self.apply(self.core.reported(rep, self.now))
+        self.apply(self.core.removed(removal, self.now))
+        self.removals += 1
+        self.running[worker] = {}
+        self.pid[worker] += 1
+        # The nanny restarts it under the same address.
+        self.apply(self.core.worker_added(worker, self.limits[worker]))
+        return rep if report == "after" else None
+
+    @rule(rep=pending, delay=st.sampled_from([0.0, 1.0, 30.0]), copies=st.integers(1, 2))
+    def deliver(self, rep, delay, copies):
+        if rep is None or rep.get("delivered"):
+            return
+        rep["delivered"] = True
+        self.tick(delay)
+        for _ in range(copies):
+            self.apply(self.core.reported(dict(rep), self.now))
+
+    @rule(cause=st.sampled_from(CAUSES))
+    def forged_report(self, cause):
+        # A report for a worker that never died here (a stray or hostile sender).
+        self.forged += 1
+        address = f"tcp://ghost{self.forged}:1"
+        self.forged_addresses.add(address)
+        self.apply(self.core.reported({"worker": address, "pid": 1, "cause": cause, "host": "x",
+                                       "time": self.now, "memory_limit": None, "crash": None,
+                                       "evidence": {}, "executing": [{"key": "k-0", "prefix": "k",
+                                                                      "stack": None}]},
+                                      self.now))
+
+    @rule(dt=st.sampled_from([0.1, 1.0, 6.0]))
+    def tick(self, dt):
+        self.now += dt
+        self.apply(self.core.tick(self.now))
+
+    # --- the promises ----------------------------------------------------------------
+
+    @invariant()
+    def bounded_deaths(self):
+        for k, n in self.deaths_while_executing.items():
+            assert n <= ALLOWED + 1, f"{k} was executing in {n} deaths, budget {ALLOWED + 1}"
+
+    @invariant()
+    def a_held_key_waits_for_a_reason(self):
+        core = self.core
+        for k in core.held:
+            assert (core.budget.undecided(k) > 0 or k in core.suspects
+                    or k == core.isolating), f"{k} held with nothing to wait for"
+        assert not core.held & set(core.stopped)
+
+    @invariant()
+    def no_key_runs_while_its_death_is_undecided(self):
+        # So an abort decided from that death comes before the key can kill again.
+        for k, n in self.core.budget._pending.items():
+            assert n == 0 or self.on_worker(k) is None, f"{k} runs with an undecided death"
+
+    @invariant()
+    def stopped_keys_stay_stopped(self):
+        for k in self.stopped:
+            assert self.on_worker(k) is None or k not in self.submitted
+
+    def teardown(self):
+        if not hasattr(self, "core"):
+            return
+        self.tick(GRACE + 1)
+        self.tick(GRACE + 1)
+        # Each removal and each distinct unmatched report is exactly one decided death.
+        assert self.death_records == self.removals + len(self.forged_addresses)
+        for w in WORKERS:
+            self.running[w] = {}
+        for k in KEYS:
+            self.forget(k)
+        self.apply(self.core.close())
+        core = self.core
+        assert not core.held and not core.stopped and not core.suspects
+        assert core.isolating is None and len(core.budget) == 0 and len(core.runs) == 0
+        assert len(core.pairing) == 0 and not core.resized
+        for run in core.gone:
+            core.policy.forget_pipeline(run)
+        assert core.policy.pipelines() == [] and core.policy.tracked_shards() == 0
+
+
+TestCoreModel = CoreModel.TestCase
+TestCoreModel.settings = settings(max_examples=600, stateful_step_count=50, deadline=None)

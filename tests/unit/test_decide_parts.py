@@ -1,0 +1,149 @@
+"""The decision core's parts: pairing removals with reports, runs, blame, the budget."""
+
+from __future__ import annotations
+
+import doctest
+
+import pytest
+
+from oomguard._decide import blame, budget, core, deaths, memory, runs
+from oomguard._decide.deaths import Death, DeathPairing, Removal
+from oomguard._decide.runs import ANNOTATION, Runs
+
+
+def removal(worker="tcp://a:1", processing=None, **kw):
+    return Removal(worker=worker, host="a", time=0.0, processing=processing or {}, **kw)
+
+
+def report(worker="tcp://a:1", pid=7, executing=()):
+    return {"worker": worker, "pid": pid, "cause": "sigkill",
+            "executing": [{"key": k} for k in executing]}
+
+
+@pytest.mark.parametrize("report_first", [False, True])
+def test_removal_and_report_pair_whichever_comes_first(report_first):
+    pairing = DeathPairing(grace=5.0)
+    if report_first:
+        assert pairing.reported(report(), now=0.0) is None
+        death = pairing.removed(removal(), now=0.1)
+    else:
+        assert pairing.removed(removal(), now=0.0) is None
+        death = pairing.reported(report(), now=0.1)
+    assert death.worker == "tcp://a:1" and death.removal and death.report
+    assert len(pairing) == 0
+
+
+def test_a_removal_without_report_expires_as_lost_after_grace():
+    pairing = DeathPairing(grace=5.0)
+    pairing.removed(removal(), now=0.0)
+    assert pairing.expired(now=4.9) == []
+    [death] = pairing.expired(now=5.0)
+    assert death.report is None and death.removal.worker == "tcp://a:1"
+
+
+def test_a_late_report_amends_its_death_and_a_repeat_is_refused():
+    pairing = DeathPairing(grace=5.0)
+    pairing.removed(removal(pid=7), now=0.0)
+    [lost] = pairing.expired(now=5.0)
+    late = pairing.reported(report(pid=7), now=35.0)
+    assert late.late and late.worker == lost.worker
+    assert pairing.reported(report(pid=7), now=36.0) is None
+    assert pairing.refused == {"duplicate": 1}
+
+
+def test_a_report_of_another_process_at_the_same_address_is_another_death():
+    pairing = DeathPairing(grace=5.0)
+    pairing.removed(removal(pid=7), now=0.0)
+    assert pairing.reported(report(pid=8), now=0.1) is None
+    assert len(pairing.expired(now=10.0)) == 2
+
+
+def test_clean_exit_cancels_the_removal_either_way():
+    pairing = DeathPairing(grace=5.0)
+    pairing.removed(removal("tcp://a:1"), now=0.0)
+    pairing.clean("tcp://a:1", now=0.1)
+    pairing.clean("tcp://b:1", now=0.1)
+    assert pairing.removed(removal("tcp://b:1"), now=0.2) is None
+    assert pairing.expired(now=100.0) == []
+    assert pairing.clean_exits == 2
+
+
+def test_removals_are_never_decided_early_and_unmatched_reports_are_capped():
+    pairing = DeathPairing(grace=5.0, max_reports=3)
+    for i in range(5000):  # a rack: every removal waits for its report
+        pairing.removed(removal(f"tcp://r:{i}"), now=0.0)
+    assert pairing.expired(now=1.0) == [] and pairing.pending_removals() == 5000
+    for i in range(5):
+        pairing.reported(report(f"tcp://w:{i}"), now=0.0)
+    pairing.reported(report("tcp://w:0"), now=0.0)  # a repeat for a pending worker
+    assert pairing.refused == {"overflow": 2, "duplicate": 1}
+
+
+def test_drain_decides_everything():
+    pairing = DeathPairing(grace=5.0)
+    pairing.removed(removal("tcp://a:1"), now=0.0)
+    pairing.reported(report("tcp://b:1"), now=0.0)
+    assert {d.worker for d in pairing.drain()} == {"tcp://a:1", "tcp://b:1"}
+    assert len(pairing) == 0
+
+
+@pytest.mark.parametrize(
+    "annotations, expected",
+    [
+        ({ANNOTATION: {"x-1": "etl"}}, "etl"),
+        ({"span": {"x-1": {"name": ("nightly", "load"), "ids": (1, 2)}}}, "nightly/load"),
+        # The explicit annotation wins over the span.
+        ({ANNOTATION: {"x-1": "etl"}, "span": {"x-1": {"name": ("s",)}}}, "etl"),
+        # Dask's default span means "no span": the key prefix names it.
+        ({"span": {"x-1": {"name": ("default",)}}}, "x"),
+        ({}, "x"),
+    ],
+)
+def test_pipeline_naming(annotations, expected):
+    r = Runs()
+    [run] = list(r.observe(["x-1"], ["x-1"], annotations, 0.0))
+    assert run.name == expected and r.of("x-1") is run
+
+
+def test_submissions_without_a_name_join_the_live_run():
+    r = Runs()
+    for i in range(100):  # [client.submit(f, x) for x in xs]
+        r.observe([f"f-{i}"], [f"f-{i}"], {}, float(i))
+    assert len({id(r.of(f"f-{i}")) for i in range(100)}) == 1
+    for i in range(100):
+        r.forget(f"f-{i}")
+    [again] = list(r.observe(["f-0"], ["f-0"], {}, 200.0))
+    assert again.label == "f#2" and again.started == 200.0
+
+
+def test_each_span_block_is_its_own_run_and_a_closed_run_takes_no_more():
+    r = Runs()
+    span = lambda i: {"span": {f"k-{i}": {"name": ("etl",), "ids": (f"id{i // 2}",)}}}
+    runs = [next(iter(r.observe([f"k-{i}"], [f"k-{i}"], span(i), 0.0))) for i in range(4)]
+    assert runs[0] is runs[1] and runs[2] is runs[3] and runs[0] is not runs[2]
+    assert [x.label for x in (runs[0], runs[2])] == ["etl", "etl#2"]
+    r.close(runs[0])
+    assert next(iter(r.observe(["k-9"], ["k-9"], {ANNOTATION: {"k-9": "etl"}}, 0.0))).label == "etl#3"
+
+
+def test_blame_without_a_report_is_never_nobody():
+    busy = removal(processing={f"t{i}": f"t{i}" for i in range(5)}, nthreads=2)
+    b = blame.blame(Death("tcp://a:1", busy, None))
+    assert set(b.executing) == set(busy.processing) and not b.certain
+    guessed = removal(processing={"t0": "t0", "t1": "t1"}, executing_guess={"t1": "t1"})
+    assert set(blame.blame(Death("tcp://a:1", guessed, None)).executing) == {"t1"}
+
+
+def test_budget_takes_back_the_charge_of_a_queued_task():
+    b = budget.DeathBudget(allowed=3)
+    for _ in range(10):
+        b.charge(["q"])
+        b.settle("q", blamed=False)
+    assert b.deaths("q") == 0 and not b.over("q")
+    b.charge(["k"], prior={"k": 3})  # submitted before install: Dask's count carries over
+    assert b.over("k")
+
+
+@pytest.mark.parametrize("module", [blame, budget, core, deaths, memory, runs])
+def test_doctests(module):
+    assert doctest.testmod(module).failed == 0
