@@ -72,8 +72,9 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 _CAUSES = frozenset(c.value for c in Cause)
 _KINDS = frozenset(k.value for k in Kind)
 _DEATH_CAUSES = frozenset(c.value for c in DEATH_CAUSES)
-#: The validator's reasons, plus "overflow": the intake queue was full.
-_REASONS = frozenset(REASONS) | {"overflow"}
+#: The validator's reasons, plus the scheduler's own refusals: "overflow" (a full queue),
+#: "duplicate" (a repeat), "unknown_sender" (not from the named worker's nanny's host).
+_REASONS = frozenset(REASONS) | {"overflow", "duplicate", "unknown_sender"}
 
 
 def _label(value: Any, allowed: frozenset[str]) -> str:

@@ -240,7 +240,9 @@ def _hostile_crash_report() -> bytes:
 @pytest.fixture
 def scheduler(tmp_path):
     with dask.config.set({"oomguard.scheduler.report-grace-timeout": "300ms"}):
-        with LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as cl, Client(
+        # tcp, not inproc: the sender check needs a real peer address.
+        with LocalCluster(n_workers=0, processes=False, protocol="tcp", host="127.0.0.1",
+                          dashboard_address=":0") as cl, Client(
             cl
         ) as client:
             oomguard.install(client, store=str(tmp_path / "hostile.sqlite3"))
@@ -279,13 +281,18 @@ def test_hostile_reports_over_the_wire(scheduler, tmp_path, record_figures):
     assert not marker.exists(), "a pickled payload was loaded"
     assert stats["internal_errors"] == 0
     assert stats["reports"] == 0  # none of them got through
-    # The scheduler still takes a valid report afterwards.
-    ok = client.sync(_send_all, cl.scheduler_address, {"ok": msgpack.packb(VALID)})
-    assert ok["ok"] == {"status": "queued"}
+    # A valid report is taken only from the host of the worker it speaks for: this test
+    # sends from loopback, so one for a worker at 10.0.0.5 is refused, one for a worker
+    # on this machine is taken.
+    local = msgpack.packb({**VALID, "worker": "tcp://127.0.0.1:40001"})
+    ok = client.sync(_send_all, cl.scheduler_address, {"forged": msgpack.packb(VALID),
+                                                       "ok": local})
+    assert ok == {"forged": {"status": "queued"}, "ok": {"status": "queued"}}
     deadline = time.monotonic() + 10
     while snapshot()["reports"] < 1 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert snapshot()["reports"] == 1
+    assert snapshot()["rejected"].get("unknown_sender") == 1
     record_figures("hostile-wire", payloads=len(cases), rejected=stats["rejected"])
 
 

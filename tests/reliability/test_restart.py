@@ -76,7 +76,7 @@ async def _stream_and_kill(address, proc, min_acked, max_seconds):
         await _events(address)  # the plugin is up
         while True:
             for _ in range(20):
-                report = dict(template, worker=f"tcp://10.9.{sent // 250 % 250}.{sent % 250}:4000",
+                report = dict(template, worker=f"tcp://127.9.{sent // 250 % 250}.{sent % 250}:4000",
                               time=time.time())
                 try:
                     await getattr(s, REPORT_HANDLER)(report=msgpack.packb(report))

@@ -61,7 +61,7 @@ class DecisionCore:
         max_shard_infra_failures: int = 3,
         abort_on_repeat_signature: bool = True,
         larger_only: bool = True,
-        max_reports: int = 10_000,
+        max_reports: int = 1_000,
     ) -> None:
         self.runs = Runs()
         self.pairing = DeathPairing(grace, max_reports=max_reports)
@@ -166,9 +166,10 @@ class DecisionCore:
     def clean_exit(self, worker: str, now: float) -> None:
         self.pairing.clean(worker, now)
 
-    def tick(self, now: float) -> list[Decision]:
+    def tick(self, now: float, limit: int | None = None) -> list[Decision]:
+        """Decide deaths whose grace ran out, at most `limit` (more on the next call)."""
         out: list[Decision] = []
-        for death in self.pairing.expired(now):
+        for death in self.pairing.expired(now, limit):
             out += self._decide(death)
         return out
 

@@ -43,6 +43,8 @@ class Death:
     late: bool = False
 
 
+_PER_WORKER = 4  # decided deaths remembered per worker address
+
 #: Why a report was refused (a metric label each).
 DUPLICATE = "duplicate"
 OVERFLOW = "overflow"
@@ -58,16 +60,17 @@ class DeathPairing:
     'tcp://a:1'
     """
 
-    def __init__(self, grace: float, *, max_reports: int = 10_000, remember: int = 100_000):
+    def __init__(self, grace: float, *, max_reports: int = 1_000, remember: int = 100_000):
         self.grace = grace
         self.max_reports = max_reports
         self.remember = remember
         self._removals: OrderedDict[str, tuple[float, Removal]] = OrderedDict()
         self._reports: OrderedDict[str, tuple[float, dict]] = OrderedDict()
         self._clean: OrderedDict[str, float] = OrderedDict()  # nannies said: not a death
-        # worker -> (pid, had a report) of its latest decided death: a later report of that
-        # process amends it (decided worker_lost) or repeats it (refused).
-        self._decided: OrderedDict[str, tuple[Any, bool]] = OrderedDict()
+        # worker -> [pid, had a report] of its last few decided deaths (a worker restarted
+        # under the same address dies again): a later report of that process amends its
+        # death (decided worker_lost) or repeats it (refused).
+        self._decided: OrderedDict[str, list[list]] = OrderedDict()
         self.refused: dict[str, int] = {}
         self.clean_exits = 0
 
@@ -75,8 +78,9 @@ class DeathPairing:
         self.refused[reason] = self.refused.get(reason, 0) + 1
 
     def _done(self, death: Death) -> Death:
-        self._decided[death.worker] = (_pid(death), death.report is not None)
-        self._decided.move_to_end(death.worker)
+        deaths = self._decided.pop(death.worker, [])
+        deaths.append([_pid(death), death.report is not None])
+        self._decided[death.worker] = deaths[-_PER_WORKER:]
         while len(self._decided) > self.remember:
             self._decided.popitem(last=False)
         return death
@@ -110,13 +114,15 @@ class DeathPairing:
         if waiting is not None and _matches(waiting[1], report):
             del self._removals[worker]
             return self._done(Death(worker, waiting[1], report))
-        decided = self._decided.get(worker)
-        if decided is not None and _same(decided[0], report.get("pid")):
-            if decided[1]:
+        pid = report.get("pid")
+        decided = [d for d in self._decided.get(worker, ()) if _same(d[0], pid)]
+        if decided:
+            lost = next((d for d in decided if not d[1]), None)
+            if lost is None:
                 self._refuse(DUPLICATE)
                 return None
             # Decided as worker_lost; this report says what really happened.
-            self._decided[worker] = (report.get("pid"), True)
+            lost[1] = True
             return Death(worker, None, report, late=True)
         if worker in self._reports:
             self._refuse(DUPLICATE)
@@ -127,18 +133,20 @@ class DeathPairing:
         self._reports[worker] = (now, report)
         return None
 
-    def expired(self, now: float) -> list[Death]:
-        """Deaths whose partner did not arrive within `grace` (oldest first)."""
+    def expired(self, now: float, limit: int | None = None) -> list[Death]:
+        """Deaths whose partner did not arrive within `grace` (oldest first), at most
+        `limit` of them (the rest on the next call)."""
         out: list[Death] = []
+        room = limit if limit is not None else float("inf")
         while self._clean and now - next(iter(self._clean.values())) >= self.grace:
             self._clean.popitem(last=False)
-        while self._removals:
+        while self._removals and len(out) < room:
             worker, (since, removal) = next(iter(self._removals.items()))
             if now - since < self.grace:
                 break
             self._removals.popitem(last=False)
             out.append(self._done(Death(worker, removal, None)))
-        while self._reports:
+        while self._reports and len(out) < room:
             worker, (since, report) = next(iter(self._reports.items()))
             if now - since < self.grace:
                 break
@@ -154,6 +162,11 @@ class DeathPairing:
         self._reports.clear()
         self._clean.clear()
         return out
+
+    def only_unmatched_fit(self) -> bool:
+        """True when a new report could only be refused: the unmatched reports are at their
+        cap and no removal waits for a report (a storm of reports nothing asked for)."""
+        return len(self._reports) >= self.max_reports and not self._removals
 
     def pending_removals(self) -> int:
         return len(self._removals)

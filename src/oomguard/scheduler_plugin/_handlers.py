@@ -36,6 +36,8 @@ def sender_matches(peer: str | None, worker: str, nanny: str | None, local: str 
     True
     >>> sender_matches("tcp://10.0.0.9:53122", "tcp://10.0.0.5:40001", "tcp://10.0.0.5:40000")
     False
+    >>> sender_matches("tcp://127.0.0.1:53122", "tcp://127.9.0.1:4000", None)  # loopback
+    True
     """
     if not peer:
         return False
@@ -46,12 +48,20 @@ def sender_matches(peer: str | None, worker: str, nanny: str | None, local: str 
 
 
 def _host(address: str) -> str:
+    import ipaddress
+
     from distributed.comm import get_address_host
 
     try:
-        return get_address_host(address)
+        host = get_address_host(address)
     except Exception:
         return ""
+    try:
+        if ipaddress.ip_address(host).is_loopback:  # 127.0.0.0/8 and ::1: this machine
+            return "localhost"
+    except ValueError:
+        pass
+    return host
 
 
 class Handlers:
@@ -99,6 +109,10 @@ class Handlers:
                                 "wrong_type")
                 plugin.reject(e)
                 return {"status": "rejected", "reason": e.reason, "field": e.field}
+            if plugin.core.pairing.only_unmatched_fit():
+                # Refused before decoding: decoding a storm only to drop it starves the loop.
+                plugin.refused("overflow")
+                return {"status": "overflow"}
             # The sender is checked against the report's worker once it is decoded.
             if not plugin.intake.submit(bytes(report), getattr(comm, "peer_address", None)):
                 plugin.refused("overflow")

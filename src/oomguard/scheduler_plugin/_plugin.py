@@ -38,6 +38,7 @@ logger = logging.getLogger("oomguard.scheduler")
 #: No worker has this address: a task restricted to it waits in "no-worker".
 HOLD = "oomguard://held"
 _SHUTTING_DOWN = (Status.closing, Status.closed, Status.closing_gracefully)
+_metrics_holder: OomguardSchedulerPlugin | None = None  # whose collector /metrics serves
 
 
 class OomguardSchedulerPlugin(SchedulerPlugin):
@@ -78,6 +79,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         self._saved: dict[Any, tuple] = {}  # held key -> its own restrictions, to restore
         self._saved_allowed_failures: int | None = None
         self._logged_aborts: set[str] = set()  # runs whose abort was announced
+        self._started = False
         self._original_task_erred = None
         self._workers: dict[str, Any] = {}  # address -> WorkerState, to read after removal
         self._persisted: dict[str, Any] = {}  # run -> last status written
@@ -140,8 +142,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             self.core.worker_added(addr, ws.memory_limit)
         self._tasks = [asyncio.create_task(self._tick_loop(min(grace / 4, 0.5))),
                        asyncio.create_task(self._gauge_loop(2.0))]
-        if not self.metrics.register():
-            logger.warning("oomguard: another oomguard in this process holds the metrics")
+        self._register_metrics()
         try:
             from ._dashboard import register_dashboard
 
@@ -152,25 +153,49 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             self.guard.error("dashboard")
         self._start_pod_lookup()
         await self._install_worker_side(scheduler)
+        self._started = True
         logger.info("oomguard: watching failures; store at %s", path)
+
+    def _register_metrics(self) -> None:
+        global _metrics_holder
+        holder = _metrics_holder
+        if holder is not None and holder is not self and (
+            holder.scheduler is None or holder.scheduler.status in _SHUTTING_DOWN
+        ):
+            # A plugin whose scheduler went away without closing it (its start() was cut
+            # short) must not keep the process's /metrics.
+            holder.metrics.unregister()
+        if self.metrics.register():
+            _metrics_holder = self
+        else:
+            logger.warning("oomguard: another oomguard in this process holds the metrics")
 
     async def _install_worker_side(self, scheduler: Scheduler) -> None:
         from ..worker_plugin import OomguardNannyPlugin, OomguardWorkerPlugin
         from ..worker_plugin._paths import default_crash_dir
 
         nanny_plugin = OomguardNannyPlugin()
-        await scheduler.register_nanny_plugin(
-            comm=None, plugin=pickle.dumps(nanny_plugin), name=nanny_plugin.name,
-            idempotent=True,
-        )
+        await self._broadcast(scheduler.register_nanny_plugin, nanny_plugin)
         # Workers already running get the worker plugin now; restarted ones get it from
         # their nanny. The crash dir must agree with the nanny's, so read the same config.
         crash_dir = _config.get_optional_path("worker.crash-dir") or default_crash_dir()
         worker_plugin = OomguardWorkerPlugin(crash_dir, _config.get_seconds("worker.sample-interval"))
-        await scheduler.register_worker_plugin(
-            comm=None, plugin=pickle.dumps(worker_plugin), name=worker_plugin.name,
-            idempotent=True,
-        )
+        await self._broadcast(scheduler.register_worker_plugin, worker_plugin)
+
+    async def _broadcast(self, register, plugin) -> None:
+        # Dask keeps the plugin for nannies and workers that (re)start later, then sends it
+        # to those running now; one dying meanwhile (a cluster that oomguard is installed on
+        # to stop its crashes) must not fail the install.
+        for attempt in (1, 2):
+            try:
+                await register(comm=None, plugin=pickle.dumps(plugin), name=plugin.name,
+                               idempotent=True)
+                return
+            except OSError as e:  # CommClosedError, connection resets
+                if attempt == 2:
+                    logger.warning("oomguard: %s reached only some of the running processes "
+                                   "(%s); processes starting later get it", plugin.name, e)
+                await asyncio.sleep(0.5)
 
     def _start_pod_lookup(self) -> None:
         if not self._setting("kubernetes.enabled", _config.get_bool):
@@ -200,19 +225,20 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             await asyncio.sleep(interval)
 
     async def _tick_loop(self, interval: float) -> None:
-        registered = False
         while True:
             await asyncio.sleep(interval)
-            # Dask adds a plugin to `scheduler.plugins` only after its start() returned, and
-            # start() awaits the nannies: absent before that is not removed.
-            present = self.scheduler is not None and self.scheduler.plugins.get(self.name) is self
-            if registered and not present:
+            # Dask adds a registered plugin to `scheduler.plugins` right after its start()
+            # returns (start awaits the nannies): absent before that is not removed.
+            if self._started and self.scheduler.plugins.get(self.name) is not self:
                 # Removed with Scheduler.remove_plugin, which does not call close().
                 await self.close()
                 return
-            registered = registered or present
             with self.guard("expire"):
-                self._apply(self.core.tick(time.monotonic()))
+                # In slices, yielding between them: a storm of expired reports must not
+                # stall the event loop.
+                while out := self.core.tick(time.monotonic(), limit=64):
+                    self._apply(out)
+                    await asyncio.sleep(0)
                 self._persist_pipelines()
 
     async def close(self) -> None:
