@@ -207,6 +207,9 @@ _LOST_EVENTS = (
     "SELECT id, signature_id FROM events WHERE worker = ? AND cause = 'worker_lost' AND time ="
     " (SELECT max(time) FROM events WHERE worker = ? AND cause = 'worker_lost')"
 )
+_LOST_EVENTS_AT = (
+    "SELECT id, signature_id FROM events WHERE worker = ? AND cause = 'worker_lost' AND time = ?"
+)
 _INSERT_EVENT = _MultiRow(
     "INSERT INTO events (time, kind, cause, shard, pipeline, worker, host, signature_id,"
     " signature_title, evidence, attempt, grouping_version) VALUES",
@@ -459,10 +462,12 @@ class FailureStore:
             return False
         return self._put(item)
 
-    def amend(self, event: FailureEvent, *, grouping_version: int = 1, example: str = "") -> bool:
+    def amend(self, event: FailureEvent, *, grouping_version: int = 1, example: str = "",
+              lost_at: float | None = None) -> bool:
         """Queue the real cause of a death first recorded as ``worker_lost`` (its report came
-        late, or the pod said what happened): the worker's latest ``worker_lost`` events are
-        replaced by `event`, so the death stays one event. Otherwise as `add`.
+        late, or the pod said what happened): the worker's ``worker_lost`` events of time
+        `lost_at` (default: its latest) are replaced by `event`, so the death stays one
+        event. Otherwise as `add`.
 
         >>> store.amend(event_with_the_real_cause)
         True
@@ -472,7 +477,7 @@ class FailureStore:
         except Exception as e:  # a scheduler hook must never raise
             self._error(f"amend(): {_describe(event)}: {e}")
             return False
-        return self._put(("amend", item))
+        return self._put(("amend", item, lost_at))
 
     def upsert_pipeline(self, status: PipelineStatus) -> None:
         """Queue the latest status of one run of a pipeline: it replaces the stored status
@@ -563,13 +568,18 @@ class FailureStore:
                 events.append(item)
                 if item[2] == "worker_lost":
                     lost.add(item[5])
-            elif n == 2:  # ("amend", event item)
+            elif n == 3:  # ("amend", event item, lost_at)
                 worker = item[1][5]
-                if worker in lost:  # its worker_lost events are in this very batch
-                    lost.discard(worker)
-                    events = [e for e in events if e[5] != worker or e[2] != "worker_lost"]
-                else:
-                    amends.append(item[1][:12])
+                when = item[2]
+                if worker in lost:  # its worker_lost events may be in this very batch
+                    mine = [e[0] for e in events if e[5] == worker and e[2] == "worker_lost"]
+                    when = max(mine) if when is None else when
+                    if when in mine:
+                        events = [e for e in events
+                                  if e[5] != worker or e[2] != "worker_lost" or e[0] != when]
+                        when = None
+                if when is not None or worker not in lost:
+                    amends.append((worker, when))
                 events.append(item[1][:12])
                 if len(item[1]) == 13:
                     examples.setdefault(item[1][7], item[1][12])
@@ -588,9 +598,12 @@ class FailureStore:
             # signature and member updates are computed from them by SQLite, which does the
             # work without holding the GIL (the event loop's thread needs it).
             last = conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
-            for worker in {item[5] for item in amends}:
+            for worker, lost_at in amends:
                 # The death's worker_lost events go; the amended one is inserted below.
-                replaced = conn.execute(_LOST_EVENTS, (worker, worker)).fetchall()
+                if lost_at is None:
+                    replaced = conn.execute(_LOST_EVENTS, (worker, worker)).fetchall()
+                else:
+                    replaced = conn.execute(_LOST_EVENTS_AT, (worker, lost_at)).fetchall()
                 conn.executemany("DELETE FROM events WHERE id = ?", [(i,) for i, _ in replaced])
                 conn.executemany("UPDATE signatures SET count = count - 1 WHERE id = ?",
                                  [(sid,) for _, sid in replaced])

@@ -117,3 +117,44 @@ def test_a_memory_kill_of_a_two_thread_worker_whose_shards_fit_alone_finishes(tm
             status = failures.pipeline("pair")
             assert status.status == "succeeded_after_infra_failures", status
             assert "retried alone" in status.summary, status.summary
+
+
+def test_a_killer_that_takes_its_host_on_saturated_workers_is_bounded(tmp_path):
+    """No death report ever comes (the nanny dies too), and each worker holds more tasks
+    than threads: the killer is still charged every death and stops within Dask's bound."""
+    import functools
+    import subprocess
+    import sys
+
+    hosts = []
+    with dask.config.set({"oomguard.scheduler.report-grace-timeout": "2s",
+                          "distributed.scheduler.allowed-failures": 1}):
+        with LocalCluster(n_workers=0, processes=True, dashboard_address=":0") as cl, \
+                Client(cl) as client:
+            oomguard.install(client, store=str(tmp_path / "f.sqlite3"))
+            try:
+                for _ in range(3):  # three "hosts": a nanny and its worker in one session
+                    hosts.append(subprocess.Popen(
+                        [sys.executable, "-m", "distributed.cli.dask_worker",
+                         cl.scheduler_address, "--nworkers", "1", "--nthreads", "1",
+                         "--preload-nanny", "oomguard.worker_plugin", "--no-dashboard"],
+                        start_new_session=True, stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    ))
+                client.wait_for_workers(3, timeout=120)
+                with distributed.span("host-killer"):
+                    # Builtins only: the external workers cannot import this module.
+                    busy = client.map(time.sleep, [0.5] * 30, pure=False)
+                    killer = client.submit(functools.partial(os.killpg, 0, signal.SIGKILL),
+                                           pure=False)
+                with pytest.raises(Exception) as e:
+                    killer.result(timeout=120)
+                assert type(e.value).__name__ in ("PipelineAborted", "KilledWorker"), e.value
+                dead = [p for p in hosts if p.poll() is not None]
+                assert 1 <= len(dead) <= 2, f"{len(dead)} of 3 hosts died; Dask allows 2"
+                del busy
+            finally:
+                for p in hosts:
+                    if p.poll() is None:
+                        os.killpg(p.pid, signal.SIGKILL)
+                    p.wait(10)

@@ -156,9 +156,9 @@ def test_report_storm(tmp_path, long_run, record_figures):
         "rss_growth_mib": round(rss_growth / 2**20, 1),
     }
     record_figures("storm", **figures)
-    # The flood really happened: the scheduler took reports as fast as they came.
+    # The flood really happened. How fast the scheduler took it (sender_elapsed_s) is a
+    # figure for docs/reliability.md, not asserted: speed goals live in benchmarks.
     assert flood["sent"] >= rate * seconds * 0.98, figures
-    assert flood["elapsed"] <= seconds * 1.1, figures
     # Nothing vanished: each report was accepted, refused with a reason, or overflowed.
     assert stats["reports"] + stats["overflow"] + sum(stats["rejected"].values()) == flood["sent"]
     assert stats["internal_errors"] == 0

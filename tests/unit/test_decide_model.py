@@ -77,7 +77,7 @@ class CoreModel(RuleBasedStateMachine):
                     for k in d.keys:
                         self.running[w].pop(k, None)
             elif isinstance(d, Record):
-                if d.death and not d.amends:
+                if d.death and d.amends is None:
                     self.death_records += 1
             else:
                 assert isinstance(d, Forgive | Restrict)

@@ -658,3 +658,21 @@ def test_sigkill_loses_nothing_acknowledged(tmp_path):
         assert s.distinct_counts("sig")["hosts"] == 5
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("same_batch", [False, True])
+def test_amend_replaces_the_worker_lost_events_of_that_death(store, same_batch):
+    w = "tcp://10.0.0.9:4000"
+    lost = dict(cause="worker_lost", worker=w, signature_id="lost-sig")
+    store.add(ev(1, **lost, time=T0 + 1))  # an earlier death of a process at this address
+    store.add(ev(2, **lost, time=T0 + 2))
+    if not same_batch:
+        assert store.flush()
+    assert store.amend(ev(3, cause="sigkill", worker=w, signature_id="kill-sig", time=T0 + 3),
+                       lost_at=T0 + 2 if not same_batch else None)
+    assert store.flush()
+    rows = store.events(limit=None)
+    assert sorted((e.cause, e.time) for e in rows) == [("sigkill", T0 + 3),
+                                                       ("worker_lost", T0 + 1)]
+    by_id = {s.id: s.count for s in store.signatures()}
+    assert by_id.get("kill-sig") == 1 and by_id.get("lost-sig") == 1

@@ -289,7 +289,7 @@ class DecisionCore:
                 time=report["time"],
             )
             out.append(Record(event, sig.grouping_version, _example(report, entry, s),
-                              amends=True))
+                              amends=death.lost_at or 0.0))
         return out
 
     def _evidence(self, death: Death, cause: Cause, source: str, n: int) -> dict:

@@ -41,6 +41,7 @@ class Death:
     removal: Removal | None
     report: dict | None
     late: bool = False
+    lost_at: float | None = None  # with `late`: the time of the worker_lost decision it amends
 
 
 _PER_WORKER = 4  # decided deaths remembered per worker address
@@ -67,7 +68,7 @@ class DeathPairing:
         self._removals: OrderedDict[str, tuple[float, Removal]] = OrderedDict()
         self._reports: OrderedDict[str, tuple[float, dict]] = OrderedDict()
         self._clean: OrderedDict[str, float] = OrderedDict()  # nannies said: not a death
-        # worker -> [pid, had a report] of its last few decided deaths (a worker restarted
+        # worker -> [pid, had a report, removal time] of its last few decided deaths (a worker restarted
         # under the same address dies again): a later report of that process amends its
         # death (decided worker_lost) or repeats it (refused).
         self._decided: OrderedDict[str, list[list]] = OrderedDict()
@@ -79,7 +80,8 @@ class DeathPairing:
 
     def _done(self, death: Death) -> Death:
         deaths = self._decided.pop(death.worker, [])
-        deaths.append([_pid(death), death.report is not None])
+        when = death.removal.time if death.removal is not None else None
+        deaths.append([_pid(death), death.report is not None, when])
         self._decided[death.worker] = deaths[-_PER_WORKER:]
         while len(self._decided) > self.remember:
             self._decided.popitem(last=False)
@@ -123,7 +125,7 @@ class DeathPairing:
                 return None
             # Decided as worker_lost; this report says what really happened.
             lost[1] = True
-            return Death(worker, None, report, late=True)
+            return Death(worker, None, report, late=True, lost_at=lost[2])
         if worker in self._reports:
             self._refuse(DUPLICATE)
             return None

@@ -58,7 +58,7 @@ class Record:
     grouping_version: int = 1
     example: str = ""
     death: bool = False  # the first record of a worker death (one per death)
-    amends: bool = False  # a late report: replaces the worker_lost event of its death
+    amends: float | None = None  # a late report: replaces the worker_lost events of that time
 
 
 Decision = Hold | Release | Restrict | Stop | Forgive | Record

@@ -417,8 +417,9 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
 
     def _record(self, d: Record) -> None:
         event = d.event
-        if d.amends:
-            self.store.amend(event, grouping_version=d.grouping_version, example=d.example)
+        if d.amends is not None:
+            self.store.amend(event, grouping_version=d.grouping_version, example=d.example,
+                             lost_at=d.amends or None)
         else:
             self.store.add(event, grouping_version=d.grouping_version, example=d.example)
             self.metrics.failure(event.kind, event.cause)
@@ -439,7 +440,8 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
                 evidence.update({k: v for k, v in extra.items() if _scalar(v)})
                 import dataclasses
 
-                self.store.amend(dataclasses.replace(event, cause=str(cause), evidence=evidence))
+                self.store.amend(dataclasses.replace(event, cause=str(cause), evidence=evidence),
+                                 lost_at=event.time)
 
     def _hold(self, keys) -> None:
         tasks = self.scheduler.tasks

@@ -56,7 +56,7 @@ class OomguardWorkerPlugin(WorkerPlugin):
         self._cgroup: _cgroup.CgroupInfo | None = None
         self._samples = 0
         self.errors = 0
-        self._admission = None  # oomguard admission wiring (issue 7)
+        self._admission = None  # host-wide memory admission
 
     def __getstate__(self):
         return {"crash_dir": self.crash_dir, "sample_interval": self.sample_interval}
@@ -74,7 +74,7 @@ class OomguardWorkerPlugin(WorkerPlugin):
             signal.SIGTERM, file=self._crash_file, all_threads=True, chain=True
         )
         self._recorder = FlightRecorder.create(flight_path(self.crash_dir, pid))
-        try:  # oomguard admission wiring (issue 7): host-wide memory leases
+        try:  # host-wide memory leases (oomguard.memory, learned peaks)
             self._admission = install_admission(worker, self.crash_dir)
         except Exception:
             self._internal_error("admission")
@@ -89,7 +89,7 @@ class OomguardWorkerPlugin(WorkerPlugin):
 
     def teardown(self, worker: Worker) -> None:
         self._stop.set()
-        if self._admission is not None:  # oomguard admission wiring (issue 7)
+        if self._admission is not None:  # host-wide memory admission
             self._admission.uninstall(worker)
             self._admission = None
         if self._thread is not None:
@@ -150,7 +150,7 @@ class OomguardWorkerPlugin(WorkerPlugin):
         if self._process is None:
             self._process = psutil.Process()
         rss = self._process.memory_info().rss
-        if self._admission is not None:  # oomguard admission wiring (issue 7): peaks
+        if self._admission is not None:  # learn this prefix's peak
             self._admission.observe(rss)
         rec.write_sample(
             {
