@@ -194,12 +194,14 @@ class _Failure:
     worker: str
     host: str
     signature_id: str
+    conclusive: bool = True  # False: a memory kill shared with other tasks, no evidence
 
 
 @dataclass(slots=True)
 class _Shard:
     pipeline: str
     infra: int = 0
+    shared: int = 0  # infra failures that were memory kills shared with other tasks
     user: int = 0
     failures: list[_Failure] = field(default_factory=list)  # infra only, capped
     causes: Counter[str] = field(default_factory=Counter)  # infra causes
@@ -420,6 +422,7 @@ class FailurePolicy:
             return None
 
         rec.infra += 1
+        rec.shared += not may_decide
         rec.causes[cause.value] += 1
         rec.last_words = describe_cause(cause, event.evidence or {})
         p.infra += 1
@@ -430,14 +433,14 @@ class FailurePolicy:
             if not (event.time and p.last_death.get(event.worker) == event.time):
                 p.deaths[cause.value] += 1
             p.last_death[event.worker] = event.time
-        new = _Failure(cause.value, event.worker, event.host, event.signature_id)
+        new = _Failure(cause.value, event.worker, event.host, event.signature_id, may_decide)
         repeat = self._repeat_on_other_worker(rec, new)
         if len(rec.failures) < _HISTORY_CAP:
             rec.failures.append(new)
 
         if p.decision is not None or rec.ended == "done" or not may_decide:
             return None
-        if rec.infra >= self.max_shard_infra_failures:
+        if rec.infra - rec.shared >= self.max_shard_infra_failures:
             reason = "count"
         elif repeat is not None:
             reason = "repeat"
@@ -453,7 +456,8 @@ class FailurePolicy:
             return None
         for f in rec.failures:
             if (
-                f.cause in SHARD_CAUSES
+                f.conclusive
+                and f.cause in SHARD_CAUSES
                 and f.signature_id == new.signature_id
                 and f.worker != new.worker
             ):

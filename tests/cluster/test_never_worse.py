@@ -110,8 +110,12 @@ def test_a_memory_kill_of_a_two_thread_worker_whose_shards_fit_alone_finishes(tm
                 futs = client.map(grow, [360 * MiB] * 2, [2.0] * 2, pure=False)
             # Together ~720 MiB plus the worker's own: past the nanny's 95 % of 700 MiB;
             # alone ~360 MiB plus the worker's own: well below.
-            assert client.gather(futs, errors="raise") == [360 * MiB] * 2
             failures = oomguard.Failures(client)
+            try:
+                assert client.gather(futs, errors="raise") == [360 * MiB] * 2
+            except oomguard.PipelineAborted:
+                raise AssertionError([(e.cause, e.shard, e.evidence.get("executing_tasks"),
+                                       e.evidence.get("summary")) for e in failures.events()])
             kills = failures.events(cause="memory_terminate")
             assert kills, "the two shards together were never killed: the test proves nothing"
             status = failures.pipeline("pair")

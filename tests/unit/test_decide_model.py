@@ -18,7 +18,6 @@ from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
     invariant,
-    precondition,
     rule,
 )
 
@@ -145,6 +144,15 @@ class CoreModel(RuleBasedStateMachine):
         self.start(key, worker, True)
         return self.kill_where(key, cause, report, guess)
 
+    @rule(target=pending, keys=st.lists(st.sampled_from(KEYS), min_size=2, max_size=3,
+                                        unique=True),
+          worker=st.sampled_from(WORKERS), report=st.sampled_from(["before", "after"]))
+    def shared_memory_kill(self, keys, worker, report):
+        """Tasks that only together exceed the worker's memory."""
+        for key in keys:
+            self.start(key, worker, True)
+        return self.kill(worker, "oom_kill", report, False)
+
     @rule(target=pending, worker=st.sampled_from(WORKERS), cause=st.sampled_from(CAUSES),
           report=st.sampled_from(["before", "after", "never"]), guess=st.booleans())
     def kill(self, worker, cause, report, guess):
@@ -215,6 +223,9 @@ class CoreModel(RuleBasedStateMachine):
             assert (core.budget.undecided(k) > 0 or k in core.suspects
                     or k == core.isolating), f"{k} held with nothing to wait for"
         assert not core.held & set(core.stopped)
+        if core.isolating is None and core.suspects:
+            # Isolation only waits for a death still to be decided, never for nothing.
+            assert core.budget.undecided(core.suspects[0]) > 0, "isolation stalled"
 
     @invariant()
     def no_key_runs_while_its_death_is_undecided(self):

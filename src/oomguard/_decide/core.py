@@ -148,8 +148,6 @@ class DecisionCore:
         keys = [k for k in removal.processing.values() if k not in self.stopped]
         self.budget.charge(keys, {removal.processing[s]: n for s, n in removal.prior.items()
                                   if s in removal.processing})
-        if self.isolating in keys:
-            self.isolating = None
         out: list[Decision] = []
         if keys:
             self.held.update(keys)
@@ -252,10 +250,13 @@ class DecisionCore:
                 decisions.append((self._over_budget(key, run, event), key))
         for d, key in decisions:
             out += self._abort(d, key)
+        if self.isolating is not None and (self.isolating in charged
+                                           or self.isolating in keys.values()):
+            self.isolating = None  # it died again: alone (judged above) or shared again
         if shared:
-            out += self._isolate([k for k in keys.values() if k is not None])
+            self._isolate([k for k in keys.values() if k is not None])
         out += self._release_decided(removal)
-        return out
+        return out + self._next_isolated()
 
     def _release_decided(self, removal: Removal | None) -> list[Decision]:
         # Keys held for this death run again, unless they wait for isolation, were stopped,
@@ -306,14 +307,13 @@ class DecisionCore:
 
     # --- memory: isolation and resize ------------------------------------------------
 
-    def _isolate(self, keys: list) -> list[Decision]:
+    def _isolate(self, keys: list) -> None:
         for key in keys:
             if key not in self.stopped and key not in self.suspects and key != self.isolating:
                 self.suspects.append(key)
                 self.held.add(key)
                 if (run := self.runs.of(key)) is not None:
                     self.policy.isolated(run.label)
-        return self._next_isolated()
 
     def _next_isolated(self) -> list[Decision]:
         while self.isolating is None and self.suspects:

@@ -44,8 +44,6 @@ class Death:
     lost_at: float | None = None  # with `late`: the time of the worker_lost decision it amends
 
 
-_PER_WORKER = 4  # decided deaths remembered per worker address
-
 #: Why a report was refused (a metric label each).
 DUPLICATE = "duplicate"
 OVERFLOW = "overflow"
@@ -68,10 +66,12 @@ class DeathPairing:
         self._removals: OrderedDict[str, tuple[float, Removal]] = OrderedDict()
         self._reports: OrderedDict[str, tuple[float, dict]] = OrderedDict()
         self._clean: OrderedDict[str, float] = OrderedDict()  # nannies said: not a death
-        # worker -> [pid, had a report, removal time] of its last few decided deaths (a worker restarted
-        # under the same address dies again): a later report of that process amends its
-        # death (decided worker_lost) or repeats it (refused).
-        self._decided: OrderedDict[str, list[list]] = OrderedDict()
+        # worker -> {pid: [had a report, removal time]} of its decided deaths (a worker
+        # restarted under the same address dies again; an unknown pid gets a key of its
+        # own): a later report of that process amends its death (decided worker_lost) or
+        # repeats it (refused). At most `remember` deaths in all, oldest workers first.
+        self._decided: OrderedDict[str, dict[Any, list]] = OrderedDict()
+        self._remembered = 0
         self.refused: dict[str, int] = {}
         self.clean_exits = 0
 
@@ -79,10 +79,15 @@ class DeathPairing:
         self.refused[reason] = self.refused.get(reason, 0) + 1
 
     def _done(self, death: Death) -> Death:
-        deaths = self._decided.pop(death.worker, [])
+        deaths = self._decided.pop(death.worker, {})
+        pid = _pid(death)
         when = death.removal.time if death.removal is not None else None
-        deaths.append([_pid(death), death.report is not None, when])
-        self._decided[death.worker] = deaths[-_PER_WORKER:]
+        if pid not in deaths:
+            self._remembered += 1
+        deaths[pid if pid is not None else object()] = [death.report is not None, when]
+        self._decided[death.worker] = deaths
+        while self._remembered > self.remember:
+            self._remembered -= len(self._decided.popitem(last=False)[1])
         while len(self._decided) > self.remember:
             self._decided.popitem(last=False)
         return death
@@ -117,15 +122,18 @@ class DeathPairing:
             del self._removals[worker]
             return self._done(Death(worker, waiting[1], report))
         pid = report.get("pid")
-        decided = [d for d in self._decided.get(worker, ()) if _same(d[0], pid)]
-        if decided:
-            lost = next((d for d in decided if not d[1]), None)
-            if lost is None:
+        deaths = self._decided.get(worker, {})
+        mine = deaths.get(pid) if pid is not None else None
+        if mine is None:  # a death whose process was unknown on one side
+            unknown = [d for p, d in deaths.items() if pid is None or not isinstance(p, int)]
+            mine = next((d for d in unknown if not d[0]), unknown[0] if unknown else None)
+        if mine is not None:
+            if mine[0]:
                 self._refuse(DUPLICATE)
                 return None
             # Decided as worker_lost; this report says what really happened.
-            lost[1] = True
-            return Death(worker, None, report, late=True, lost_at=lost[2])
+            mine[0] = True
+            return Death(worker, None, report, late=True, lost_at=mine[1])
         if worker in self._reports:
             self._refuse(DUPLICATE)
             return None

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._plugin import QUERY_HANDLER, OomguardSchedulerPlugin
+from ._handlers import QUERY_HANDLER
+from ._plugin import OomguardSchedulerPlugin
 
 if TYPE_CHECKING:
     from distributed import Scheduler

@@ -21,13 +21,13 @@ from distributed.core import Status
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import _config
-from .._decide import DecisionCore, Forgive, Hold, Record, Release, Removal, Restrict, Stop
+from .._decide import DecisionCore, Hold, Record, Removal
 from .._exceptions import ConfigError, ReportError
 from .._metrics import OomguardMetrics, store_totals
-from .._store import FailureStore
-from ..worker_plugin import CLEAN_EXIT_HANDLER, REPORT_HANDLER
 from .._guard import Guard
-from ._handlers import QUERY_HANDLER, Handlers
+from .._store import FailureStore
+from ._actions import DaskActions
+from ._handlers import Handlers
 from ._intake import ReportIntake
 
 if TYPE_CHECKING:
@@ -35,8 +35,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("oomguard.scheduler")
 
-#: No worker has this address: a task restricted to it waits in "no-worker".
-HOLD = "oomguard://held"
 _SHUTTING_DOWN = (Status.closing, Status.closed, Status.closing_gracefully)
 _metrics_holder: OomguardSchedulerPlugin | None = None  # whose collector /metrics serves
 
@@ -74,11 +72,9 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         self.handlers = Handlers(self)
         self.dashboard_path = ""
         self._pods = None  # oomguard._kubernetes.PodLookup where enabled
-        self._lookups: set[asyncio.Task] = set()
         self._tasks: list[asyncio.Task] = []
-        self._saved: dict[Any, tuple] = {}  # held key -> its own restrictions, to restore
         self._saved_allowed_failures: int | None = None
-        self._logged_aborts: set[str] = set()  # runs whose abort was announced
+        self.actions: DaskActions | None = None
         self._started = False
         self._original_task_erred = None
         self._workers: dict[str, Any] = {}  # address -> WorkerState, to read after removal
@@ -125,6 +121,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         self.intake = ReportIntake(self._on_reports)
         self.intake.start(asyncio.get_running_loop())
         self.scheduler = scheduler
+        self.actions = DaskActions(scheduler, self.store, self.metrics, self.guard)
         # Dask's count stays a finite backstop, one above the core's exact bound, so the
         # core (which decides with the death report in hand) always speaks first.
         self._saved_allowed_failures = allowed
@@ -152,6 +149,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         except Exception:
             self.guard.error("dashboard")
         self._start_pod_lookup()
+        self.actions._pods = self._pods
         await self._install_worker_side(scheduler)
         self._started = True
         logger.info("oomguard: watching failures; store at %s", path)
@@ -391,133 +389,15 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         self._original_task_erred(key=key, stimulus_id=stimulus_id, **msg)
         self._apply_guarded([d for d in out if not isinstance(d, Record)])
 
-    # --- decisions -> Dask (the only place that changes task state) -------------------
+    # --- decisions -> Dask (scheduler_plugin/_actions.py) -------------------------------
 
     def _apply_guarded(self, decisions: list) -> None:
         with self.guard("apply"):
             self._apply(decisions)
 
     def _apply(self, decisions: list) -> None:
-        for d in decisions:
-            if isinstance(d, Record):
-                self._record(d)
-            elif isinstance(d, Hold):
-                self._hold(d.keys)
-            elif isinstance(d, Release):
-                self._release(d.keys)
-            elif isinstance(d, Forgive):
-                self.metrics.displaced(len(d.keys))
-                for key in d.keys:
-                    if (ts := self.scheduler.tasks.get(key)) is not None and ts.suspicious:
-                        ts.suspicious -= 1
-            elif isinstance(d, Restrict):
-                self._restrict(d)
-            elif isinstance(d, Stop):
-                self._stop(d)
+        self.actions.apply(decisions)
 
-    def _record(self, d: Record) -> None:
-        event = d.event
-        if d.amends is not None:
-            self.store.amend(event, grouping_version=d.grouping_version, example=d.example,
-                             lost_at=d.amends or None)
-        else:
-            self.store.add(event, grouping_version=d.grouping_version, example=d.example)
-            self.metrics.failure(event.kind, event.cause)
-        if d.death:
-            self.metrics.deaths(event.cause)
-            if event.cause == "worker_lost" and self._pods is not None:
-                task = asyncio.create_task(self._pod_evidence(event))
-                self._lookups.add(task)
-                task.add_done_callback(self._lookups.discard)
-
-    async def _pod_evidence(self, event) -> None:
-        """No report: the nanny died too. Ask Kubernetes what happened to the pod."""
-        with self.guard("pod_lookup"):
-            found = await asyncio.to_thread(self._pods.evidence, event.host, since=event.time)
-            if found is not None:
-                cause, extra = found
-                evidence = dict(event.evidence)
-                evidence.update({k: v for k, v in extra.items() if _scalar(v)})
-                import dataclasses
-
-                self.store.amend(dataclasses.replace(event, cause=str(cause), evidence=evidence),
-                                 lost_at=event.time)
-
-    def _hold(self, keys) -> None:
-        tasks = self.scheduler.tasks
-        for key in keys:
-            ts = tasks.get(key)
-            if ts is None or key in self._saved:
-                continue
-            own = set(ts.worker_restrictions) if ts.worker_restrictions else None
-            self._saved[key] = (own, ts.loose_restrictions)
-            ts.worker_restrictions = {HOLD}
-            ts.loose_restrictions = False
-
-    def _release(self, keys) -> None:
-        tasks, recs = self.scheduler.tasks, {}
-        for key in keys:
-            saved = self._saved.pop(key, None)
-            ts = tasks.get(key)
-            if saved is None or ts is None:
-                continue
-            ts.worker_restrictions, ts.loose_restrictions = saved
-            if ts.state == "no-worker":
-                recs[key] = "waiting"
-        if recs:
-            self.scheduler.transitions(recs, stimulus_id=f"oomguard-release-{time.time()}")
-
-    def _restrict(self, d: Restrict) -> None:
-        self.scheduler.log_event("oomguard", {"action": "retry-resize", "shard": str(d.key),
-                                              "limit": d.limit, "workers": sorted(d.workers)})
-        if d.key in self._saved:  # held: the restriction applies when it is released
-            self._saved[d.key] = (set(d.workers), False)
-            return
-        ts = self.scheduler.tasks.get(d.key)
-        if ts is None:
-            return
-        ts.worker_restrictions = set(d.workers)
-        ts.loose_restrictions = False
-        on = ts.processing_on.address if ts.processing_on is not None else None
-        if ts.state in ("queued", "no-worker") or (ts.state == "processing" and on not in d.workers):
-            # Handed to a worker of the old size, or queued (where restrictions are not
-            # consulted): schedule it again under the restriction.
-            self.scheduler.transitions({d.key: "released"},
-                                       stimulus_id=f"oomguard-resize-{time.time()}")
-
-    def _stop(self, d: Stop) -> None:
-        scheduler = self.scheduler
-        stimulus_id = f"oomguard-abort-{time.time()}"
-        release = {}
-        for key in d.keys:
-            self._saved.pop(key, None)  # never restored: it must not run again
-            ts = scheduler.tasks.get(key)
-            if ts is None or ts.state in ("memory", "erred", "forgotten"):
-                continue
-            ts.worker_restrictions = {HOLD}
-            ts.loose_restrictions = False
-            if ts.state == "processing":
-                release[key] = "released"  # sends free-keys: its result is dropped
-        if release:
-            scheduler.transitions(release, stimulus_id=stimulus_id)
-        exc = pickle.dumps(d.exception)
-        text = f"PipelineAborted: {d.exception.message}"
-        recs: dict = {}
-        for key in d.keys:
-            ts = scheduler.tasks.get(key)
-            if ts is None or ts.state not in ("no-worker", "queued"):
-                continue  # waiting ones reach no-worker later and are erred then
-            recs.update(scheduler.transition(key, "erred", exception=exc, exception_text=text,
-                                             cause=key, stimulus_id=stimulus_id))
-        scheduler.transitions(recs, stimulus_id=stimulus_id)
-        if d.run and d.run not in self._logged_aborts:
-            self._logged_aborts.add(d.run)
-            self.metrics.pipeline_aborted()
-            logger.error("oomguard: %s", d.exception.message)
-            scheduler.log_event("oomguard", {
-                "action": "pipeline-aborted", "pipeline": d.exception.pipeline, "run": d.run,
-                "shard": d.exception.shard, "message": d.exception.message,
-            })
 
     def _persist_pipelines(self, final: bool = False) -> None:
         """Write the runs that changed; drop runs whose keys are all forgotten."""
@@ -544,10 +424,6 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             out.update(deaths=core.deaths, displaced=core.displaced, aborts=core.aborts,
                        held=len(core.held), pending_deaths=len(core.pairing))
         return out
-
-
-def _scalar(v: Any) -> bool:
-    return v is None or isinstance(v, str | int | float | bool)
 
 
 def _host_of(address: str) -> str:

@@ -27,6 +27,7 @@ from distributed.diagnostics.plugin import NannyPlugin
 from .. import _cgroup, _config, _report
 from .._exceptions import CgroupError
 from .._flight import read_flight_record
+from .._guard import Guard
 from ._paths import crash_path, default_crash_dir, flight_path
 from ._worker import OomguardWorkerPlugin
 
@@ -100,7 +101,7 @@ class OomguardNannyPlugin(NannyPlugin):
         self._tasks: set[asyncio.Task] = set()
         self._delegate: OomguardNannyPlugin | None = None
         self.reports_sent = 0
-        self.errors = 0
+        self.guard = Guard(None, logger)  # never take the nanny down
 
     def __getstate__(self):
         return {
@@ -419,15 +420,15 @@ class OomguardNannyPlugin(NannyPlugin):
     # --- never take the nanny down ----------------------------------------------------
 
     def _guard(self, fn, where: str, *args) -> None:
-        try:
+        with self.guard(where):
             fn(*args)
-        except Exception:
-            self._internal_error(where)
 
     def _internal_error(self, where: str) -> None:
-        self.errors += 1
-        if self.errors == 1:
-            logger.exception("oomguard nanny plugin failed in %s (logged once)", where)
+        self.guard.error(where)
+
+    @property
+    def errors(self) -> int:
+        return self.guard.count
 
 
 def _dead_worker_group(name: str) -> bool:

@@ -16,6 +16,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from .. import _cgroup
 from .._flight import FlightRecorder
+from .._guard import Guard
 from ._admission import install_admission
 from ._paths import crash_path, flight_path
 
@@ -55,7 +56,7 @@ class OomguardWorkerPlugin(WorkerPlugin):
         self._process: psutil.Process | None = None
         self._cgroup: _cgroup.CgroupInfo | None = None
         self._samples = 0
-        self.errors = 0
+        self.guard = Guard(None, logger)  # never take the worker down
         self._admission = None  # host-wide memory admission
 
     def __getstate__(self):
@@ -173,10 +174,11 @@ class OomguardWorkerPlugin(WorkerPlugin):
         return _cgroup.read_memory_counters(info.path, info.version).usage
 
     def _internal_error(self, where: str) -> None:
-        # Never take the worker down; log the first one with its traceback, count all.
-        self.errors += 1
-        if self.errors == 1:
-            logger.exception("oomguard worker plugin failed in %s (logged once)", where)
+        self.guard.error(where)
+
+    @property
+    def errors(self) -> int:
+        return self.guard.count
 
 
 def _stack(frame) -> list[list]:
