@@ -36,7 +36,7 @@ import time
 from distributed import Client, LocalCluster
 
 import oomguard
-from oomguard._policy import FailurePolicy
+from oomguard._decide import DecisionCore
 from oomguard.scheduler_plugin import OomguardSchedulerPlugin
 
 TARGET_RATIO = 1.02
@@ -155,7 +155,7 @@ def hook_costs(leaves: int, passes: int = 3) -> list[tuple[str, str]]:
     best: dict[str, float] = {}
     for i in range(passes):
         plugin = OomguardSchedulerPlugin()
-        plugin.policy = FailurePolicy()
+        plugin.core = DecisionCore()
         dsk, out = fan_in(leaves, f"hook-{i}")
         keys = list(dsk)
         t = time.perf_counter()

@@ -269,10 +269,12 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             self.core.submitted(tasks, keys, annotations, time.time())
 
     def transition(self, key, start, finish, *args, stimulus_id, **kwargs):
-        with self.guard("transition"):
+        try:  # the guard's work without its context object: this runs per transition
             out = self.core.transition(key, start, finish)
             if out:  # never transition from inside a transition: after Dask's are done
                 asyncio.get_running_loop().call_soon(self._apply_guarded, out)
+        except Exception:
+            self.guard.error("transition")
 
     def add_worker(self, scheduler, worker):
         ws = scheduler.workers.get(worker)
