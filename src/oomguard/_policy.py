@@ -283,9 +283,10 @@ class FailurePolicy:
             p = self._pipelines[name] = _Pipeline()
         return p
 
-    def _end(self, pipeline: str, shard: str, how: str) -> _Pipeline | None:
+    def _end(self, pipeline: str, shard: Any, how: str) -> _Pipeline | None:
         p = self._pipeline(pipeline)
-        rec = self._shards.get(shard)
+        # A task key may come in place of its str: only a shard that failed has a record.
+        rec = self._shards.get(str(shard)) if self._shards else None
         if rec is not None and rec.pipeline == pipeline:
             if rec.ended:  # ended already: a repeated call must not count twice
                 return None
@@ -330,7 +331,7 @@ class FailurePolicy:
         else:
             p.erred += 1
             if len(p.erred_shards) < _LIST_CAP:
-                p.erred_shards.append(shard)
+                p.erred_shards.append(str(shard))
 
     def shard_forgotten(self, pipeline: str, shard: str) -> None:
         """The shard's task was released or cancelled without a result."""

@@ -98,9 +98,9 @@ class DecisionCore:
             if run is not None and key not in self._ended:
                 self._ended.add(key)
                 if finish == "memory":
-                    self.policy.shard_done(run.label, str(key))
+                    self.policy.shard_done(run.label, key)
                 else:
-                    self.policy.shard_erred(run.label, str(key), aborted=key in self.stopped)
+                    self.policy.shard_erred(run.label, key, aborted=key in self.stopped)
             return self._isolated_done(key)
         if finish == "forgotten":
             return self.forget(key)
@@ -118,7 +118,7 @@ class DecisionCore:
         run = self.runs.forget(key)
         if run is not None:
             if key not in self._ended:
-                self.policy.shard_forgotten(run.label, str(key))
+                self.policy.shard_forgotten(run.label, key)
             if not run.keys:
                 self.gone.append(run.label)
         self._ended.discard(key)

@@ -48,7 +48,7 @@ class Runs:
     """
 
     def __init__(self) -> None:
-        self._of: dict[Any, Run] = {}
+        self._of: dict[Any, tuple[Run, str]] = {}  # key -> (its run, str(key))
         self._by_str: dict[str, Any] = {}
         self._live: dict[tuple, Run] = {}  # identity -> the open run
         self._seen: dict[str, int] = {}  # name -> runs started, for labels
@@ -88,8 +88,9 @@ class Runs:
             if run is None or run.closed:
                 run = self._start(name, identity, now)
             run.keys.add(key)
-            self._of[key] = run
-            self._by_str[str(key)] = key
+            s = str(key)
+            self._of[key] = (run, s)
+            self._by_str[s] = key
             touched[run] = touched.get(run, 0) + 1
         return touched
 
@@ -101,7 +102,8 @@ class Runs:
         return run
 
     def of(self, key: Any) -> Run | None:
-        return self._of.get(key)
+        entry = self._of.get(key)
+        return entry[0] if entry is not None else None
 
     def key(self, s: str) -> Any:
         """The tracked key whose str() is `s`, or None."""
@@ -115,10 +117,12 @@ class Runs:
 
     def forget(self, key: Any) -> Run | None:
         """Drop the key; its run, which is gone too once it holds no key."""
-        run = self._of.pop(key, None)
-        self._by_str.pop(str(key), None)
-        if run is None:
+        entry = self._of.pop(key, None)
+        if entry is None:
             return None
+        run, s = entry
+        if self._by_str.get(s) == key:  # keys that print alike (1 and "1") keep their own
+            del self._by_str[s]
         run.keys.discard(key)
         if not run.keys and self._live.get(run.identity) is run:
             del self._live[run.identity]
