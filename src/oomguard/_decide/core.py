@@ -123,10 +123,12 @@ class DecisionCore:
                 self.gone.append(run.label)
         self._ended.discard(key)
         self.budget.forget(key)
-        self.held.discard(key)
         self.stopped.pop(key, None)
         self.resized.pop(key, None)
         out = self._isolated_done(key)
+        if key in self.held:  # so the plugin forgets what it saved for the key too
+            self.held.discard(key)
+            out.append(Release((key,)))
         if key in self.suspects:
             self.suspects.remove(key)
         return out
