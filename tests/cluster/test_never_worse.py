@@ -102,17 +102,17 @@ def test_a_memory_kill_of_a_two_thread_worker_whose_shards_fit_alone_finishes(tm
         "distributed.deploy.lost-worker-timeout": "300s",
     }):
         with LocalCluster(n_workers=1, threads_per_worker=2, processes=True,
-                          memory_limit=700 * MiB, dashboard_address=":0") as cl, \
+                          memory_limit=1000 * MiB, dashboard_address=":0") as cl, \
                 Client(cl) as client:
             oomguard.install(client, store=str(tmp_path / "f.sqlite3"))
             wait_installed(client, 1)
             with distributed.span("pair"):
-                futs = client.map(grow, [360 * MiB] * 2, [2.0] * 2, pure=False)
-            # Together ~720 MiB plus the worker's own: past the nanny's 95 % of 700 MiB;
-            # alone ~360 MiB plus the worker's own: well below.
+                futs = client.map(grow, [440 * MiB] * 2, [2.0] * 2, pure=False)
+            # Together ~880 MiB plus the worker's own: past the nanny's 95 % of 1000 MiB;
+            # alone ~440 MiB plus the worker's own: well below.
             failures = oomguard.Failures(client)
             try:
-                assert client.gather(futs, errors="raise") == [360 * MiB] * 2
+                assert client.gather(futs, errors="raise") == [440 * MiB] * 2
             except oomguard.PipelineAborted:
                 raise AssertionError([(e.cause, e.shard, e.evidence.get("executing_tasks"),
                                        e.evidence.get("summary")) for e in failures.events()])

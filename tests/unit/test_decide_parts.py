@@ -17,7 +17,7 @@ def removal(worker="tcp://a:1", processing=None, **kw):
 
 def report(worker="tcp://a:1", pid=7, executing=()):
     return {"worker": worker, "pid": pid, "cause": "sigkill",
-            "executing": [{"key": k} for k in executing]}
+            "executing": [{"key": k, "prefix": k, "stack": None} for k in executing]}
 
 
 @pytest.mark.parametrize("report_first", [False, True])
@@ -147,3 +147,28 @@ def test_budget_takes_back_the_charge_of_a_queued_task():
 @pytest.mark.parametrize("module", [blame, budget, core, deaths, memory, runs])
 def test_doctests(module):
     assert doctest.testmod(module).failed == 0
+
+
+@pytest.mark.parametrize("comes_back", [True, False])
+def test_a_memory_killed_shard_waits_for_a_larger_worker_that_is_restarting(comes_back):
+    from oomguard._decide import DecisionCore, Restrict, Stop
+
+    gib = 2**30
+    c = DecisionCore(allowed_failures=3, grace=5.0)
+    c.submitted(["k"], ["k"], {}, now=0.0)
+    c.worker_added("tcp://small:1", gib)
+    c.worker_added("tcp://big:1", 2 * gib)
+    c.removed(removal("tcp://big:1", memory_limit=2 * gib), now=0.0)  # restarting
+    c.removed(removal("tcp://small:1", {"k": "k"}, memory_limit=gib), now=1.0)
+    out = c.reported({**report("tcp://small:1", executing=["k"]), "cause": "oom_kill",
+                      "host": "small", "time": 1.0, "memory_limit": gib, "crash": None,
+                      "evidence": {}}, now=1.1)
+    assert [d for d in out if isinstance(d, Stop)] == []
+    assert [d.workers for d in out if isinstance(d, Restrict)] == [frozenset()]
+    c.tick(now=7.0)  # the big worker's own death is decided (worker_lost)
+    if comes_back:
+        assert c.worker_added("tcp://big:1", 2 * gib) == [Restrict("k", frozenset({"tcp://big:1"}), gib)]
+        assert not any(isinstance(d, Stop) for d in c.tick(now=100.0))
+    else:
+        [stop] = [d for d in c.tick(now=62.0) if isinstance(d, Stop)]
+        assert "no worker has more than 1 GiB" in stop.exception.message

@@ -40,6 +40,9 @@ from .decisions import Decision, Forgive, Hold, Record, Release, Restrict, Stop
 from .runs import Run, Runs
 
 _RUNNABLE = ("waiting", "processing", "queued", "no-worker")
+#: How long a shard killed for memory waits for a larger worker that was just removed
+#: (restarting, or replaced) before its pipeline is aborted for want of one.
+RETURN_WINDOW = 60.0
 #: Memory deaths that can be shared: several tasks growing together on one worker.
 _SHARED_MEMORY = (Cause.OOM_KILL, Cause.MEMORY_TERMINATE)
 
@@ -76,8 +79,11 @@ class DecisionCore:
         self.stopped: dict[Any, Stop] = {}  # key -> the Stop that erred it
         self.suspects: deque = deque()  # held after a shared memory kill, run one at a time
         self.isolating: Any = None
-        # key -> (the memory limit it died under, the larger workers it may run on)
-        self.resized: dict[Any, tuple[int, frozenset[str]]] = {}
+        # key -> (the memory limit it died under, the larger workers it may run on, and
+        # while there are none: until when it waits for one, and the event to abort with)
+        self.resized: dict[Any, tuple] = {}
+        self._gone: dict[str, tuple[int | None, float]] = {}  # address -> (limit, removed)
+        self._now = 0.0
         self.gone: list[str] = []  # runs whose last key was forgotten, to persist and drop
         self._ended: set = set()  # keys that reached memory or erred
         self.deaths = 0
@@ -138,15 +144,20 @@ class DecisionCore:
     def worker_added(self, address: str, memory_limit: int | None) -> list[Decision]:
         self.workers[address] = memory_limit
         out: list[Decision] = []
-        for key, (limit, workers) in self.resized.items():
+        self._gone.pop(address, None)
+        for key, (limit, workers, *_) in list(self.resized.items()):
             if not memory_limit or memory_limit > limit:
-                workers = self.resized[key] = (limit, workers | {address})
-                out.append(Restrict(key, workers[1], limit))
+                self.resized[key] = (limit, workers | {address})
+                out.append(Restrict(key, workers | {address}, limit))
         return out
 
     def removed(self, removal: Removal, now: float) -> list[Decision]:
         """An unexpected removal, seen before Dask reschedules the worker's tasks."""
-        self.workers.pop(removal.worker, None)
+        self._now = now
+        if self.workers.pop(removal.worker, None) is not None or removal.memory_limit:
+            # A larger worker that is restarting is not "no larger worker": see _resize.
+            self._gone.pop(removal.worker, None)  # re-inserted last: kept in time order
+            self._gone[removal.worker] = (removal.memory_limit, now)
         keys = [k for k in removal.processing.values() if k not in self.stopped]
         self.budget.charge(keys, {removal.processing[s]: n for s, n in removal.prior.items()
                                   if s in removal.processing})
@@ -160,6 +171,7 @@ class DecisionCore:
         return out
 
     def reported(self, report: dict, now: float) -> list[Decision]:
+        self._now = now
         death = self.pairing.reported(report, now)
         return self._decide(death) if death is not None else []
 
@@ -168,7 +180,19 @@ class DecisionCore:
 
     def tick(self, now: float, limit: int | None = None) -> list[Decision]:
         """Decide deaths whose grace ran out, at most `limit` (more on the next call)."""
+        self._now = now
+        while self._gone and now - next(iter(self._gone.values()))[1] >= RETURN_WINDOW:
+            self._gone.pop(next(iter(self._gone)))  # oldest first: insertion order
         out: list[Decision] = []
+        for key, (limit_, workers, *wait) in list(self.resized.items()):
+            if wait and now >= wait[0] and key not in self.stopped:
+                # No larger worker came back in time: the shard needs more than there is.
+                run = self.runs.of(key)
+                d = memory.abort_decision(wait[1], limit_, self.policy.attempt(str(key)) - 1)
+                if run is not None:
+                    self.policy.adopt(run.label, d)
+                del self.resized[key]
+                out += self._abort(d, key)
         for death in self.pairing.expired(now, limit):
             out += self._decide(death)
         return out
@@ -339,15 +363,22 @@ class DecisionCore:
 
     def _resize(self, key, run: Run, event: FailureEvent, report):
         limit = report.get("memory_limit") if report is not None else None
-        r = memory.resize(event.cause, limit, self.workers)
+        # Workers removed a moment ago count (a larger one may be restarting); the shard
+        # then waits for it, up to RETURN_WINDOW, before "no larger worker" is concluded.
+        recent = {a: lim for a, (lim, t) in self._gone.items() if self._now - t < RETURN_WINDOW}
+        r = memory.resize(event.cause, limit, {**recent, **self.workers})
         if r is None:
             return None, []
         if r.abort:
             d = memory.abort_decision(event, r.limit, self.policy.attempt(event.shard) - 1)
             self.policy.adopt(run.label, d)
             return d, []
-        self.resized[key] = (r.limit, r.workers)
-        return None, [Restrict(key, r.workers, r.limit)]
+        now = frozenset(a for a in r.workers if a in self.workers)
+        if now:
+            self.resized[key] = (r.limit, now)
+        else:
+            self.resized[key] = (r.limit, now, self._now + RETURN_WINDOW, event)
+        return None, [Restrict(key, now, r.limit)]
 
     # --- stopping --------------------------------------------------------------------
 
