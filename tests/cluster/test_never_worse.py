@@ -36,6 +36,12 @@ def abort_myself(log: str, i: int = 0) -> int:
     return i
 
 
+def secede_and_kill(log: str) -> int:
+    distributed.secede()  # executing -> long-running on the worker: it still runs
+    time.sleep(0.3)
+    return kill_myself(log)
+
+
 def deaths(log) -> int:
     return len(log.read_text().split()) if log.exists() else 0
 
@@ -59,6 +65,21 @@ def test_a_killer_submitted_before_install_stops_within_dasks_bound(cluster, tmp
         fut.result(timeout=180)
     assert type(e.value).__name__ in ("PipelineAborted", "KilledWorker"), e.value
     assert 1 <= deaths(log) <= allowed + 1, (deaths(log), allowed)
+
+
+def test_a_killer_that_seceded_is_still_blamed_and_bounded(cluster, tmp_path):
+    cl, client = cluster
+    allowed = dask.config.get("distributed.scheduler.allowed-failures")
+    oomguard.install(client, store=str(tmp_path / "f.sqlite3"))
+    wait_installed(client, 2)
+    log = tmp_path / "deaths"
+    with distributed.span("seceded"):
+        fut = client.submit(secede_and_kill, str(log), pure=False)
+    with pytest.raises(oomguard.PipelineAborted):
+        fut.result(timeout=180)
+    assert 1 <= deaths(log) <= allowed + 1, deaths(log)
+    events = oomguard.Failures(client).events(cause="sigkill")
+    assert events and all(e.shard == fut.key for e in events), events
 
 
 def test_no_death_after_the_abort_and_a_reused_span_name_is_judged_again(cluster, tmp_path):
