@@ -38,7 +38,7 @@ class ReportIntake:
         max_items: int = 10_000,
         max_bytes: int = 256 * 2**20,
         max_report_bytes: int = _report.MAX_REPORT_BYTES,
-        batch: int = 256,
+        batch: int = 32,
     ):
         self.on_batch = on_batch
         self.max_items = max_items

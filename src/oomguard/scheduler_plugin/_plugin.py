@@ -234,7 +234,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             with self.guard("expire"):
                 # In slices, yielding between them: a storm of expired reports must not
                 # stall the event loop.
-                while out := self.core.tick(time.monotonic(), limit=64):
+                while out := self.core.tick(time.monotonic(), limit=16):
                     self._apply(out)
                     await asyncio.sleep(0)
                 self._persist_pipelines()
