@@ -150,18 +150,14 @@ class DeathPairing:
         room = limit if limit is not None else float("inf")
         while self._clean and now - next(iter(self._clean.values())) >= self.grace:
             self._clean.popitem(last=False)
-        while self._removals and len(out) < room:
-            worker, (since, removal) = next(iter(self._removals.items()))
-            if now - since < self.grace:
-                break
-            self._removals.popitem(last=False)
-            out.append(self._done(Death(worker, removal, None)))
-        while self._reports and len(out) < room:
-            worker, (since, report) = next(iter(self._reports.items()))
-            if now - since < self.grace:
-                break
-            self._reports.popitem(last=False)
-            out.append(self._done(Death(worker, None, report)))
+        for pending, as_death in ((self._removals, lambda w, r: Death(w, r, None)),
+                                  (self._reports, lambda w, r: Death(w, None, r))):
+            while pending and len(out) < room:
+                worker, (since, item) = next(iter(pending.items()))
+                if now - since < self.grace:
+                    break
+                pending.popitem(last=False)
+                out.append(self._done(as_death(worker, item)))
         return out
 
     def drain(self) -> list[Death]:
