@@ -2,27 +2,51 @@
 
 from __future__ import annotations
 
+import datetime
 from typing import TYPE_CHECKING, Any
 
+from . import _filters
+from ._display import quantity, shorten
 from ._models import FailureEvent, PipelineStatus, SignatureRow
+from ._results import EventList, PipelineList, SignatureList
 
 if TYPE_CHECKING:
     from distributed import Client
 
 
-def install(client: Client, **config: Any) -> None:
+def install(client: Client, **config: Any) -> dict[str, tuple[Any, Any]]:
     """Install oomguard on a running cluster: the scheduler plugin, which installs the
     nanny and worker plugins on every current and future worker.
 
     ``config`` takes the keys of ``oomguard.scheduler.*`` (dashes or underscores), e.g.
-    ``oomguard.install(client, max_shard_infra_failures=2)``.
+    ``oomguard.install(client, max_shard_infra_failures=2)``. A bad key or value raises
+    ConfigError before anything is sent. Where oomguard already runs (a scheduler
+    ``--preload``, or an earlier install), the settings apply to it and the ones that
+    changed come back as ``{key: (old, new)}``; a setting fixed while it runs (the store,
+    the pod lookup) is refused with ConfigError, and nothing changes.
 
-    >>> client = Client(LocalCluster())            # doctest: +SKIP
-    >>> oomguard.install(client)                   # doctest: +SKIP
+    >>> client = Client(LocalCluster())                          # doctest: +SKIP
+    >>> oomguard.install(client)                                 # doctest: +SKIP
+    {}
+    >>> oomguard.install(client, max_shard_infra_failures=2)     # doctest: +SKIP
+    {'max-shard-infra-failures': (3, 2)}
     """
     from .scheduler_plugin import OomguardSchedulerPlugin
 
-    client.register_plugin(OomguardSchedulerPlugin(**config))
+    plugin = OomguardSchedulerPlugin(**config)  # validates the given settings
+    changed = client.run_on_scheduler(_apply_settings, config=plugin.config)
+    if changed is None:
+        client.register_plugin(plugin)
+        return {}
+    return {k: tuple(v) for k, v in changed.items()}
+
+
+def _apply_settings(config: dict[str, Any], dask_scheduler=None):
+    """On the scheduler: the running oomguard takes `config`; None where none runs."""
+    plugin = dask_scheduler.plugins.get("oomguard")
+    if plugin is None or getattr(plugin, "core", None) is None:
+        return None
+    return plugin.apply_settings(config)
 
 
 def uninstall(client: Client) -> None:
@@ -48,26 +72,68 @@ def uninstall(client: Client) -> None:
             pass  # never registered there (e.g. loaded by preload only)
 
 
+#: The default limits, as `oomguard report` has them (its `DEFAULT_LIMITS`).
+_EVENTS_LIMIT, _SIGNATURES_LIMIT, _PIPELINES_LIMIT = 1000, 100, 100
+_KNOWN_SHOWN = 10  # pipeline names a KeyError lists
+
+
 class Failures:
     """Query the failure history a scheduler keeps.
 
+    Lists come back as `EventList`, `SignatureList` and `PipelineList`: plain lists that
+    show as tables in a notebook and have `to_pandas()`. Filters are checked as
+    `oomguard report` checks them: a bad one raises ValueError naming it, never ``[]``.
+
     >>> failures = oomguard.Failures(client)                  # doctest: +SKIP
-    >>> failures.events(cause="oom_kill", limit=10)           # doctest: +SKIP
+    >>> failures                                              # doctest: +SKIP
+    <Failures tcp://10.0.3.2:8786 12 events, 3 signatures>
+    >>> failures.events(cause="oom_kill", since="1h", limit=10)   # doctest: +SKIP
+    [<FailureEvent 2026-05-01 14:03:07 oom_kill shard=('load', 17) attempt=2 pipeline=etl ...>]
     >>> failures.pipeline("etl").summary                      # doctest: +SKIP
     'a worker was OOM-killed by the kernel at shard ...'
     """
+
+    #: How long the repr waits for the counts: a repr must not hang a notebook.
+    repr_timeout: float = 2.0
 
     def __init__(self, client: Client, *, timeout: float | None = 60.0):
         # A scheduler without oomguard never answers the query: bound every call.
         self.client = client
         self.timeout = timeout
 
-    def _query(self, what: str, **filters: Any) -> Any:
-        filters = {k: v for k, v in filters.items() if v is not None}
+    def __repr__(self) -> str:
+        """<Failures tcp://10.0.3.2:8786 12 events, 3 signatures>; counts up to the default
+        limits of `events()` and `signatures()` ("1000+ events" past that)."""
+        try:
+            address = shorten(self.client.scheduler.address, 60)
+        except Exception:
+            address = "(no scheduler)"
+        if getattr(self.client, "status", "running") != "running":
+            return f"<Failures {address} (client {self.client.status})>"
+        if getattr(self.client, "asynchronous", False):
+            return f"<Failures {address}>"  # a query would return a coroutine
+        timeout = min(self.timeout or self.repr_timeout, self.repr_timeout)
+        try:
+            events = self._query("events", limit=_EVENTS_LIMIT + 1, timeout=timeout)
+            signatures = self._query("signatures", limit=_SIGNATURES_LIMIT + 1, timeout=timeout)
+        except TimeoutError:
+            return f"<Failures {address} (no answer in {timeout:g} s: busy, or no oomguard)>"
+        except Exception as e:  # a repr never raises
+            return f"<Failures {address} (query failed: {type(e).__name__})>"
+        if not isinstance(events, list) or not isinstance(signatures, list):
+            # Dask answers None for a handler it does not have.
+            return f"<Failures {address} (no answer: is oomguard installed?)>"
+        counts = [_count(len(events), _EVENTS_LIMIT, "event"),
+                  _count(len(signatures), _SIGNATURES_LIMIT, "signature")]  # fmt: skip
+        return f"<Failures {address} {', '.join(counts)}>"
+
+    def _query(self, what: str, *, timeout: float | None = None, **filters: Any) -> Any:
+        # An unset filter is left out; limit=None is sent, and means every row.
+        filters = {k: v for k, v in filters.items() if v is not None or k == "limit"}
         return self.client.sync(
             self.client.scheduler.oomguard_query,
             what=what,
-            callback_timeout=self.timeout,
+            callback_timeout=self.timeout if timeout is None else timeout,
             **filters,
         )
 
@@ -77,35 +143,98 @@ class Failures:
         kind: str | None = None,
         cause: str | None = None,
         pipeline: str | None = None,
-        shard: str | None = None,
+        shard: Any = None,
         signature: str | None = None,
-        since: float | None = None,
-        limit: int | None = 1000,
-    ) -> list[FailureEvent]:
+        since: float | str | datetime.datetime | datetime.timedelta | None = None,
+        limit: int | None = _EVENTS_LIMIT,
+    ) -> EventList:
+        """Failure events, newest first, matching every filter given.
+
+        ``kind`` "infra" or "user"; ``cause`` one of `oomguard.Cause`; ``shard`` a task key
+        (or its str); ``since`` seconds since the epoch, a datetime (naive: local), a
+        timedelta back from now, or text as ``oomguard report --since`` takes it ("1h",
+        "2026-05-01T14:00"); ``limit`` a positive number, or None for every event.
+
+        >>> failures.events(cause="oom_kill", since="1h").to_pandas()   # doctest: +SKIP
+        """
         rows = self._query(
-            "events", kind=kind, cause=cause, pipeline=pipeline, shard=shard,
-            signature=signature, since=since, limit=limit,
+            "events",
+            kind=_filters.kind(kind),
+            cause=_filters.cause(cause),
+            pipeline=_filters.text(pipeline, "pipeline"),
+            shard=_filters.shard(shard),
+            signature=_filters.text(signature, "signature", "a signature id"),
+            since=_filters.since(since),
+            limit=_filters.limit(limit),
         )
-        return [FailureEvent.from_dict(r) for r in rows]
+        return EventList((FailureEvent.from_dict(r) for r in rows), "newest first")
 
     def signatures(
         self,
         *,
         cause: str | None = None,
         pipeline: str | None = None,
-        since: float | None = None,
-        limit: int | None = 100,
-    ) -> list[SignatureRow]:
-        rows = self._query("signatures", cause=cause, pipeline=pipeline, since=since, limit=limit)
-        return [SignatureRow.from_dict(r) for r in rows]
+        since: float | str | datetime.datetime | datetime.timedelta | None = None,
+        limit: int | None = _SIGNATURES_LIMIT,
+    ) -> SignatureList:
+        """Crash signatures seen with ``cause`` / in ``pipeline`` / last seen at or after
+        ``since`` (as for `events`), most frequent first."""
+        rows = self._query(
+            "signatures",
+            cause=_filters.cause(cause),
+            pipeline=_filters.text(pipeline, "pipeline"),
+            since=_filters.since(since),
+            limit=_filters.limit(limit),
+        )
+        return SignatureList((SignatureRow.from_dict(r) for r in rows), "most frequent first")
 
-    def shard(self, key: Any) -> list[FailureEvent]:
-        """The failure history of one shard (task key, or its str)."""
-        return [FailureEvent.from_dict(r) for r in self._query("shard", key=str(key))]
+    def shard(self, key: Any) -> EventList:
+        """The failure history of one shard (task key, or its str), oldest first."""
+        key = str(key)
+        rows = self._query("shard", key=key)
+        return EventList((FailureEvent.from_dict(r) for r in rows),
+                         f"shard {shorten(key, 60)}, oldest first")  # fmt: skip
 
-    def pipeline(self, name: str) -> PipelineStatus | None:
-        row = self._query("pipeline", name=name)
+    def pipeline(self, name: str) -> PipelineStatus:
+        """The latest run of the pipeline `name`. KeyError, naming the pipelines there are,
+        when there is none; every run of it: ``[p for p in failures.pipelines() if p.name
+        == name]``.
+
+        >>> failures.pipeline("etl").status                  # doctest: +SKIP
+        'aborted'
+        """
+        status = self._find_pipeline(name)
+        if status is None:
+            raise KeyError(self._no_pipeline(name))
+        return status
+
+    def _find_pipeline(self, name: str) -> PipelineStatus | None:
+        """`pipeline(name)`, or None (for `oomguard report`, which prints "none")."""
+        row = self._query("pipeline", name=_filters.text(name, "name", "a pipeline name",
+                                                          required=True))
         return PipelineStatus.from_dict(row) if row else None
 
-    def pipelines(self, limit: int | None = 100) -> list[PipelineStatus]:
-        return [PipelineStatus.from_dict(r) for r in self._query("pipelines", limit=limit)]
+    def _no_pipeline(self, name: str) -> str:
+        names = list(dict.fromkeys(p.name for p in self.pipelines(limit=_PIPELINES_LIMIT)))
+        if not names:
+            return f"no pipeline named {name!r}: the history has no pipeline runs yet."
+        shown = ", ".join(repr(n) for n in names[:_KNOWN_SHOWN])
+        if len(names) > _KNOWN_SHOWN:
+            shown += f" and {len(names) - _KNOWN_SHOWN} more (see pipelines())"
+        message = f"no pipeline named {name!r}; known pipelines, most recent first: {shown}."
+        base, sep, n = name.rpartition("#")
+        if sep and n.isdigit() and base in names:
+            message += (f" Runs of one pipeline share its name and differ in `started`: "
+                        f"pipeline({base!r}) is the latest run, [p for p in "
+                        f"failures.pipelines() if p.name == {base!r}] every run.")  # fmt: skip
+        return message
+
+    def pipelines(self, limit: int | None = _PIPELINES_LIMIT) -> PipelineList:
+        """Pipeline runs, most recently updated first (a name may come more than once)."""
+        rows = self._query("pipelines", limit=_filters.limit(limit))
+        return PipelineList((PipelineStatus.from_dict(r) for r in rows),
+                            "most recently updated first")  # fmt: skip
+
+
+def _count(n: int, cap: int, noun: str) -> str:
+    return f"{cap}+ {noun}s" if n > cap else quantity(n, noun)

@@ -18,6 +18,12 @@ Documentation/admin-guide/cgroup-v2.rst):
   in 4.13 and `oom_group_kill` in 5.17. It counts events in the whole subtree unless the
   hierarchy is mounted with `memory_localevents` (5.2).
 - v2 `memory.peak` appeared in 5.19; v2 `memory.swap.max` in 4.8.
+- Charges stay where they were made: a process that joins a group brings along only what
+  it charges from then on. v1 `memory.move_charge_at_immigrate` moved earlier charges with
+  it; Linux 6.2 deprecated that (a warning) and 6.13 removed it (a non-zero write fails with
+  EINVAL). v2 never moves charges. So the per-worker group's peak counts only what the
+  worker charged after it joined: the nanny moves it in right after the spawn, and says
+  how large it already was (`process_rss`).
 
 Example (this machine, cgroup v1):
 
@@ -233,6 +239,22 @@ def host_memory(root: str = "/") -> dict[str, int | None]:
                 scale = 1024 if parts[1:2] == ["kB"] else 1
                 out[fields[key]] = int(parts[0]) * scale
     return out
+
+
+def process_rss(pid: int, root: str = "/") -> int | None:
+    """A process's resident set size in bytes (`VmRSS` of /proc/<pid>/status); None when it
+    is gone, a zombie (no VmRSS line) or unreadable.
+
+    >>> process_rss(1, root="/nonexistent") is None
+    True
+    """
+    text, _ = _read(_join(root, f"proc/{int(pid)}/status"))
+    for line in (text or "").splitlines():
+        if line.startswith("VmRSS:"):
+            parts = line.split()
+            if len(parts) >= 2 and parts[1].isdigit():
+                return int(parts[1]) * (1024 if parts[2:3] == ["kB"] else 1)
+    return None
 
 
 # ---------------------------------------------------------------- detection
@@ -572,6 +594,34 @@ class ChildGroup:
             swap = os.path.join(self.path, "memory.swap.max")  # Linux 4.8+, with swap accounting
             if os.path.exists(swap):
                 _write(swap, "0")
+
+    def set_move_charge(self, on: bool = True) -> tuple[bool, str]:
+        """Ask the kernel to move what a process already charged when it joins this group.
+
+        v1 only: `memory.move_charge_at_immigrate` = 3, its anonymous pages (bit 0) and the
+        file pages it maps (bit 1), since RSS counts both. (True, "") when the kernel took
+        it; (False, why) otherwise. Never raises.
+        """
+        if self.version != 1:
+            return False, (
+                "cgroup v2 never moves charges: what a process charged before it joined "
+                "stays with its old group"
+            )
+        name = "memory.move_charge_at_immigrate"
+        path = os.path.join(self.path, name)
+        if not os.path.exists(path):
+            return False, f"{name}: not found"
+        try:
+            _write(path, "3" if on else "0")
+        except OSError as e:
+            if e.errno == errno.EINVAL:
+                # Linux 6.13 removed charge moving (deprecated since 6.2): only 0 is taken.
+                return False, (
+                    f"{name} refused (EINVAL): the kernel no longer moves charges "
+                    "(removed in Linux 6.13)"
+                )
+            return False, f"{name} refused: {e.strerror or e}"
+        return True, ""
 
     def add_pid(self, pid: int) -> None:
         """Move process `pid` (all its threads) into the group; CgroupError when refused."""

@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._causes import Cause
+from ._units import format_bytes
 
 #: Signals whose death means the process itself crashed in native code.
 NATIVE_SIGNALS = frozenset({"SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL"})
@@ -245,8 +246,10 @@ def evidence(report_like: Mapping[str, Any]) -> dict[str, Any]:
     `report_like` holds report fields (``exitcode``, ``pid``, ``memory_limit``, ``crash``,
     ``cgroup`` with ``before``/``after`` counters, ``rss_sampled``, ``rss_time``, ``time``,
     ``host_memory``) and the nanny's extras ``nanny_memory_kill`` (the event dict, or a
-    bool) and ``kernel_log_victim`` (a dict, e.g. ``{"pid": 12, "name": "python"}``).
-    Malformed parts are skipped, never raised on.
+    bool), ``kernel_log_victim`` (a dict, e.g. ``{"pid": 12, "name": "python"}``) and
+    ``cgroup.placement`` (how the worker joined its group: ``own_group``, ``charge_moved``,
+    ``rss_at_move``, ``note``; it says what the peak covers). Malformed parts are skipped,
+    never raised on.
 
     >>> ev = evidence({"exitcode": -9, "cgroup": {"version": 2,
     ...     "before": {"oom_kill": 0}, "after": {"oom_kill": 1, "peak": 2**30}}})
@@ -296,6 +299,9 @@ def evidence(report_like: Mapping[str, Any]) -> dict[str, Any]:
         if limit is not None:
             ev["limit_bytes"] = limit
             ev["limit_source"] = _LIMIT_SOURCES.get(version or 1, _LIMIT_SOURCES[1])
+        placement = _map(cg.get("placement"))
+        if placement and (placement.get("own_group") or peak is not None):
+            _placement_evidence(ev, placement, version)
         fb, fa = _int(before.get("failcnt")), _int(after.get("failcnt"))
         if fb is not None and fa is not None:
             ev["failcnt_delta"] = fa - fb
@@ -326,6 +332,7 @@ def evidence(report_like: Mapping[str, Any]) -> dict[str, Any]:
     ev["nanny_memory_kill_source"] = _NANNY_EVENT_SOURCE
     if isinstance(nanny, Mapping) and _int(nanny.get("rss")) is not None:
         ev["nanny_rss_bytes"] = nanny["rss"]
+        ev["nanny_rss_source"] = f"nanny RSS: the nanny's own reading, in its {_NANNY_EVENT_SOURCE}"
 
     victim = r.get("kernel_log_victim")
     if isinstance(victim, Mapping):
@@ -340,16 +347,50 @@ def evidence(report_like: Mapping[str, Any]) -> dict[str, Any]:
     return ev
 
 
-def format_bytes(n: int | float) -> str:
-    """Binary units with two decimals, e.g. ``1.02 GiB``.
+def _placement_evidence(ev: dict[str, Any], placement: Mapping[str, Any], version) -> None:
+    """What the group's peak covers, given how the nanny put the worker into it.
 
-    >>> format_bytes(2**30), format_bytes(1536)
-    ('1.00 GiB', '1.50 KiB')
+    Charges stay where they were made (v1 moved them only with move_charge_at_immigrate,
+    which Linux 6.13 removed; v2 never): a peak is the worker's whole peak only when its
+    earlier charges moved with it.
     """
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"
+    if not placement.get("own_group"):
+        ev["peak_scope"] = "shared"
+        ev["peak_covers"] = (
+            "every process in the worker's cgroup, other processes included: the worker had "
+            "no group of its own"
+        )
+        return
+    ev["peak_scope"] = "worker"
+    moved = placement.get("charge_moved") is True and version != 2
+    ev["charge_moved"] = moved
+    rss = _int(placement.get("rss_at_move"))
+    if rss is not None:
+        ev["rss_at_move_bytes"] = rss
+        ev["rss_at_move_source"] = (
+            "the worker's RSS when the nanny moved it into its group (/proc/PID/status)"
+        )
+    if moved:
+        ev["peak_covers"] = (
+            "everything the worker charged: what it charged before it joined its group moved "
+            "with it (memory.move_charge_at_immigrate: anonymous and mapped file pages)"
+        )
+        return
+    if version == 2:
+        why = (
+            "cgroup v2 never moves charges; memory.peak is the group's highest "
+            "memory.current since the group was made"
+        )
+    else:
+        note = placement.get("note")
+        why = note[:300] if isinstance(note, str) and note else (
+            "memory.move_charge_at_immigrate was not set"
+        )
+    held = f" (RSS then: {format_bytes(rss)})" if rss is not None else ""
+    ev["peak_covers"] = (
+        "only what the worker charged after it joined its group; what it charged before it "
+        f"joined its group{held} stayed charged to the parent group: {why}"
+    )
 
 
 _UNLIMITED = 2**60  # cgroup v1 reports "no limit" as ~2**63 rounded down to a page
@@ -363,33 +404,74 @@ def _of_limit(ev: Mapping[str, Any]) -> str:
     return ""
 
 
+def _ago(seconds: Any) -> str:
+    s = _num(seconds)
+    if s is None or s < 0:
+        return ""
+    return f" {s * 1000:.0f} ms before" if s < 1 else f" {s:.1f} s before"
+
+
+def _sampled(ev: Mapping[str, Any], rss: int, *, with_limit: bool = False) -> str:
+    """``sampled RSS 986 MiB 500 ms before`` (and ``, of a 1 GiB limit`` when asked)."""
+    ago = _ago(ev.get("rss_age_seconds"))
+    limit = _of_limit(ev) if with_limit else ""
+    return f"sampled RSS {format_bytes(rss)}{ago}{',' if ago and limit else ''}{limit}"
+
+
+def _peak_label(ev: Mapping[str, Any]) -> str:
+    # Older nannies send no scope: they always meant the group the worker was in.
+    if ev.get("peak_scope") == "shared":
+        return "kernel peak of its shared group"
+    return "kernel peak of the worker's group"
+
+
+def _peak_caveat(ev: Mapping[str, Any]) -> str:
+    if ev.get("peak_scope") != "worker" or ev.get("charge_moved") is not False:
+        return ""
+    held = _int(ev.get("rss_at_move_bytes"))
+    what = f"up to {format_bytes(held)}" if held is not None else "memory"
+    return f"; the peak excludes {what} charged before the worker joined its group"
+
+
 def evidence_summary(evidence: Mapping[str, Any], cause: str) -> str:
     """One short phrase for people, built from `evidence` only.
 
+    Every size says which number it is: ``kernel peak of the worker's group`` (the kernel's
+    high-water mark), ``sampled RSS`` (the flight recorder's last sample, and how long before
+    the death) or ``nanny RSS`` (the reading the nanny's memory kill acted on).
+
     >>> evidence_summary({"oom_kill_delta": 1, "peak_bytes": 1095216660,
-    ...                   "limit_bytes": 2**30}, "oom_kill")
-    'kernel oom_kill counted, peak 1.02 GiB of a 1.00 GiB limit'
+    ...                   "limit_bytes": 2**30, "rss_sampled_bytes": 986 * 2**20,
+    ...                   "rss_age_seconds": 0.5}, "oom_kill")
+    "kernel oom_kill counted: kernel peak of the worker's group 1.02 GiB of a 1 GiB limit, sampled RSS 986 MiB 500 ms before"
+    >>> evidence_summary({"nanny_rss_bytes": 601_446_154, "memory_limit_bytes": 600 * 2**20},
+    ...                  "memory_terminate")
+    'nanny terminated it for memory: nanny RSS 574 MiB of a 600 MiB limit'
     """
     ev = _map(evidence)
     code = _int(ev.get("exitcode"))
     sig = ev.get("signal") if isinstance(ev.get("signal"), str) else None
+    rss = _int(ev.get("rss_sampled_bytes"))
     if cause == Cause.OOM_KILL:
         delta = _int(ev.get("oom_kill_delta"))
         head = "kernel oom_kill counted" if delta else "kernel log shows an OOM kill"
         peak = _int(ev.get("peak_bytes"))
-        rss = _int(ev.get("rss_sampled_bytes"))
         if peak is not None:
-            return f"{head}, peak {format_bytes(peak)}{_of_limit(ev)}"
+            figures = f"{_peak_label(ev)} {format_bytes(peak)}{_of_limit(ev)}"
+            if rss is not None:
+                figures += f", {_sampled(ev, rss)}"
+            return f"{head}: {figures}{_peak_caveat(ev)}"
         if rss is not None:
-            return f"{head}, {format_bytes(rss)} RSS (sampled){_of_limit(ev)}"
+            return f"{head}: {_sampled(ev, rss, with_limit=True)}"
         return head
     if cause == Cause.MEMORY_TERMINATE:
-        rss = _int(ev.get("nanny_rss_bytes"))
-        if rss is None:
-            rss = _int(ev.get("rss_sampled_bytes"))
-        if rss is None:
-            return "nanny terminated it for memory"
-        return f"nanny terminated it at {format_bytes(rss)} RSS (sampled){_of_limit(ev)}"
+        head = "nanny terminated it for memory"
+        nanny_rss = _int(ev.get("nanny_rss_bytes"))
+        if nanny_rss is not None:
+            return f"{head}: nanny RSS {format_bytes(nanny_rss)}{_of_limit(ev)}"
+        if rss is not None:
+            return f"{head}: {_sampled(ev, rss, with_limit=True)}"
+        return head
     if cause == Cause.NATIVE_CRASH:
         stack = "faulthandler stack captured" if ev.get("crash_stack") else "no faulthandler stack"
         return f"{sig or 'native crash'}, {stack}"

@@ -1,8 +1,10 @@
 """`oomguard report`: the failure history, from a running scheduler or from a store file.
 
 Three sections: events (one failure of one shard each), signatures (deduplicated crashes
-across hosts) and pipelines (where each stands). Tables fit 100 columns; `--json` prints the
-rows as `to_dict()` of `FailureEvent`, `SignatureRow` and `PipelineStatus`, so
+across hosts) and pipelines (where each stands). Tables fit the terminal (COLUMNS when set)
+and never cut a shard, a signature id or a pipeline name: narrower layouts move them to
+lines of their own; piped to a file, nothing is shortened. `--json` prints the rows as
+`to_dict()` of `FailureEvent`, `SignatureRow` and `PipelineStatus`, so
 `FailureEvent.from_dict(row)` gives back what `oomguard.Failures` returns.
 
 Errors are one line on stderr, ``oomguard report: ...``; exit 2 for bad arguments, 1 for a
@@ -19,24 +21,24 @@ WAL into the main file.
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
-import datetime
 import json
 import logging
 import os
-import re
 import shutil
 import sqlite3
 import sys
 import tempfile
-import textwrap
 from collections.abc import Iterator
 from typing import Any
 
+from . import _filters
 from ._causes import Cause, Kind
+from ._display import clock, one_line, utc_offset
+from ._layout import PROSE_WIDTH, Column, Layout, key_line, lay_out, output_width, wrap
 
 PROG = "oomguard report"
-WIDTH = 100
 SECTIONS = ("events", "signatures", "pipelines")
 #: The Python API's defaults, so `--json` without `--limit` equals `Failures(client).events()`.
 DEFAULT_LIMITS = {"events": 1000, "signatures": 100, "pipelines": 100}
@@ -56,14 +58,16 @@ shard's whole history oldest first, with evidence; with other filters or --limit
 newest events. --limit applies to each section (defaults: 1000 events, 100 signatures,
 100 pipelines). Times are local unless an ISO time carries an offset.
 
+Tables fit the terminal's width (or COLUMNS); a shard, signature id or pipeline name is
+never cut: in a narrow terminal it moves to a line of its own under its row. Piped to a
+file or another program, nothing is shortened or moved (COLUMNS=N sets a width).
+
 --json prints one document {"events": [...], "signatures": [...], "pipelines": [...]} (the
 sections asked for) whose rows are FailureEvent / SignatureRow / PipelineStatus.to_dict().
 
 exit status: 0 success; 1 the scheduler or the store could not be read; 2 bad arguments.
 """
 
-_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d|w)$")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 class ReportFailed(Exception):
@@ -74,37 +78,55 @@ class ReportFailed(Exception):
 
 
 def parse_since(text: str, now: float | None = None) -> float:
-    """Seconds since the epoch for `--since`: an ISO time, or a span back from now.
+    """Seconds since the epoch for `--since`: an ISO time, or a span back from now, checked
+    as `oomguard.Failures` checks `since` (`oomguard._filters`).
 
     >>> parse_since("90m", now=10_000.0)
     4600.0
     >>> parse_since("2026-05-01T12:00:00+00:00")
     1777636800.0
     """
+    return _filters.for_argparse(_filters.since, now=now)(text)
+
+
+def _is_key(value: Any) -> bool:
+    # Dask's definition (dask.core.iskey): a str, int or float, or a tuple of keys.
+    if type(value) is tuple:
+        return all(_is_key(part) for part in value)
+    return type(value) in (str, int, float)
+
+
+def parse_shard(text: str) -> str:
+    """`--shard`: a task key as `str(key)` writes it; a tuple written another way (other
+    quotes or spacing) is written back as `str(key)` does, so it finds the stored events.
+
+    >>> parse_shard('("load-0a1b",17)')
+    "('load-0a1b', 17)"
+    >>> parse_shard("load-0a1b")
+    'load-0a1b'
+    """
     s = text.strip()
-    m = _RELATIVE.match(s.lower())
-    if m:
-        if now is None:
-            now = datetime.datetime.now().timestamp()
-        return now - float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
-    try:
-        when = datetime.datetime.fromisoformat(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is neither an ISO time (2026-05-01T14:00, local unless it has an "
-            "offset) nor a span back from now (90s, 30m, 1h, 2d, 1w)"
-        ) from None
-    return when.timestamp()  # a naive time is local time
-
-
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
-    return n
+    if not s:
+        why = "it is empty"
+    elif any(ord(c) < 32 or ord(c) == 127 for c in s):
+        why = "it holds a control character"
+    elif s.startswith(("(", "[")):
+        # str() of a tuple key; a str key that begins so is never made by Dask's naming.
+        try:
+            key = ast.literal_eval(s)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            key = None
+        if type(key) is tuple and _is_key(key):
+            return str(key)
+        why = "it begins like a tuple but is not a tuple of strings and numbers"
+    elif s.count("(") != s.count(")") or s.count("[") != s.count("]"):
+        why = "its brackets do not pair up, as in a key copied in part"
+    else:
+        return s
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not a task key: {why}; give the key as str(key) writes it, e.g. "
+        "\"('load-0a1b', 17)\" or load-0a1b"
+    )
 
 
 def _seconds(text: str) -> float:
@@ -146,11 +168,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
     causes = [c.value for c in Cause]
     p.add_argument("--cause", choices=causes, metavar="CAUSE", help=", ".join(causes))
     p.add_argument("--pipeline", metavar="NAME")
-    p.add_argument("--shard", metavar="KEY", help="a task key as str(key), e.g. \"('load', 7)\"")
+    p.add_argument("--shard", type=parse_shard, metavar="KEY",
+                   help="a task key as str(key) writes it, e.g. \"('load', 7)\" or load-0a1b")  # fmt: skip
     p.add_argument("--signature", metavar="ID")
     p.add_argument("--since", type=parse_since, metavar="WHEN",
                    help="an ISO time, or a span back from now: 30m, 1h, 2d")  # fmt: skip
-    p.add_argument("--limit", type=_positive_int, metavar="N", help="rows per section")
+    p.add_argument("--limit", type=_filters.for_argparse(_filters.limit, int, allow_none=False),
+                   metavar="N", help="rows per section")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(func=run)
 
@@ -183,8 +207,13 @@ class _SchedulerSource:
         self.events = self.failures.events
         self.shard = self.failures.shard
         self.signatures = self.failures.signatures
-        self.pipeline = self.failures.pipeline
         self.pipelines = self.failures.pipelines
+
+    def pipeline(self, name: str) -> Any:
+        try:
+            return self.failures.pipeline(name)
+        except KeyError:  # an unknown name: the report says there is none, as from a store
+            return None
 
     def signature(self, signature_id: str) -> Any:
         from ._models import SignatureRow
@@ -209,7 +238,7 @@ def _scheduler_source(address: str, timeout: float) -> Iterator[_SchedulerSource
             resolve_address(address)
             client = Client(address, timeout=timeout, set_as_default=False)
         except Exception as e:
-            raise ReportFailed(f"cannot reach the scheduler at {address}: {_one_line(e)}") from e
+            raise ReportFailed(f"cannot reach the scheduler at {address}: {one_line(e)}") from e
         source = _SchedulerSource(client, timeout)
         try:
             # Without the handler Dask logs a warning and answers nothing, or None.
@@ -239,7 +268,7 @@ def _store_source(path: str) -> Iterator[Any]:
     try:
         readable, guard_needed = _check_store(path)
     except StoreError as e:
-        raise ReportFailed(_one_line(e)) from e
+        raise ReportFailed(one_line(e)) from e
     tmpdir = None
     if readable is None:  # FailureStore.start() would write to this file: read a copy
         tmpdir = tempfile.mkdtemp(prefix="oomguard-report-")
@@ -250,7 +279,7 @@ def _store_source(path: str) -> Iterator[Any]:
                 shutil.copyfile(path + "-wal", readable + "-wal")
         except OSError as e:
             shutil.rmtree(tmpdir, ignore_errors=True)
-            raise ReportFailed(f"cannot copy the failure store {path}: {_one_line(e)}") from e
+            raise ReportFailed(f"cannot copy the failure store {path}: {one_line(e)}") from e
     guard = None
     store = FailureStore(readable)
     try:
@@ -262,7 +291,7 @@ def _store_source(path: str) -> Iterator[Any]:
                 # holds nothing, and the last store connection to close would checkpoint.
                 guard.execute("SELECT count(*) FROM sqlite_master").fetchone()
         except (StoreError, sqlite3.Error) as e:
-            raise ReportFailed(f"cannot read the failure store {path}: {_one_line(e)}") from e
+            raise ReportFailed(f"cannot read the failure store {path}: {one_line(e)}") from e
         yield store
     finally:
         store.close()  # a guard still open keeps this from checkpointing the WAL
@@ -308,7 +337,9 @@ def _check_store(path: str) -> tuple[str | None, bool]:
 def _check_sqlite(path: str, known: int) -> tuple[str | None, bool]:
     from ._store import StoreError, _inspect
 
-    _inspect(path, known)  # read-only; StoreError for not SQLite, another app's, too new
+    # Read-only; StoreError for not SQLite, another app's, too new. It builds a file URI,
+    # which needs an absolute path.
+    _inspect(os.path.abspath(path), known)
     with open(path, "rb") as f:
         header = f.read(100)
     try:
@@ -378,112 +409,131 @@ def collect(source: Any, args: argparse.Namespace, sections: tuple[str, ...]) ->
 
 
 # --------------------------------------------------------------------------- rendering
+#
+# Tables fit the terminal without cutting what a user copies (a shard, a signature id, a
+# pipeline name): each table has layouts from the widest to the narrowest, and the first
+# whose rows fit is printed. Narrower layouts shorten only the events' signature title
+# (SIGNATURES prints it whole) and host, then move keys to lines of their own under the row.
 
 
-def _one_line(value: Any) -> str:
-    return " ".join(str(value).split())
+_EVENT_COLUMNS = [
+    Column("TIME"), Column("KIND"), Column("CAUSE"), Column("#", right=True),
+    Column("SHARD", "shard"), Column("PIPELINE", "pipeline"), Column("HOST", "host"),
+    Column("SIGNATURE", "signature"), Column("TITLE", key=False),
+]  # fmt: skip
+_FIRST = ("TIME", "KIND", "CAUSE", "#")
+_EVENT_LAYOUTS = [
+    Layout((*_FIRST, "SHARD", "PIPELINE", "HOST", "SIGNATURE", "TITLE"), shorten={"TITLE": 16}),
+    Layout((*_FIRST, "SHARD", "PIPELINE", "HOST", "SIGNATURE")),
+    Layout((*_FIRST, "SHARD", "PIPELINE", "HOST", "SIGNATURE"), shorten={"HOST": 12}),
+    Layout((*_FIRST, "HOST", "SIGNATURE", "TITLE"), below=("SHARD", "PIPELINE"),
+           shorten={"TITLE": 16}),
+    Layout((*_FIRST, "HOST", "SIGNATURE"), below=("SHARD", "PIPELINE")),
+    Layout((*_FIRST, "SIGNATURE"), below=("SHARD", "PIPELINE", "HOST")),
+    Layout(_FIRST, below=("SIGNATURE", "SHARD", "PIPELINE", "HOST")),
+]  # fmt: skip
+#: One shard's history: the shard is in the head line; worker and signature under each row.
+_HISTORY_LAYOUTS = [
+    Layout((*_FIRST, "PIPELINE", "HOST")),
+    Layout((*_FIRST, "HOST"), below=("PIPELINE",)),
+    Layout(_FIRST, below=("PIPELINE", "HOST")),
+]
 
 
-def _clock(t: float) -> str:
-    try:
-        return datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
-    except (OverflowError, OSError, ValueError):
-        return str(t)
-
-
-def _cell(value: Any) -> str:
-    return _one_line("" if value is None else value)
-
-
-def _fit(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
-
-
-def table(headers: list[str], rows: list[list[Any]], *, right: frozenset[int] = frozenset(),
-          width: int = WIDTH) -> list[str]:  # fmt: skip
-    """Rows under headers, two spaces apart, the widest columns shortened to fit `width`.
-
-    >>> table(["A", "NAME"], [[1, "x" * 200]], right=frozenset({0}), width=20)[1]
-    '1  xxxxxxxxxxxxxxxx…'
-    """
-    cells = [[_cell(v) for v in row] for row in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
-    gaps = 2 * (len(headers) - 1)
-    while sum(widths) + gaps > width:
-        i = max(range(len(widths)), key=lambda j: widths[j])
-        if widths[i] <= max(4, len(headers[i])):
-            break  # cannot shrink further without losing the headers
-        widths[i] -= 1
-    lines = []
-    for row in [headers] + cells:
-        parts = []
-        for i, text in enumerate(row):
-            text = _fit(text, widths[i])
-            parts.append(text.rjust(widths[i]) if i in right else text.ljust(widths[i]))
-        lines.append("  ".join(parts).rstrip())
-    return lines
-
-
-def _wrap(text: str, indent: str) -> list[str]:
-    return textwrap.wrap(_one_line(text), WIDTH, initial_indent=indent,
-                         subsequent_indent=indent, break_on_hyphens=False) or [indent]  # fmt: skip
-
-
-def _utc_offset() -> str:
-    offset = datetime.datetime.now().astimezone().strftime("%z")
-    return f"UTC{offset[:3]}:{offset[3:]}" if offset else "local"
-
-
-def render_events(events: list, *, history: bool) -> list[str]:
+def render_events(events: list, *, history: bool, width: int | None = None,
+                  shard: str | None = None, empty: list[str] | None = None,
+                  titles: str = "") -> list[str]:  # fmt: skip
+    """The events section. `empty`: the lines that say why there are none; `titles`: where
+    the signature titles are when the table has no room for them."""
     order = "oldest first" if history else "newest first"
-    head = f"EVENTS: {len(events)}, {order}, times {_utc_offset()}"
+    head = [f"EVENTS: {len(events)}, {order}, times {utc_offset()}"]
+    if shard is not None and history:
+        head = key_line(head[0] + ", shard", shard, width)
     if not events:
-        return [head, "  none"]
-    rows = [[_clock(e.time), e.kind, e.cause, e.attempt, e.shard, e.pipeline, e.host,
-             e.signature_title] for e in events]  # fmt: skip
-    headers = ["TIME", "KIND", "CAUSE", "#", "SHARD", "PIPELINE", "HOST", "SIGNATURE"]
-    lines = [head]
-    if not history:
-        return lines + table(headers, rows, right=frozenset({3}))
-    for e, line in zip(events, table(headers, rows, right=frozenset({3}))[1:], strict=True):
-        lines.append(line)
-        lines.extend(_wrap(f"worker {e.worker or '?'}; signature {e.signature_id or '?'}: "
-                           f"{e.signature_title or '?'}", "    "))  # fmt: skip
+        return head + (empty or ["  no events recorded"])
+    rows = [[clock(e.time), e.kind, e.cause, e.attempt, e.shard, e.pipeline, e.host,
+             e.signature_id, e.signature_title] for e in events]  # fmt: skip
+    layouts = _HISTORY_LAYOUTS if history else _EVENT_LAYOUTS
+    layout, header, blocks = lay_out(_EVENT_COLUMNS, rows, layouts, width)
+    lines = head + header
+    for e, block in zip(events, blocks, strict=True):
+        lines += block
+        if not history:
+            continue
+        title = one_line(e.signature_title or "?")
+        held = (title,) if 4 + len(title) <= min(width or PROSE_WIDTH, PROSE_WIDTH) else ()
+        lines += wrap(f"worker {e.worker or '?'}; signature {e.signature_id or '?'}: {title}",
+                       width, "    ", hold=held)  # fmt: skip
         summary = e.evidence.get("summary") if isinstance(e.evidence, dict) else None
         if isinstance(summary, str) and summary:
-            lines.extend(_wrap(summary, "    "))
+            lines += wrap(summary, width, "    ")
         pairs = [f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in e.evidence.items()
                  if k != "summary"]  # fmt: skip
         if pairs:
-            lines.extend(_wrap("evidence: " + ", ".join(pairs), "    "))
+            lines += wrap("evidence: " + ", ".join(pairs), width, "    ")
+    if not history and "TITLE" not in layout.row and titles:
+        lines += wrap(f"(no room for signature titles: {titles})", width, "  ")
     return lines
 
 
-def render_signatures(rows: list) -> list[str]:
+_SIGNATURE_COLUMNS = [
+    Column("ID"), Column("COUNT", right=True), Column("HOSTS", right=True), Column("LAST SEEN"),
+    Column("CAUSES", "causes"), Column("TITLE", key=False),
+]  # fmt: skip
+_SIGNATURE_LAYOUTS = [
+    Layout(("ID", "COUNT", "HOSTS", "LAST SEEN", "CAUSES", "TITLE")),
+    Layout(("ID", "COUNT", "HOSTS", "LAST SEEN", "CAUSES"), below=("TITLE",)),
+    Layout(("ID", "COUNT", "HOSTS", "LAST SEEN"), below=("CAUSES", "TITLE")),
+]
+
+
+def render_signatures(rows: list, *, width: int | None = None,
+                      empty: list[str] | None = None) -> list[str]:  # fmt: skip
     head = f"SIGNATURES: {len(rows)}, most frequent first"
     if not rows:
-        return [head, "  none"]
-    body = [[s.id, s.count, len(s.hosts), _clock(s.last_seen), ",".join(s.causes), s.title]
+        return [head] + (empty or ["  no signatures recorded"])
+    body = [[s.id, s.count, len(s.hosts), clock(s.last_seen), ",".join(s.causes), s.title]
             for s in rows]  # fmt: skip
-    headers = ["ID", "COUNT", "HOSTS", "LAST SEEN", "CAUSES", "TITLE"]
-    return [head] + table(headers, body, right=frozenset({1, 2}))
+    _, header, blocks = lay_out(_SIGNATURE_COLUMNS, body, _SIGNATURE_LAYOUTS, width)
+    return [head, *header, *(line for block in blocks for line in block)]
 
 
-def render_pipelines(rows: list) -> list[str]:
+_COUNTS = ("DONE", "FAILED", "ABORTED", "INFRA", "USER")
+_PIPELINE_COLUMNS = [Column("NAME"), Column("STATUS"),
+                     *(Column(h, h.lower(), right=True) for h in _COUNTS)]  # fmt: skip
+_PIPELINE_LAYOUTS = [
+    Layout(("NAME", "STATUS", *_COUNTS)),
+    Layout(("STATUS", *_COUNTS), above=("NAME",)),
+    Layout(("STATUS",), above=("NAME",), below=_COUNTS),
+]
+
+
+def render_pipelines(rows: list, *, width: int | None = None,
+                     empty: list[str] | None = None) -> list[str]:  # fmt: skip
     head = f"PIPELINES: {len(rows)}, most recently updated first"
     if not rows:
-        return [head, "  none"]
+        return [head] + (empty or ["  no pipelines recorded"])
     body = [[p.name, p.status, p.shards_done, p.shards_failed, p.shards_aborted,
              p.infra_failures, p.user_failures] for p in rows]  # fmt: skip
-    headers = ["NAME", "STATUS", "DONE", "FAILED", "ABORTED", "INFRA", "USER"]
-    lines = [head] + table(headers, body, right=frozenset({2, 3, 4, 5, 6}))
+    _, header, blocks = lay_out(_PIPELINE_COLUMNS, body, _PIPELINE_LAYOUTS, width)
+    lines = [head, *header, *(line for block in blocks for line in block)]
     for p in rows:
         if p.summary or p.abort_reason:
             lines.append("")
-            lines.extend(_wrap(f"{p.name}: {p.summary}", "  "))
+            lines += wrap(f"{p.name}: {p.summary}", width, "  ", hold=(p.name,))
             if p.abort_reason:
-                lines.extend(_wrap(p.abort_reason, "    "))
+                lines += wrap(p.abort_reason, width, "    ", hold=(p.name,))
     return lines
+
+
+def _empty(what: str, args: argparse.Namespace, width: int | None) -> list[str]:
+    """Why a section has no rows, in words: never a bare "none"."""
+    narrowed = any(v is not None for v in (args.kind, args.cause, args.pipeline,
+                                           args.signature, args.since))  # fmt: skip
+    if args.shard is not None:
+        prefix = "  with these filters, no" if narrowed else "  no"
+        return key_line(f"{prefix} {what} for shard", args.shard, width)
+    return [f"  no {what} match these filters" if narrowed else f"  no {what} recorded"]
 
 
 # --------------------------------------------------------------------------- the command
@@ -517,13 +567,13 @@ def run(args: argparse.Namespace) -> int:
                 ) from e
             except sqlite3.Error as e:
                 raise ReportFailed(f"cannot read the failure store {args.store}: "
-                                   f"{_one_line(e)}") from e  # fmt: skip
+                                   f"{one_line(e)}") from e  # fmt: skip
     except ReportFailed as e:
-        print(f"{PROG}: {_one_line(e)}", file=sys.stderr)
+        print(f"{PROG}: {one_line(e)}", file=sys.stderr)
         return 1
     except Exception as e:  # anything else is still one line, never a traceback
         where = f"the scheduler at {args.scheduler}" if args.scheduler else args.store
-        print(f"{PROG}: reading {where} failed: {type(e).__name__}: {_one_line(e)}",
+        print(f"{PROG}: reading {where} failed: {type(e).__name__}: {one_line(e)}",
               file=sys.stderr)  # fmt: skip
         return 1
     return _print(data, sections, args)
@@ -534,14 +584,21 @@ def _print(data: dict[str, list], sections: tuple[str, ...], args: argparse.Name
         doc = {name: [row.to_dict() for row in data[name]] for name in sections}
         text = json.dumps(doc, indent=2)
     else:
-        history = shard_history(args)
+        width = output_width()
         blocks = []
         if "events" in data:
-            blocks.append(render_events(data["events"], history=history))
+            titles = ("SIGNATURES below" if "signatures" in data
+                      else "oomguard report --signatures --signature ID")  # fmt: skip
+            blocks.append(render_events(
+                data["events"], history=shard_history(args), width=width, shard=args.shard,
+                empty=_empty("events", args, width), titles=titles,
+            ))  # fmt: skip
         if "signatures" in data:
-            blocks.append(render_signatures(data["signatures"]))
+            blocks.append(render_signatures(data["signatures"], width=width,
+                                            empty=_empty("signatures", args, width)))  # fmt: skip
         if "pipelines" in data:
-            blocks.append(render_pipelines(data["pipelines"]))
+            blocks.append(render_pipelines(data["pipelines"], width=width,
+                                           empty=_empty("pipelines", args, width)))  # fmt: skip
         text = "\n\n".join("\n".join(b) for b in blocks)
     try:
         with contextlib.suppress(AttributeError, ValueError):

@@ -22,9 +22,21 @@ with open(_fn) as f:
 dask.config.update_defaults(_defaults)
 
 
+_MISSING = object()
+
+
 def get(key: str) -> Any:
-    """The raw value of `oomguard.<key>`."""
-    return dask.config.get(f"oomguard.{key}")
+    """The raw value of `oomguard.<key>`; the packaged default where Dask's config lost it
+    (`distributed.utils_test` and others reset `dask.config.config` to a copy taken before
+    oomguard was imported)."""
+    value = dask.config.get(f"oomguard.{key}", default=_MISSING)
+    if value is _MISSING:
+        value = _defaults
+        for part in f"oomguard.{key}".split("."):
+            if not isinstance(value, dict) or part not in value:
+                raise ConfigError(f"oomguard.{key} is not an oomguard setting.")
+            value = value[part]
+    return value
 
 
 def get_choice(key: str, choices: tuple[str, ...]) -> str:
@@ -119,3 +131,51 @@ def scheduler_keys() -> frozenset[str]:
                 yield f"{prefix}{k}"
 
     return frozenset(walk(_defaults["oomguard"]["scheduler"], ""))
+
+
+#: oomguard.scheduler.* keys a running plugin can take from `install(client, **settings)`;
+#: the others (the store, the pod lookup) are fixed once it runs.
+LIVE_SCHEDULER_KEYS = frozenset({
+    "report-grace-timeout", "max-shard-infra-failures", "abort-on-repeat-signature",
+    "memory-retry-larger-only", "max-events",
+})
+
+_SCHEDULER_GETTERS: dict[str, tuple[Any, tuple]] = {
+    "report-grace-timeout": (get_seconds, ()),
+    "max-shard-infra-failures": (get_int, (1,)),
+    "abort-on-repeat-signature": (get_bool, ()),
+    "memory-retry-larger-only": (get_bool, ()),
+    "store": (get_optional_path, ()),
+    "max-events": (get_int, (1,)),
+    "kubernetes.enabled": (get_bool, ()),
+    "kubernetes.namespace": (get_optional_str, ()),
+    "kubernetes.label-selector": (get_optional_str, ()),
+    "kubernetes.container": (get_optional_str, ()),
+}
+
+
+def scheduler_settings(overrides: dict[str, Any] | None = None,
+                       only: frozenset[str] | None = None) -> dict[str, Any]:
+    """Every oomguard.scheduler.* setting, validated once: `overrides` (keys with dashes)
+    over Dask's config. `only`: validate just these keys. Raises ConfigError naming the key,
+    the value and what is expected.
+
+    >>> scheduler_settings({"max-shard-infra-failures": "2"})["max-shard-infra-failures"]
+    2
+    >>> scheduler_settings({"max-shard-infra-failures": "abc"})
+    Traceback (most recent call last):
+    oomguard._exceptions.ConfigError: oomguard.scheduler.max-shard-infra-failures is 'abc'; expected an integer.
+    """
+    overrides = overrides or {}
+    unknown = sorted(set(overrides) - set(_SCHEDULER_GETTERS))
+    if unknown:
+        raise ConfigError(
+            f"unknown oomguard scheduler setting {unknown[0]!r}; expected one of "
+            f"{', '.join(sorted(_SCHEDULER_GETTERS))}."
+        )
+    out = {}
+    with dask.config.set({f"oomguard.scheduler.{k}": v for k, v in overrides.items()}):
+        for key, (getter, args) in _SCHEDULER_GETTERS.items():
+            if only is None or key in only:
+                out[key] = getter(f"scheduler.{key}", *args)
+    return out

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from . import _cgroup
 from ._exceptions import OomguardError
+from ._units import format_bytes
 
 __all__ = ["Admission", "AdmissionTimeout", "HostLedger", "cgroup_available", "format_bytes"]
 
@@ -40,22 +41,6 @@ _VERSION = 1
 #: Per-prefix peaks kept in the file; the least recently seen beyond this are dropped.
 MAX_PEAKS = 512
 _PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def format_bytes(n: int | float) -> str:
-    """Binary units with one decimal, the way people read memory limits.
-
-    >>> format_bytes(4 * 2**30), format_bytes(1536 * 2**20), format_bytes(-3 * 2**20)
-    ('4 GiB', '1.5 GiB', '-3 MiB')
-    """
-    sign = "-" if n < 0 else ""
-    n = abs(float(n))
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            text = f"{n:.1f}".rstrip("0").rstrip(".")
-            return f"{sign}{text} {unit}"
-        n /= 1024
-    raise AssertionError  # unreachable
 
 
 class AdmissionTimeout(OomguardError, TimeoutError):

@@ -1,7 +1,9 @@
 """Plain records: failure events, signature rows, shard histories and pipeline statuses.
 
 They know nothing of I/O or Dask. Each serialises to a JSON-able dict (`to_dict`) and back
-(`from_dict`), so the CLI's `--json`, the store and the Python API agree on one shape.
+(`from_dict`), so the CLI's `--json`, the store and the Python API agree on one shape. Each
+repr is one short line with local clock times (`oomguard._display` says how long values are
+cut); the fields hold everything.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
+
+from ._display import clock, shorten
 
 T = TypeVar("T", bound="_Record")
 
@@ -29,7 +33,7 @@ class _Record:
         return cls(**kwargs)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class FailureEvent(_Record):
     """One failure of one shard: a worker death blamed on it, or an exception it raised.
 
@@ -56,8 +60,16 @@ class FailureEvent(_Record):
     time: float = 0.0
     id: int | None = None  # assigned by the store
 
+    def __repr__(self) -> str:
+        """<FailureEvent 2026-05-01 14:03:07 oom_kill shard=('load', 17) attempt=2
+        pipeline=etl worker=tcp://10.0.3.11:40211>, one line; attempt only past the first."""
+        attempt = f" attempt={self.attempt}" if self.attempt != 1 else ""
+        return (f"<FailureEvent {clock(self.time)} {shorten(self.cause, 20)} "
+                f"shard={_short(self.shard, 48)}{attempt} pipeline={_short(self.pipeline, 24)} "
+                f"worker={_short(self.worker, 32)}>")  # fmt: skip
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, repr=False)
 class SignatureRow(_Record):
     """One deduplicated signature across every host of the cluster."""
 
@@ -82,8 +94,15 @@ class SignatureRow(_Record):
     causes: list[str] = field(default_factory=list)
     example: str = ""  # a normalised trace, paths scrubbed
 
+    def __repr__(self) -> str:
+        """<SignatureRow 6d4c109d5cf8c83f 'oom_kill in load_shard' count=3 hosts=2
+        causes=oom_kill last 2026-05-01 14:03:07>; the id is never cut."""
+        causes = shorten(",".join(self.causes), 40) or "''"
+        return (f"<SignatureRow {self.id} {shorten(self.title, 60)!r} count={self.count} "
+                f"hosts={len(self.hosts)} causes={causes} last {clock(self.last_seen)}>")
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, repr=False)
 class PipelineStatus(_Record):
     """Where a pipeline stands.
 
@@ -103,3 +122,16 @@ class PipelineStatus(_Record):
     summary: str
     abort_reason: str = ""
     started: float = 0.0
+
+    def __repr__(self) -> str:
+        """<PipelineStatus etl aborted started 2026-05-01 14:02:07 done=12 failed=0
+        aborted=3 infra=2 user=0>"""
+        return (f"<PipelineStatus {_short(self.name, 40)} {shorten(self.status, 32)} started "
+                f"{clock(self.started)} done={self.shards_done} failed={self.shards_failed} "
+                f"aborted={self.shards_aborted} infra={self.infra_failures} "
+                f"user={self.user_failures}>")
+
+
+def _short(value: str, width: int) -> str:
+    """A name for a repr: shortened, and '' when empty so that it is seen to be empty."""
+    return shorten(value, width) or "''"

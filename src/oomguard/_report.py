@@ -34,6 +34,9 @@ executing       list (<= 64) of task dicts                    tasks executing at
                 lineno: int >= 0 | None, function: str        innermost frame last
                 (<= 256)] | None
   .stack_time   float | None                                  when that stack was sampled
+  .grew         int >= 0 | None (may be absent)               its estimated share of the
+                                                              worker's RSS growth since it
+                                                              started, bytes (_growth.py)
 crash           {signal: str (<= 32) | None, text: str} |     the faulthandler crash file;
                 None                                          text <= max_bytes characters
 evidence        dict (<= 64 keys, each str <= 128) of         flat; see _classify.evidence
@@ -103,7 +106,8 @@ EVIDENCE_STR_MAX = 1024
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1  # what msgpack can carry
 _COUNTER_INTS = ("oom_kill", "oom", "oom_group_kill", "failcnt", "peak", "limit", "usage")
 _COUNTER_KEYS = ("version", "path", *_COUNTER_INTS, "missing")
-_TASK_KEYS = ("key", "prefix", "start", "thread", "stack", "stack_time")
+_TASK_KEYS = ("key", "prefix", "start", "thread", "stack", "stack_time", "grew")
+_TASK_OPTIONAL = ("grew",)  # added within schema v1: reports from older nannies lack it
 _FIELDS = (
     "schema", "worker", "nanny", "name", "host", "pid", "exitcode", "cause", "time",
     "started", "memory_limit", "executing", "crash", "evidence", "cgroup", "rss_sampled",
@@ -188,8 +192,12 @@ def _seq(v: Any, field: str, cap: int, *, none: bool = False) -> list[Any] | Non
     return list(items)
 
 
-def _map(v: Any, field: str, keys: tuple[str, ...] | None, *, none: bool = False) -> Any:
-    """The mapping's items after checking its keys; `keys` None means any str keys."""
+def _map(
+    v: Any, field: str, keys: tuple[str, ...] | None, *, none: bool = False,
+    optional: tuple[str, ...] = (),
+) -> Any:
+    """The mapping's items after checking its keys; `keys` None means any str keys, and
+    `optional` keys may be absent (read as None)."""
     if v is None and none:
         return None
     if not isinstance(v, dict):
@@ -206,6 +214,9 @@ def _map(v: Any, field: str, keys: tuple[str, ...] | None, *, none: bool = False
                 raise ReportError(where, "is not a field of schema v1", "bad_value")
         for k in keys:
             if k not in items:
+                if k in optional:
+                    items[k] = None
+                    continue
                 where = f"{field}.{k}" if field else k
                 raise ReportError(where, "is required (use None for unknown)", "missing_field")
     return items
@@ -241,7 +252,7 @@ def _frame(v: Any, parent: str, i: int) -> list[Any]:
 
 
 def _task(v: Any, field: str) -> dict[str, Any]:
-    d = _map(v, field, _TASK_KEYS)
+    d = _map(v, field, _TASK_KEYS, optional=_TASK_OPTIONAL)
     where = f"{field}.stack"
     stack = _seq(d["stack"], where, LIST_MAX, none=True)
     return {
@@ -253,6 +264,7 @@ def _task(v: Any, field: str) -> dict[str, Any]:
         if stack is None
         else [_frame(f, where, i) for i, f in enumerate(stack)],
         "stack_time": _float(d["stack_time"], f"{field}.stack_time", none=True),
+        "grew": _int(d["grew"], f"{field}.grew", minimum=0, none=True),
     }
 
 
@@ -504,6 +516,7 @@ def _build_task(
         "thread": _opt_int(t.get("thread"), 0) or 0,
         "stack": frames,
         "stack_time": _opt_float(t.get("stack_time")),
+        "grew": _opt_int(t.get("grew"), 0),
     }
 
 
@@ -663,8 +676,13 @@ def build_report(
     requested_close: bool,
     missing: list[str],
     max_bytes: int = MAX_REPORT_BYTES,
+    cgroup_placement: dict | None = None,
 ) -> dict[str, Any]:
     """Classify one death and build its schema-v1 report, capped to `max_bytes` encoded.
+
+    `cgroup_placement` says how the worker was put into its cgroup (``own_group``,
+    ``charge_moved``, ``rss_at_move``, ``note``); it reaches the report only through the
+    evidence (what the group's peak covers), so the schema does not change.
 
     ``report["cause"]`` is None for a clean exit or a requested close: send nothing then.
     Malformed inputs are dropped with a note in ``missing``, long ones cut with a note in
@@ -736,6 +754,7 @@ def build_report(
             "version": version,
             "before": _as_map(cgroup_before),
             "after": _as_map(cgroup_after),
+            "placement": cgroup_placement if isinstance(cgroup_placement, Mapping) else None,
         },
         "rss_sampled": rss_sampled,
         "rss_time": rss_time,

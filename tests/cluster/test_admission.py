@@ -250,7 +250,7 @@ def test_a_wait_past_max_wait_errs_naming_need_and_free(dask_cluster):
         ledger.release("test-holder")
     msg = str(info.value)
     assert "needs-a-lot-2" in msg and "waited" in msg and "was free" in msg
-    assert oomguard._ledger.format_bytes(everything) in msg
+    assert oomguard._units.format_bytes(everything) in msg
 
 
 def test_tasks_without_a_need_never_touch_the_ledger(dask_cluster):

@@ -2,6 +2,8 @@
 
 They need root and a writable cgroup v1 memory hierarchy (skipped otherwise; fail under
 OOMGUARD_STRICT=1). Every group is removed in a `finally`, even when an assertion fails.
+The last two show what a group's peak covers: what the kernel does with charges made before
+a process joins a group, and a real nanny that moves its worker in before it starts.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from oomguard._cgroup import (
     cleanup_stale,
     detect,
     kernel_oom_victims,
+    process_rss,
     read_kernel_log,
+    read_memory_counters,
 )
 
 LIMIT = 64 * 2**20
@@ -161,3 +165,174 @@ def test_create_refuses_an_existing_group(info, prefix):
 def _pids(path: str) -> list[int]:
     with open(os.path.join(path, "cgroup.procs")) as f:
         return [int(x) for x in f.read().split()]
+
+
+MiB = 2**20
+
+# Touches 100 MiB of anonymous memory, says so, then waits (in its parent's group).
+HOLDER = """
+import sys
+held = bytearray(b"x") * (100 << 20)
+print("ready", flush=True)
+sys.stdin.buffer.read(1)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_move_charge_is_recorded_as_the_kernel_did_it(info, prefix):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    group = ChildGroup.create(prefix + "move", None, info=info)
+    try:
+        assert proc.stdout.readline() == b"ready\n"
+        moved, why = group.set_move_charge()
+        held = process_rss(proc.pid)
+        group.add_pid(proc.pid)
+        usage = group.counters().usage
+        print(f"move_charge_at_immigrate: {moved} {why!r}; RSS {held / MiB:.0f} MiB, "
+              f"group usage right after the move {usage / MiB:.1f} MiB")
+        assert held >= 100 * MiB
+        if moved:
+            # The kernel (before 6.13) brought the process's charges along.
+            assert usage >= 0.9 * 100 * MiB
+        else:
+            # Charges stayed on the parent: the group holds next to nothing of the 100 MiB.
+            assert usage < 20 * MiB, usage
+            assert why
+    finally:
+        proc.kill()
+        proc.wait()
+        group.remove()
+    assert not os.path.exists(group.path)
+
+
+# A worker that holds 200 MiB from its start-up on (a big import, a cache, a model). Dask
+# imports a preload file and then reloads it: the reload keeps what the import made.
+HOLD_AT_START = "HELD = globals().get('HELD') or bytearray(b'x') * (200 << 20)\n"
+
+
+def grow(nbytes):
+    time.sleep(0.5)  # the flight recorder samples this frame first
+    chunks = [bytearray(nbytes // 6) for _ in range(6)]
+    return len(chunks)
+
+
+@pytest.mark.timeout(300)
+def test_worker_group_counts_what_the_worker_held_at_start_up(info, tmp_path):
+    """Before, the nanny moved the worker once it was up: its start-up memory stayed on the
+    nanny's group, out of the worker group's peak and limit (a peak below the sampled RSS)."""
+    import dask
+    from distributed import Client, LocalCluster
+
+    from oomguard import _report
+    from oomguard._classify import evidence_summary
+    from oomguard.worker_plugin import CLEAN_EXIT_HANDLER, REPORT_HANDLER
+
+    ok, reason = can_create_child(info)
+    require(ok, f"per-worker memory cgroups cannot be made here: {reason}")
+    preload = tmp_path / "hold_at_start.py"
+    preload.write_text(HOLD_AT_START)
+    limit = 400 * MiB
+    config = {
+        "distributed.nanny.preload": ["oomguard.worker_plugin"],
+        "distributed.worker.preload": [str(preload)],
+        "oomguard.worker.cgroup-limit": "true",
+        "oomguard.worker.sample-interval": "100ms",
+        "distributed.worker.memory.terminate": False,  # the kernel, not the nanny, kills
+        "distributed.deploy.lost-worker-timeout": "1h",
+    }
+    with dask.config.set(config), LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=True, memory_limit=limit,
+        dashboard_address=":0",
+    ) as cluster, Client(cluster) as client:
+        reports = []
+        cluster.scheduler.handlers[REPORT_HANDLER] = lambda report: reports.append(
+            _report.decode(report)
+        )
+        cluster.scheduler.handlers[CLEAN_EXIT_HANDLER] = lambda worker: {"status": "ok"}
+        client.wait_for_workers(1, timeout=120)
+        (pid,) = client.run(os.getpid).values()
+        path = os.path.join(info.path, f"oomguard-worker-{pid}")
+        anon = _rss_anon(pid)
+        counters = read_memory_counters(path, 1)
+        print(f"worker up: RssAnon {anon / MiB:.0f} MiB, VmRSS {process_rss(pid) / MiB:.0f} MiB;"
+              f" its group: usage {counters.usage / MiB:.0f} MiB, "
+              f"peak {counters.peak / MiB:.0f} MiB")
+        # Everything the worker allocated itself is charged to its own group.
+        assert anon >= 200 * MiB
+        assert counters.usage >= 0.9 * anon, (counters.usage, anon)
+        assert counters.peak >= 200 * MiB
+
+        # So the group's limit holds the worker to its memory_limit, start-up included:
+        # 200 MiB held + 300 MiB more cross 400 MiB (before, only the 300 MiB counted).
+        fut = client.submit(grow, 300 * MiB, pure=False)
+        deadline = time.monotonic() + 120
+        while not reports and time.monotonic() < deadline:
+            time.sleep(0.1)
+        fut.cancel()
+    assert reports, "no death report: the 300 MiB task did not cross the group's limit"
+    (report,) = [r for r in reports if r["pid"] == pid]
+    ev = report["evidence"]
+    summary = evidence_summary(ev, report["cause"])
+    print(f"report: {summary}\n  peak_covers: {ev['peak_covers']}")
+    assert report["cause"] == "oom_kill", ev
+    assert ev["peak_scope"] == "worker"
+    assert ev["charge_moved"] is _kernel_moves_charges(info, tmp_path)
+    # Moved right after the spawn: long before the preload took its 200 MiB.
+    assert ev["rss_at_move_bytes"] < 100 * MiB
+    assert ev["peak_bytes"] >= 0.9 * limit
+    assert ev["peak_bytes"] >= 0.9 * ev["rss_sampled_bytes"]  # never far below a sample
+    assert summary.startswith("kernel oom_kill counted: kernel peak of the worker's group")
+
+
+def _rss_anon(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no RssAnon for pid {pid}")
+
+
+def _kernel_moves_charges(info, tmp_path) -> bool:
+    group = ChildGroup.create(f"oomguard-test-probe-{os.getpid()}-{tmp_path.name}", None,
+                              info=info)
+    try:
+        return group.set_move_charge()[0]
+    finally:
+        group.remove()
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_too_big_for_its_limit_at_start_up_is_explained(info, tmp_path, caplog):
+    """Its group's limit now holds the worker's start-up memory too: a memory_limit below
+    what the worker needs to start gets a kernel OOM kill before it is up, and a log line
+    that says so (Dask itself only says "Nanny failed to start")."""
+    import logging
+
+    import dask
+    from distributed import LocalCluster
+
+    ok, reason = can_create_child(info)
+    require(ok, f"per-worker memory cgroups cannot be made here: {reason}")
+    preload = tmp_path / "hold_at_start.py"
+    preload.write_text(HOLD_AT_START)
+    config = {
+        "distributed.nanny.preload": ["oomguard.worker_plugin"],
+        "distributed.worker.preload": [str(preload)],
+        "oomguard.worker.cgroup-limit": "true",
+        "distributed.worker.memory.terminate": False,
+    }
+    with dask.config.set(config), caplog.at_level(logging.ERROR, logger="oomguard"):
+        with pytest.raises(RuntimeError, match="failed to start"), LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=True, memory_limit=150 * MiB,
+            dashboard_address=":0",
+        ):
+            pass
+    said = [r for r in caplog.records if "OOM-killed while starting" in r.getMessage()]
+    assert said, caplog.text
+    message = said[0].getMessage()
+    print(message)
+    assert "150 MiB" in message and "memory_limit" in message
+    pid = said[0].args[0]
+    assert not os.path.exists(os.path.join(info.path, f"oomguard-worker-{pid}"))

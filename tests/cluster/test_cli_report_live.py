@@ -4,6 +4,7 @@ by the command in a subprocess; and the one-line failures for schedulers it cann
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -22,10 +23,14 @@ def bad_parse(x):
     raise ValueError(f"cannot parse block {x}")
 
 
-def oomguard_report(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
+def oomguard_report(*argv: str, timeout: float = 60, columns: int | None = None
+                    ) -> subprocess.CompletedProcess:  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    if columns is not None:
+        env["COLUMNS"] = str(columns)
     return subprocess.run(
         [sys.executable, "-m", "oomguard._cli", "report", *argv],
-        capture_output=True, text=True, timeout=timeout,
+        capture_output=True, text=True, timeout=timeout, env=env,
     )  # fmt: skip
 
 
@@ -69,12 +74,23 @@ def test_report_reads_a_running_scheduler(tmp_path):
         assert user.signature_id in {s["id"] for s in doc["signatures"]}
         assert "etl" in {p["name"] for p in doc["pipelines"]}
 
-        proc = oomguard_report("--scheduler", address, "--shard", "parse-7")
+        for columns in (80, 160):
+            proc = oomguard_report("--scheduler", address, "--shard", "parse-7", columns=columns)
+            assert proc.returncode == 0, proc.stderr
+            assert "EVENTS: 1, oldest first, times" in proc.stdout
+            assert "parse-7" in proc.stdout and " exception " in proc.stdout
+            assert user.signature_id in proc.stdout and "etl" in proc.stdout
+            assert "cannot parse block 7" in proc.stdout
+            assert max(len(line) for line in proc.stdout.splitlines()) <= columns
+
+        proc = oomguard_report("--scheduler", address, "--shard", "parse-8")
         assert proc.returncode == 0, proc.stderr
-        assert "EVENTS: 1, oldest first" in proc.stdout
-        assert "parse-7" in proc.stdout and "exception" in proc.stdout
-        assert "cannot parse block 7" in proc.stdout
-        assert max(len(line) for line in proc.stdout.splitlines()) <= 100
+        assert "no events for shard parse-8" in proc.stdout
+
+        proc = oomguard_report("--scheduler", address, "--shard", "('parse', 7")
+        assert (proc.returncode, proc.stdout) == (2, "")
+        assert proc.stderr.startswith("oomguard report: argument --shard: ")
+        assert proc.stderr.count("\n") == 1
 
 
 def test_report_fails_fast_with_nothing_listening():

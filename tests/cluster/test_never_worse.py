@@ -5,6 +5,7 @@ on either until each has run alone.
 
 from __future__ import annotations
 
+import mmap
 import os
 import signal
 import time
@@ -103,45 +104,97 @@ def test_no_death_after_the_abort_and_a_reused_span_name_is_judged_again(cluster
 
 
 def grow(nbytes: int, hold: float) -> int:
+    # Anonymous mappings, not bytearrays: freed, they go back to the kernel at once. Memory
+    # freed into malloc's arenas may stay in the worker's RSS, and the next shard run alone
+    # there would then not "fit alone" any more (seen once in ~10 runs).
     blocks = []
     for _ in range(nbytes // (20 * MiB)):
-        blocks.append(bytearray(20 * MiB))
+        block = mmap.mmap(-1, 20 * MiB)
+        for offset in range(0, 20 * MiB, 4096):
+            block[offset] = 1  # touch every page: resident now
+        blocks.append(block)
         time.sleep(0.05)  # grow slowly, so the nanny sees both tasks growing together
     time.sleep(hold)
-    return sum(len(b) for b in blocks)
+    size = sum(len(b) for b in blocks)
+    for block in blocks:
+        block.close()
+    return size
 
 
-def test_a_memory_kill_of_a_two_thread_worker_whose_shards_fit_alone_finishes(tmp_path):
-    with dask.config.set({
-        "oomguard.scheduler.report-grace-timeout": "2s",
-        "oomguard.worker.sample-interval": "100ms",
-        "oomguard.worker.cgroup-limit": "false",
-        "oomguard.worker.admission.enabled": False,
-        "distributed.worker.memory.target": False,
-        "distributed.worker.memory.spill": False,
-        "distributed.worker.memory.pause": False,
-        "distributed.deploy.lost-worker-timeout": "300s",
-    }):
+SHARED_MEMORY_CONFIG = {
+    "oomguard.scheduler.report-grace-timeout": "2s",
+    "oomguard.worker.sample-interval": "100ms",
+    "oomguard.worker.cgroup-limit": "false",
+    "oomguard.worker.admission.enabled": False,
+    "distributed.worker.memory.target": False,
+    "distributed.worker.memory.spill": False,
+    "distributed.worker.memory.pause": False,
+    "distributed.deploy.lost-worker-timeout": "300s",
+}
+
+
+@pytest.fixture
+def two_thread_worker(tmp_path):
+    """One nanny, one 2-thread worker of 1000 MiB, oomguard installed."""
+    with dask.config.set(SHARED_MEMORY_CONFIG):
         with LocalCluster(n_workers=1, threads_per_worker=2, processes=True,
                           memory_limit=1000 * MiB, dashboard_address=":0") as cl, \
                 Client(cl) as client:
             oomguard.install(client, store=str(tmp_path / "f.sqlite3"))
             wait_installed(client, 1)
-            with distributed.span("pair"):
-                futs = client.map(grow, [440 * MiB] * 2, [2.0] * 2, pure=False)
-            # Together ~880 MiB plus the worker's own: past the nanny's 95 % of 1000 MiB;
-            # alone ~440 MiB plus the worker's own: well below.
-            failures = oomguard.Failures(client)
-            try:
-                assert client.gather(futs, errors="raise") == [440 * MiB] * 2
-            except oomguard.PipelineAborted:
-                raise AssertionError([(e.cause, e.shard, e.evidence.get("executing_tasks"),
-                                       e.evidence.get("summary")) for e in failures.events()])
-            kills = failures.events(cause="memory_terminate")
-            assert kills, "the two shards together were never killed: the test proves nothing"
-            status = failures.pipeline("pair")
-            assert status.status == "succeeded_after_infra_failures", status
-            assert "retried alone" in status.summary, status.summary
+            yield client
+
+
+def test_a_memory_kill_of_a_two_thread_worker_whose_shards_fit_alone_finishes(
+        two_thread_worker):
+    client = two_thread_worker
+    with distributed.span("pair"):
+        futs = client.map(grow, [480 * MiB] * 2, [2.0] * 2, pure=False)
+    # Together ~960 MiB plus the worker's own: past the nanny's 95 % of 1000 MiB;
+    # alone ~480 MiB plus the worker's own: well below.
+    failures = oomguard.Failures(client)
+    try:
+        assert client.gather(futs, errors="raise") == [480 * MiB] * 2
+    except oomguard.PipelineAborted:
+        raise AssertionError([(e.cause, e.shard, e.evidence.get("executing_tasks"),
+                               e.evidence.get("summary")) for e in failures.events()])
+    kills = failures.events(cause="memory_terminate")
+    assert kills, "the two shards together were never killed: the test proves nothing"
+    status = failures.pipeline("pair")
+    assert status.status == "succeeded_after_infra_failures", status
+    assert "retried alone" in status.summary, status.summary
+
+
+def nap(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+def test_a_memory_kill_names_the_task_that_grew_and_spares_the_pipeline_beside_it(
+        two_thread_worker):
+    # Issue 11's report: a sleeping task under "healthy" beside one under "buggy" that
+    # allocates past the worker's limit; "healthy" was aborted for a kill it did not cause.
+    client = two_thread_worker
+    with distributed.span("healthy"):
+        sleeper = client.submit(nap, 6.0, pure=False)
+    with distributed.span("buggy"):
+        hog = client.submit(grow, 1200 * MiB, 0.0, pure=False)
+    assert sleeper.result() == 6.0
+    with pytest.raises(oomguard.PipelineAborted) as info:
+        hog.result()
+    assert "ran out of memory" in str(info.value), str(info.value)
+    failures = oomguard.Failures(client)
+    kills = failures.events(cause="memory_terminate")
+    shared = [e for e in kills if e.evidence.get("executing_tasks") == 2]
+    assert shared, [(e.shard, e.evidence.get("summary")) for e in kills]
+    # The sampled growth names the task that grew, and says how sure that is.
+    assert {e.evidence.get("likely_culprit") for e in shared} == {hog.key}, [
+        e.evidence for e in shared]
+    assert f"likely {hog.key!r}" in shared[0].evidence["summary"]
+    assert failures.pipeline("buggy").status == "aborted"
+    healthy = failures.pipeline("healthy")
+    assert healthy.status == "succeeded_after_infra_failures", healthy
+    assert "retried alone" in healthy.summary, healthy.summary
 
 
 def test_a_killer_that_takes_its_host_on_saturated_workers_is_bounded(tmp_path):

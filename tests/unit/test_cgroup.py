@@ -393,3 +393,56 @@ def test_cleanup_stale_in_a_fixture_tree(tree):
     assert cleanup_stale(info=info) == 1
     left = sorted(p.name for p in group.iterdir() if p.is_dir())
     assert left == ["oomguard-b", "oomguard-w1", "other"]
+
+
+# ------------------------------------------------------------------------- charge moving
+
+
+def test_v1_move_charge_writes_anon_and_mapped_file_bits(tmp_path):
+    group = tmp_path / "oomguard-w1"
+    group.mkdir()
+    (group / "memory.move_charge_at_immigrate").write_text("0\n")
+    g = ChildGroup(str(group), 1, str(tmp_path))
+    assert g.set_move_charge() == (True, "")
+    # 3 = bit 0 (anonymous pages) + bit 1 (file pages the process maps): RSS is both.
+    assert (group / "memory.move_charge_at_immigrate").read_text() == "3"
+    assert g.set_move_charge(False) == (True, "")
+    assert (group / "memory.move_charge_at_immigrate").read_text() == "0"
+
+
+def test_move_charge_refusals_say_why(tmp_path):
+    group = tmp_path / "oomguard-w1"
+    group.mkdir()
+    ok, why = ChildGroup(str(group), 1, str(tmp_path)).set_move_charge()
+    assert not ok and why.startswith("memory.move_charge_at_immigrate: not found")
+    ok, why = ChildGroup(str(group), 2, str(tmp_path)).set_move_charge()
+    assert not ok and "cgroup v2 never moves charges" in why
+    assert not (group / "memory.move_charge_at_immigrate").exists()
+
+
+def test_move_charge_einval_names_the_kernel_change(tmp_path, monkeypatch):
+    import errno
+
+    from oomguard import _cgroup
+
+    def refuse(path, value):
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    (tmp_path / "memory.move_charge_at_immigrate").write_text("0\n")
+    monkeypatch.setattr(_cgroup, "_write", refuse)
+    ok, why = ChildGroup(str(tmp_path), 1, str(tmp_path)).set_move_charge()
+    assert not ok
+    assert "EINVAL" in why and "Linux 6.13" in why
+
+
+def test_process_rss_from_proc_status(tmp_path):
+    from oomguard._cgroup import process_rss
+
+    status = tmp_path / "proc" / "42" / "status"
+    status.parent.mkdir(parents=True)
+    status.write_text("Name:\tpython3\nVmPeak:\t  900 kB\nVmRSS:\t  123456 kB\nRssAnon:\t 1 kB\n")
+    assert process_rss(42, root=str(tmp_path)) == 123456 * 1024
+    status.write_text("Name:\tzombie\n")  # a zombie has no VmRSS line
+    assert process_rss(42, root=str(tmp_path)) is None
+    assert process_rss(43, root=str(tmp_path)) is None
+    assert process_rss(os.getpid()) > 0

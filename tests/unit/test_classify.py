@@ -19,7 +19,6 @@ from oomguard._classify import (
     evidence_summary,
     explain,
     facts_from,
-    format_bytes,
 )
 
 KILL, TERM = -signal.SIGKILL, -signal.SIGTERM
@@ -280,7 +279,8 @@ def test_evidence_names_kernel_sources(version, oom_source, peak_source, limit_s
         "nanny_memory_kill_source",
     } <= sources
     assert evidence_summary(ev, Cause.OOM_KILL) == (
-        "kernel oom_kill counted, peak 1.00 GiB of a 1.00 GiB limit"
+        "kernel oom_kill counted: kernel peak of the worker's group 1 GiB of a 1 GiB limit, "
+        "sampled RSS 900 MiB 500 ms before"
     )
 
 
@@ -335,24 +335,39 @@ GiB, MiB = 2**30, 2**20
         (
             {"oom_kill_delta": 1, "peak_bytes": 1095216660, "limit_bytes": GiB},
             "oom_kill",
-            "kernel oom_kill counted, peak 1.02 GiB of a 1.00 GiB limit",
+            "kernel oom_kill counted: kernel peak of the worker's group 1.02 GiB of a 1 GiB "
+            "limit",
         ),
         (
             {"oom_kill_delta": None, "kernel_log_oom": True, "rss_sampled_bytes": GiB},
             "oom_kill",
-            "kernel log shows an OOM kill, 1.00 GiB RSS (sampled)",
+            "kernel log shows an OOM kill: sampled RSS 1 GiB",
+        ),
+        (
+            {"oom_kill_delta": None, "kernel_log_oom": True, "rss_sampled_bytes": GiB,
+             "rss_age_seconds": 2.34, "memory_limit_bytes": GiB},
+            "oom_kill",
+            "kernel log shows an OOM kill: sampled RSS 1 GiB 2.3 s before, of a 1 GiB limit",
         ),
         (
             {"oom_kill_delta": 1, "peak_bytes": GiB, "limit_bytes": 2**63 - 4096,
              "memory_limit_bytes": 2 * GiB},
             "oom_kill",
-            "kernel oom_kill counted, peak 1.00 GiB of a 2.00 GiB limit",
+            "kernel oom_kill counted: kernel peak of the worker's group 1 GiB of a 2 GiB limit",
         ),  # an "unlimited" cgroup limit falls back to Dask's memory_limit
         (
-            {"nanny_rss_bytes": int(1.9 * GiB), "memory_limit_bytes": 2 * GiB},
+            {"nanny_rss_bytes": int(1.9 * GiB), "memory_limit_bytes": 2 * GiB,
+             "rss_sampled_bytes": int(1.7 * GiB), "rss_age_seconds": 0.3},
             "memory_terminate",
-            "nanny terminated it at 1.90 GiB RSS (sampled) of a 2.00 GiB limit",
-        ),
+            "nanny terminated it for memory: nanny RSS 1.9 GiB of a 2 GiB limit",
+        ),  # the nanny's own reading, named as such, never as the sampled one
+        (
+            {"rss_sampled_bytes": int(1.7 * GiB), "rss_age_seconds": 0.3,
+             "memory_limit_bytes": 2 * GiB},
+            "memory_terminate",
+            "nanny terminated it for memory: sampled RSS 1.7 GiB 300 ms before, of a 2 GiB "
+            "limit",
+        ),  # no RSS in the nanny's event: the flight recorder's sample, named as such
         ({}, "memory_terminate", "nanny terminated it for memory"),
         ({"signal": "SIGSEGV", "crash_stack": True}, "native_crash",
          "SIGSEGV, faulthandler stack captured"),
@@ -372,12 +387,108 @@ def test_evidence_summary(ev, cause, phrase):
     assert evidence_summary(ev, cause) == phrase
 
 
-@pytest.mark.parametrize(
-    "n, text",
-    [(0, "0 B"), (1023, "1023 B"), (1536, "1.50 KiB"), (5 * MiB, "5.00 MiB"), (2**41, "2.00 TiB")],
-)
-def test_format_bytes(n, text):
-    assert format_bytes(n) == text
+# The scenario of the user report: cgroup v1, per-worker group, the kernel kept the charges of
+# what the worker held before it joined its group on the parent; the nanny terminated it.
+V1_NOT_MOVED = {
+    "version": 1,
+    "before": _counters(0, peak=0, limit=600 * MiB),
+    "after": _counters(1, peak=450 * MiB, limit=600 * MiB),
+    "placement": {
+        "own_group": True,
+        "charge_moved": False,
+        "rss_at_move": 130 * MiB,
+        "note": "memory.move_charge_at_immigrate refused (EINVAL): the kernel no longer "
+        "moves charges (Linux 6.13+)",
+    },
+}
+
+
+def _scenario(placement=None, version=1, **extra):
+    cgroup = dict(V1_NOT_MOVED, version=version)
+    if placement is not None:
+        cgroup["placement"] = placement
+    report_like = {
+        "exitcode": KILL, "pid": 10, "time": 100.0, "memory_limit": 600 * MiB,
+        "rss_sampled": 570 * MiB, "rss_time": 99.8, "cgroup": cgroup,
+    }  # fmt: skip
+    report_like.update(extra)
+    return evidence(report_like)
+
+
+def test_each_number_is_named_by_its_source():
+    ev = _scenario(nanny_memory_kill={"rss": int(573.59 * MiB)})
+    assert ev["rss_source"] == "sampled RSS"
+    assert ev["nanny_rss_source"].startswith("nanny RSS")
+    assert ev["peak_scope"] == "worker"
+    summary = evidence_summary(ev, Cause.MEMORY_TERMINATE)
+    assert summary == "nanny terminated it for memory: nanny RSS 574 MiB of a 600 MiB limit"
+    assert "sampled" not in summary  # 573.59 MiB was the nanny's reading, not a sample
+
+
+def test_a_peak_that_excludes_charges_from_before_the_move_says_so():
+    ev = _scenario()
+    assert ev["charge_moved"] is False
+    assert ev["rss_at_move_bytes"] == 130 * MiB and "rss_at_move_source" in ev
+    assert "before it joined its group" in ev["peak_covers"]
+    assert "Linux 6.13+" in ev["peak_covers"]  # why the charge did not move
+    assert evidence_summary(ev, Cause.OOM_KILL) == (
+        "kernel oom_kill counted: kernel peak of the worker's group 450 MiB of a "
+        "600 MiB limit, sampled RSS 570 MiB 200 ms before; the peak excludes up to "
+        "130 MiB charged before the worker joined its group"
+    )
+
+
+def test_a_peak_whose_charges_moved_with_the_worker_has_no_caveat():
+    ev = _scenario({"own_group": True, "charge_moved": True, "rss_at_move": 130 * MiB})
+    assert ev["charge_moved"] is True
+    assert "moved with it" in ev["peak_covers"]
+    assert evidence_summary(ev, Cause.OOM_KILL) == (
+        "kernel oom_kill counted: kernel peak of the worker's group 450 MiB of a "
+        "600 MiB limit, sampled RSS 570 MiB 200 ms before"
+    )
+
+
+def test_cgroup_v2_never_moves_charges_and_says_what_memory_peak_covers():
+    ev = _scenario({"own_group": True, "charge_moved": None, "rss_at_move": 6 * MiB}, version=2)
+    assert ev["charge_moved"] is False  # v2 has no charge moving at all
+    assert "cgroup v2 never moves charges" in ev["peak_covers"]
+    assert "since the group was made" in ev["peak_covers"]
+    assert ev["peak_source"] == "kernel cgroup counter memory.peak"
+    assert evidence_summary(ev, Cause.OOM_KILL).endswith(
+        "; the peak excludes up to 6 MiB charged before the worker joined its group"
+    )
+
+
+def test_an_unknown_amount_before_the_move_is_still_named():
+    ev = _scenario({"own_group": True, "charge_moved": False, "rss_at_move": None})
+    assert "rss_at_move_bytes" not in ev
+    assert evidence_summary(ev, Cause.OOM_KILL).endswith(
+        "; the peak excludes memory charged before the worker joined its group"
+    )
+
+
+def test_a_shared_group_peak_is_not_called_the_workers():
+    ev = _scenario({"own_group": False, "charge_moved": None, "rss_at_move": None})
+    assert ev["peak_scope"] == "shared"
+    assert "charge_moved" not in ev and "rss_at_move_bytes" not in ev
+    assert "other processes" in ev["peak_covers"]
+    assert evidence_summary(ev, Cause.OOM_KILL) == (
+        "kernel oom_kill counted: kernel peak of its shared group 450 MiB of a 600 MiB "
+        "limit, sampled RSS 570 MiB 200 ms before"
+    )
+
+
+def test_reports_without_placement_facts_keep_the_plain_peak():
+    # A nanny of an older oomguard sends no placement: no guess either way.
+    ev = _scenario()
+    del ev["peak_scope"], ev["peak_covers"], ev["charge_moved"], ev["rss_at_move_bytes"]
+    assert evidence_summary(ev, Cause.OOM_KILL) == (
+        "kernel oom_kill counted: kernel peak of the worker's group 450 MiB of a "
+        "600 MiB limit, sampled RSS 570 MiB 200 ms before"
+    )
+    cg = dict(V1_NOT_MOVED)
+    del cg["placement"]
+    assert "peak_scope" not in evidence({"cgroup": cg})
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import pathlib
+import re
 import sqlite3
 import subprocess
 import sys
@@ -19,7 +20,8 @@ from capabilities import require
 
 from oomguard import FailureEvent, PipelineStatus, SignatureRow
 from oomguard._cli import main
-from oomguard._cli_report import parse_since, table
+from oomguard._cli_report import parse_since
+from oomguard._layout import table
 from oomguard._store import FailureStore
 
 NOW = time.time()
@@ -52,7 +54,7 @@ def _event(i: int, kind, cause, shard, pipeline, host, sig) -> FailureEvent:
             "oom_kill_delta": 1,
             "oom_kill_source": "kernel cgroup counter memory.events",
             "peak_bytes": 1095216660,
-            "summary": "kernel oom_kill counted, peak 1.02 GiB of a 1.00 GiB limit",
+            "summary": "kernel oom_kill counted, peak 1.02 GiB of a 1 GiB limit",
         }
     elif cause == "native_crash":
         evidence = {"exitcode": -11, "signal": "SIGSEGV",
@@ -128,7 +130,8 @@ def store_api(path, method, **kw):
 # -- tables -----------------------------------------------------------------------------------
 
 
-def test_tables_hold_every_row_and_fit_100_columns(history, capsys):
+def test_tables_hold_every_row_and_fit_100_columns(history, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
     before = sha256(history)
     rc, out, err = report(capsys, "--store", history)
     assert rc == 0 and err == ""
@@ -142,7 +145,8 @@ def test_tables_hold_every_row_and_fit_100_columns(history, capsys):
     # Newest first: the last event added is on the first row.
     assert events.splitlines()[2].split()[2:4] == ["infra", "native_crash"]
     sigs = out.split("SIGNATURES:")[1].split("PIPELINES:")[0]
-    counts = {ln.split()[0]: ln.split()[1:3] for ln in sigs.splitlines()[2:] if ln}
+    rows = [ln for ln in sigs.splitlines()[2:] if ln and not ln.startswith(" ")]
+    counts = {ln.split()[0]: ln.split()[1:3] for ln in rows}
     assert counts == {"sig-oom": ["3", "2"], "sig-key": ["2", "2"], "sig-segv": ["2", "2"]}
     pipes = out.split("PIPELINES:")[1]
     assert "aborted" in pipes and "succeeded_after_infra_failures" in pipes
@@ -153,6 +157,12 @@ def test_tables_hold_every_row_and_fit_100_columns(history, capsys):
     assert sha256(history) == before
 
 
+def test_a_store_path_relative_to_the_working_directory(history, capsys, monkeypatch):
+    monkeypatch.chdir(history.parent)
+    rc, out, err = report(capsys, "--store", history.name, "--json", "--events")
+    assert (rc, err) == (0, "") and len(json.loads(out)["events"]) == len(ROWS)
+
+
 def test_sections_can_be_picked(history, capsys):
     rc, out, _ = report(capsys, "--store", history, "--signatures")
     assert rc == 0 and "SIGNATURES:" in out
@@ -161,11 +171,12 @@ def test_sections_can_be_picked(history, capsys):
     assert list(json.loads(out)) == ["pipelines"]
 
 
-def test_shard_history_is_oldest_first_with_its_evidence(history, capsys):
+def test_shard_history_is_oldest_first_with_its_evidence(history, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
     rc, out, _ = report(capsys, "--store", history, "--shard", "('load', 7)")
     assert rc == 0
     assert "EVENTS: 2, oldest first" in out
-    assert "kernel oom_kill counted, peak 1.02 GiB of a 1.00 GiB limit" in out
+    assert "kernel oom_kill counted, peak 1.02 GiB of a 1 GiB limit" in out
     assert 'oom_kill_source="kernel cgroup counter memory.events"' in out
     assert "worker tcp://node-a:40000" in out and "worker tcp://node-b:40001" in out
     # Only the shard's signature and pipeline.
@@ -173,10 +184,298 @@ def test_shard_history_is_oldest_first_with_its_evidence(history, capsys):
     assert [ln for ln in out.splitlines() if len(ln) > 100] == []
 
 
-def test_table_shortens_the_widest_column():
-    lines = table(["ID", "TITLE"], [["abc", "x" * 300]], width=40)
+def test_table_shortens_only_the_columns_it_may():
+    lines = table(["ID", "TITLE"], [["abc", "x" * 300]], width=40, shorten={"TITLE": 10})
     assert max(map(len, lines)) == 40
-    assert lines[1].endswith("…")
+    assert lines[1].startswith("abc  ") and lines[1].endswith("…")
+    # Without leave to shorten, or without a width (not a terminal), nothing is cut.
+    assert table(["ID", "TITLE"], [["abc", "x" * 300]], width=40)[1] == "abc  " + "x" * 300
+    assert table(["ID", "TITLE"], [["abc", "x" * 300]])[1] == "abc  " + "x" * 300
+
+
+# -- fitting the terminal: the scenario of the issue, with keys as Dask writes them ----------
+
+
+#: (kind, cause, shard, pipeline, host, signature id, signature title)
+WIDE_ROWS = [
+    ("infra", "oom_kill", "('repartitiontofewer-6f2d8c1b7e4a3f5d9c0b1a2e3f4d5c6b', 17)",
+     "nightly-load", "dask-worker-7f9c8d-x2lqp", "6d4c109d5cf8c83f",
+     "oom_kill in shardapp.core.load_shard ← run"),
+    ("infra", "memory_terminate", "('read-parquet-8c1f0e2d9a7b4c3e5f6a7b8c9d0e1f2a', 3)",
+     "read_parquet → groupby → sum", "dask-worker-7f9c8d-9hq2v", "a1b2c3d4e5f60718",
+     "memory_terminate in pandas.core.groupby.ops._cython_operation ← shardapp.agg.totals"),
+    ("infra", "native_crash", "('load-0a1b', 17)", "per-file", "dask-worker-7f9c8d-x2lqp",
+     "0f9e8d7c6b5a4938", "SIGSEGV in numpy.core._multiarray_umath ← shardapp.core.load_shard"),
+    ("user", "exception", "parse-7", "etl", "10.0.3.12", "77aa88bb99cc00dd",
+     "ValueError in shardapp.parse.parse_block"),
+    ("infra", "worker_lost", "slowish-5f4e3d2c1b0a9f8e7d6c5b4a3f2e1d0c",
+     "finalize-hlgfinalizecompute-9a8b7c6d5e4f", "ip-10-0-3-11.eu-west-1.compute.internal",
+     "3c2b1a0f9e8d7c6b", "worker_lost (no death report)"),
+]  # fmt: skip
+WIDE_CAUSES = {r[1] for r in WIDE_ROWS}
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory) -> pathlib.Path:
+    path = tmp_path_factory.mktemp("wide") / "history.sqlite3"
+    store = FailureStore(str(path), batch_interval=0.01)
+    store.start()
+    for i, (kind, cause, shard, pipeline, host, sig, title) in enumerate(WIDE_ROWS):
+        store.add(FailureEvent(
+            kind=kind, cause=cause, shard=shard, pipeline=pipeline, host=host,
+            worker=f"tcp://{host}:4021{i}", signature_id=sig, signature_title=title,
+            evidence={"summary": f"{cause} of {shard}", "exitcode": -9}, time=T0 + i * 60,
+        ), example=title)  # fmt: skip
+        store.upsert_pipeline(PipelineStatus(
+            pipeline, "aborted" if i == 0 else "succeeded_after_infra_failures", 41, 1, 58,
+            2, 0, f"a worker died at shard {shard} 2 times; 41 shards had finished.",
+            f"oomguard aborted pipeline {pipeline!r} because shard {shard} failed 2 times. "
+            * (i == 0),
+        ))  # fmt: skip
+    assert store.flush(), store.last_error
+    store.close()
+    return path
+
+
+def _keys_whole(lines: list[str], keys) -> list[str]:
+    """The keys that no single line holds whole."""
+    return [k for k in keys if not any(k in ln for ln in lines)]
+
+
+def _too_wide(lines: list[str], columns: int) -> list[str]:
+    """Lines wider than the terminal, but for a key longer than it, alone on its line."""
+    keys = {r[2] for r in WIDE_ROWS}
+    return [ln for ln in lines if len(ln) > columns
+            and ln.strip().removeprefix("shard ") not in keys]  # fmt: skip
+
+
+@pytest.mark.parametrize("columns", [60, 80, 100, 160])
+def test_report_fits_the_terminal_and_keeps_every_key_whole(wide, capsys, monkeypatch, columns):
+    monkeypatch.setenv("COLUMNS", str(columns))
+    rc, out, err = report(capsys, "--store", wide)
+    assert rc == 0 and err == ""
+    lines = out.splitlines()
+    assert _too_wide(lines, columns) == []
+    events = out.split("SIGNATURES:")[0].splitlines()
+    # The values a user copies into --shard, --signature and --pipeline: whole, on one line.
+    assert _keys_whole(events, [r[2] for r in WIDE_ROWS]) == []
+    assert _keys_whole(events, [r[5] for r in WIDE_ROWS]) == []
+    assert _keys_whole(events, [r[3] for r in WIDE_ROWS]) == []
+    # Times and causes are never cut either.
+    stamps = [ln for ln in events if re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", ln)]
+    assert len(stamps) == len(WIDE_ROWS)
+    assert {c for c in WIDE_CAUSES if any(f" {c} " in ln for ln in stamps)} == WIDE_CAUSES
+    sigs = out.split("SIGNATURES:")[1].split("PIPELINES:")[0].splitlines()
+    assert _keys_whole(sigs, [r[5] for r in WIDE_ROWS]) == []
+    pipes = out.split("PIPELINES:")[1].splitlines()
+    assert _keys_whole(pipes, [r[3] for r in WIDE_ROWS]) == []
+    # The shard named in the abort paragraph is not broken across two lines either.
+    assert _keys_whole(pipes, [WIDE_ROWS[0][2]]) == []
+    assert "…" not in out.split("SIGNATURES:")[1]  # signature titles are wrapped, not cut
+
+
+def test_a_wider_terminal_shows_more_on_each_line(wide, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    narrow = report(capsys, "--store", wide, "--events")[1].splitlines()
+    monkeypatch.setenv("COLUMNS", "160")
+    broad = report(capsys, "--store", wide, "--events")[1].splitlines()
+    assert len(broad) < len(narrow)
+    assert max(map(len, broad)) > 100  # the width is used, not a fixed 100
+
+
+@pytest.mark.parametrize("columns", [60, 80, 160])
+@pytest.mark.parametrize("row", WIDE_ROWS[:3], ids=["oom", "terminate", "segv"])
+def test_shard_view_fits_the_terminal_and_keeps_keys_whole(wide, capsys, monkeypatch, columns,
+                                                           row):  # fmt: skip
+    monkeypatch.setenv("COLUMNS", str(columns))
+    rc, out, err = report(capsys, "--store", wide, "--shard", row[2])
+    assert rc == 0 and err == ""
+    lines = out.splitlines()
+    assert _too_wide(lines, columns) == []
+    assert "EVENTS: 1, oldest first" in out
+    assert _keys_whole(lines, [row[2], row[3], row[5], f"tcp://{row[4]}:"]) == []
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d +\w+ +" + row[1] + " ", out)
+
+
+def test_a_key_longer_than_the_terminal_is_printed_whole(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "store.sqlite3"
+    shard = "('" + "very-long-task-name-" * 6 + "0a1b2c3d', 17)"
+    store = FailureStore(str(path), batch_interval=0.01)
+    store.start()
+    store.add(_event(0, "infra", "oom_kill", shard, "etl", "node-a", "sig-oom"))
+    assert store.flush()
+    store.close()
+    monkeypatch.setenv("COLUMNS", "80")
+    for argv in ([], ["--shard", shard]):
+        rc, out, _ = report(capsys, "--store", path, *argv)
+        assert rc == 0
+        too_wide = [ln for ln in out.splitlines() if len(ln) > 80]
+        # The one line allowed past the edge is the key itself, alone on its line.
+        assert too_wide and all(ln.strip().endswith(shard) for ln in too_wide), too_wide
+        assert all(len(ln.strip()) <= len(shard) + len("shard ") for ln in too_wide)
+
+
+def test_piped_output_cuts_nothing(wide, capsys, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    rc, out, _ = report(capsys, "--store", wide)  # capsys: stdout is not a terminal
+    assert rc == 0 and "…" not in out
+    events = [ln for ln in out.split("SIGNATURES:")[0].splitlines()[2:] if ln]
+    # One line per event, every column whole: easy to grep and to cut(1).
+    assert len(events) == len(WIDE_ROWS)
+    for kind, cause, shard, pipeline, host, sig, title in WIDE_ROWS:
+        assert any(all(v in ln for v in (kind, cause, shard, pipeline, host, sig, title))
+                   for ln in events), shard  # fmt: skip
+
+
+def test_the_terminal_width_is_used_without_columns(wide, tmp_path):
+    """In a real terminal (a pty of 80 columns) with COLUMNS unset."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 80, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    env["PYTHONIOENCODING"] = "utf-8"
+    proc = subprocess.Popen([sys.executable, "-m", "oomguard._cli", "report", "--store", str(wide)],
+                            stdin=subprocess.DEVNULL, stdout=follower, stderr=subprocess.PIPE,
+                            env=env)  # fmt: skip
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    lines = b"".join(chunks).decode().replace("\r\n", "\n").splitlines()
+    assert lines and max(map(len, lines)) <= 80
+    assert _keys_whole(lines, [r[2] for r in WIDE_ROWS] + [r[5] for r in WIDE_ROWS]) == []
+
+
+# -- the captures in docs/reading-a-report.md ----------------------------------------------------
+
+#: The example store of the docs: a P2P shuffle's repartition, read_parquet, client.map.
+DOC_T0 = datetime.datetime(2026, 11, 30, 12, 0, tzinfo=datetime.UTC).timestamp()
+_OOM = {"summary": "kernel oom_kill counted, peak 1.02 GiB of a 1 GiB limit", "exitcode": -9,
+        "oom_kill_delta": 1, "oom_kill_source": "kernel cgroup counter memory.events"}
+_REPART = "('repartitiontofewer-6f2d8c1b7e4a3f5d9c0b1a2e3f4d5c6b', 17)"
+#: (kind, cause, shard, pipeline, host, worker, signature id, title, attempt, evidence)
+DOC_ROWS = [
+    ("infra", "oom_kill", _REPART, "nightly-load", "10.0.3.11", "tcp://10.0.3.11:40211",
+     "6d4c109d5cf8c83f", "oom_kill in shardapp.core.load_shard ← run", 1, _OOM),
+    ("infra", "oom_kill", _REPART, "nightly-load", "10.0.3.12", "tcp://10.0.3.12:39117",
+     "6d4c109d5cf8c83f", "oom_kill in shardapp.core.load_shard ← run", 2,
+     {**_OOM, "summary": "kernel oom_kill counted, peak 1.01 GiB of a 1 GiB limit"}),
+    ("infra", "memory_terminate", "('read-parquet-8c1f0e2d9a7b4c3e5f6a7b8c9d0e1f2a', 3)",
+     "per-file", "10.0.3.12", "tcp://10.0.3.12:39117", "a1b2c3d4e5f60718",
+     "memory_terminate in pandas.core.groupby.ops._cython_operation ← shardapp.agg.totals", 1,
+     {"summary": "the nanny terminated it at 573.59 MiB nanny RSS", "exitcode": -15}),
+    ("infra", "native_crash", "('load-0a1b', 17)", "per-file", "10.0.3.11",
+     "tcp://10.0.3.11:40211", "0f9e8d7c6b5a4938",
+     "SIGSEGV in numpy.core._multiarray_umath ← shardapp.core.load_shard", 1,
+     {"summary": "SIGSEGV, faulthandler stack captured", "exitcode": -11, "signal": "SIGSEGV"}),
+    ("user", "exception", "parse-7", "etl", "10.0.3.12", "tcp://10.0.3.12:39117",
+     "77aa88bb99cc00dd", "ValueError in shardapp.parse.parse_block", 1,
+     {"exception": "ValueError: cannot parse block 7", "retries_left": 0}),
+    ("infra", "worker_lost", "slowish-5f4e3d2c1b0a9f8e7d6c5b4a3f2e1d0c", "sum-tree",
+     "ip-10-0-3-13.eu-west-1.compute.internal",
+     "tcp://ip-10-0-3-13.eu-west-1.compute.internal:36001", "3c2b1a0f9e8d7c6b",
+     "worker_lost (no death report)", 1, {"source": "no death report within the grace timeout"}),
+]  # fmt: skip
+DOC_PIPELINES = [
+    PipelineStatus("sum-tree", "succeeded_after_infra_failures", 64, 0, 0, 1, 0,
+                   "all 64 shards finished, after 1 worker death (1 worker_lost) that oomguard "
+                   "retried.", started=DOC_T0),
+    PipelineStatus("etl", "failed", 99, 1, 0, 0, 1, "shard parse-7 raised ValueError past its "
+                   "retries; 99 shards finished.", started=DOC_T0),
+    PipelineStatus("per-file", "succeeded_after_infra_failures", 100, 0, 0, 2, 0,
+                   "all 100 shards finished, after 2 worker deaths (1 memory_terminate, "
+                   "1 native_crash) that oomguard retried without using task retries.",
+                   started=DOC_T0),
+    PipelineStatus("nightly-load", "aborted", 41, 1, 58, 2, 0,
+                   f"a worker was OOM-killed by the kernel at shard {_REPART} 2 times; the "
+                   "pipeline was aborted; 41 shards had finished, 58 are being aborted.",
+                   f"oomguard aborted pipeline 'nightly-load' because shard {_REPART} failed 2 "
+                   "times: its worker was OOM-killed by the kernel each time (last time: kernel "
+                   "oom_kill counted, peak 1.01 GiB of a 1 GiB limit). Crash signature: oom_kill "
+                   "in shardapp.core.load_shard ← run (id 6d4c109d5cf8c83f). Workers: "
+                   "tcp://10.0.3.11:40211, tcp://10.0.3.12:39117; hosts: 10.0.3.11, 10.0.3.12.",
+                   started=DOC_T0),
+]  # fmt: skip
+
+
+def build_doc_store(path) -> None:
+    """The store the captures in the docs were taken from (`oomguard.sqlite3`, TZ=UTC)."""
+    store = FailureStore(str(path), batch_interval=0.01)
+    store.start()
+    for i, (kind, cause, shard, pipe, host, worker, sig, title, attempt, ev) in enumerate(
+        DOC_ROWS
+    ):
+        store.add(FailureEvent(kind=kind, cause=cause, shard=shard, pipeline=pipe, worker=worker,
+                               host=host, signature_id=sig, signature_title=title, evidence=ev,
+                               attempt=attempt, time=DOC_T0 + i * 97), example=title)  # fmt: skip
+    for status in DOC_PIPELINES:
+        store.upsert_pipeline(status)
+    assert store.flush(), store.last_error
+    store.close()
+
+
+@pytest.mark.parametrize(
+    "columns, argv",
+    [(80, []), (160, []), (80, ["--shard", _REPART]), (80, ["--shard", "('load-0a1b', 18)",
+                                                             "--events"])],
+    ids=["80", "160", "shard-80", "no-events-80"],
+)  # fmt: skip
+def test_the_docs_show_what_the_report_prints(tmp_path, columns, argv):
+    """The tmux captures in docs/reading-a-report.md are this output, character for character."""
+    build_doc_store(tmp_path / "oomguard.sqlite3")
+    env = {**os.environ, "COLUMNS": str(columns), "TZ": "UTC", "PYTHONIOENCODING": "utf-8"}
+    proc = subprocess.run([sys.executable, "-m", "oomguard._cli", "report", "--store",
+                           "oomguard.sqlite3", *argv], cwd=tmp_path, env=env, check=False,
+                          capture_output=True, text=True, encoding="utf-8", timeout=60)  # fmt: skip
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    doc = (pathlib.Path(__file__).parents[2] / "docs" / "reading-a-report.md").read_text()
+    assert proc.stdout.rstrip("\n") + "\n```" in doc
+    assert max(map(len, proc.stdout.splitlines())) <= columns
+
+
+# -- --shard: what is a task key -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "shard",
+    ["", "   ", "('load', 7", "'load', 7)", "(load, 7)", "('load', [7])", "('load')",
+     "('load', None)", "load\n7"],
+)  # fmt: skip
+def test_a_malformed_shard_is_refused_in_one_line(history, capsys, shard):
+    rc, out, err = report(capsys, "--store", history, "--shard", shard)
+    assert (rc, out) == (2, "")
+    assert err.count("\n") == 1 and err.startswith("oomguard report: argument --shard: "), err
+    assert "task key" in err and "('load-0a1b', 17)" in err  # what a key looks like
+
+
+@pytest.mark.parametrize("shard", ['("load", 7)', "('load',7)", " ('load', 7) "])
+def test_a_shard_written_another_way_finds_its_events(history, capsys, shard):
+    rc, out, _ = report(capsys, "--store", history, "--shard", shard)
+    assert rc == 0 and "EVENTS: 2, oldest first" in out and "('load', 7)" in out
+    rc, out, _ = report(capsys, "--store", history, "--shard", shard, "--json")
+    assert json.loads(out)["events"] == store_api(history, "shard", key="('load', 7)")
+
+
+@pytest.mark.parametrize("shard", ["('load', 99)", "load-0a1b", "17", "(('x', 1), 2.5)"])
+def test_a_well_formed_shard_without_events_says_so(history, capsys, shard):
+    rc, out, err = report(capsys, "--store", history, "--shard", shard)
+    assert rc == 0 and err == ""
+    assert f"no events for shard {shard}" in out
+    assert "none" not in out
+    rc, out, _ = report(capsys, "--store", history, "--shard", shard, "--kind", "infra")
+    assert rc == 0 and f"no events for shard {shard}" in out
 
 
 # -- filters and the JSON round trip -----------------------------------------------------------
@@ -253,6 +552,15 @@ def test_signature_and_pipeline_filters_narrow_their_sections(history, capsys):
     assert json.loads(out)["pipelines"] == store_api(history, "pipeline", name="etl")
     rc, out, _ = report(capsys, "--store", history, "--json", "--pipeline", "nope")
     assert json.loads(out) == {"events": [], "signatures": [], "pipelines": []}
+
+
+def test_the_examples_in_docstrings_hold():
+    import doctest
+
+    from oomguard import _cli_report, _layout
+
+    assert doctest.testmod(_cli_report).failed == 0
+    assert doctest.testmod(_layout).attempted and doctest.testmod(_layout).failed == 0
 
 
 def test_since_accepts_iso_and_relative_times():

@@ -154,8 +154,9 @@ class CoreModel(RuleBasedStateMachine):
         return self.kill(worker, "oom_kill", report, False)
 
     @rule(target=pending, worker=st.sampled_from(WORKERS), cause=st.sampled_from(CAUSES),
-          report=st.sampled_from(["before", "after", "never"]), guess=st.booleans())
-    def kill(self, worker, cause, report, guess):
+          report=st.sampled_from(["before", "after", "never"]), guess=st.booleans(),
+          stale=st.booleans())
+    def kill(self, worker, cause, report, guess, stale=False):
         if worker not in self.alive:
             return None
         tasks = self.running[worker]
@@ -163,7 +164,10 @@ class CoreModel(RuleBasedStateMachine):
         for k in executing:
             self.deaths_while_executing[k] += 1
         rep = {
-            "worker": worker, "pid": self.pid[worker], "cause": cause, "host": "h",
+            # stale: the nanny had not read the restarted process's address yet, so its
+            # report names the address of the process before (same nanny, same pid).
+            "worker": f"{worker}-before" if stale else worker, "nanny": f"{worker}-nanny",
+            "pid": self.pid[worker], "cause": cause, "host": "h",
             "time": self.now, "memory_limit": self.limits[worker] or None, "crash": None,
             "evidence": {}, "executing": [{"key": k, "prefix": k.split("-")[0], "stack": None}
                                           for k in executing],
@@ -172,6 +176,7 @@ class CoreModel(RuleBasedStateMachine):
             worker=worker, host="h", time=self.now, processing={k: k for k in tasks},
             executing_guess={k: k for k in executing[:1]} if guess else {},
             nthreads=2, pid=self.pid[worker], memory_limit=self.limits[worker] or None,
+            nanny=f"{worker}-nanny",
         )
         if report == "before":
             self.apply(self.core.reported(rep, self.now))

@@ -15,9 +15,10 @@ def removal(worker="tcp://a:1", processing=None, **kw):
     return Removal(worker=worker, host="a", time=0.0, processing=processing or {}, **kw)
 
 
-def report(worker="tcp://a:1", pid=7, executing=()):
+def report(worker="tcp://a:1", pid=7, executing=(), grew=None):
     return {"worker": worker, "pid": pid, "cause": "sigkill",
-            "executing": [{"key": k, "prefix": k, "stack": None} for k in executing]}
+            "executing": [{"key": k, "prefix": k, "stack": None, "grew": (grew or {}).get(k)}
+                          for k in executing]}
 
 
 @pytest.mark.parametrize("report_first", [False, True])
@@ -172,3 +173,88 @@ def test_a_memory_killed_shard_waits_for_a_larger_worker_that_is_restarting(come
     else:
         [stop] = [d for d in c.tick(now=62.0) if isinstance(d, Stop)]
         assert "no worker has more than 1 GiB" in stop.exception.message
+
+
+@pytest.mark.parametrize("grew, named", [
+    ({"sleepy": 5 * 2**20, "hungry": 900 * 2**20}, "hungry"),   # one task grew the worker
+    ({"a": 450 * 2**20, "b": 470 * 2**20}, None),               # both did: no single culprit
+    ({"a": 0, "b": 0}, None),                                   # the samples saw nothing
+])  # fmt: skip
+def test_a_shared_memory_kill_names_the_likely_culprit_and_isolates_it_first(grew, named):
+    from oomguard._decide import DecisionCore, Record, Release, Stop
+
+    gib = 2**30
+    c = DecisionCore(allowed_failures=3, grace=5.0)
+    keys = sorted(grew, reverse=True)  # the culprit is not simply the first one listed
+    c.submitted(keys, keys, {}, now=0.0)
+    c.worker_added("tcp://w:1", gib)
+    c.removed(removal("tcp://w:1", {k: k for k in keys}, memory_limit=gib, nthreads=2), now=1.0)
+    out = c.reported({**report("tcp://w:1", executing=keys, grew=grew), "cause": "oom_kill", "host": "w",
+                      "time": 1.0, "memory_limit": gib, "crash": None, "evidence": {}},
+                     now=1.1)
+    assert not [d for d in out if isinstance(d, Stop)]  # concurrency proves no shard too big
+    evidence = [d.event.evidence for d in out if isinstance(d, Record)][0]
+    assert evidence.get("likely_culprit") == named
+    if named:
+        assert f"likely {named!r}" in evidence["summary"]
+        assert evidence["likely_culprit_share"] > 0.9
+    # One shard runs alone at a time, the likely culprit first.
+    [first] = [d.keys for d in out if isinstance(d, Release)]
+    assert first == ((named,) if named else (keys[0],))
+
+
+def _sigkill(worker, keys, stacks):
+    return {**report(worker, executing=keys), "host": "h", "time": 1.0, "memory_limit": None,
+            "crash": None, "evidence": {},
+            "executing": [{"key": k, "prefix": k.split("-")[0], "stack": stacks[k]} for k in keys]}
+
+
+def test_one_death_is_one_signature_whatever_the_executing_tasks_were_doing():
+    from oomguard._decide import DecisionCore, Record
+
+    c = DecisionCore(allowed_failures=3, grace=5.0)
+    c.submitted(["load-1", "sort-2"], ["load-1", "sort-2"], {}, now=0.0)
+    c.removed(removal("tcp://w:1", {"load-1": "load-1", "sort-2": "sort-2"}, nthreads=2), now=1.0)
+    stacks = {"load-1": [["/app/etl.py", 3, "load"]], "sort-2": [["/app/etl.py", 9, "sort"]]}
+    out = c.reported(_sigkill("tcp://w:1", ["load-1", "sort-2"], stacks), now=1.1)
+    records = [d for d in out if isinstance(d, Record)]
+    assert sorted(r.event.shard for r in records) == ["load-1", "sort-2"]
+    assert len({r.event.signature_id for r in records}) == 1
+    assert [r.death for r in records].count(True) == 1  # counted once as a death
+
+
+def test_a_death_caused_by_a_forgotten_task_still_names_its_pipeline():
+    from oomguard._decide import DecisionCore, Record
+
+    c = DecisionCore(allowed_failures=3, grace=5.0)
+    c.submitted(["load-1"], ["load-1"], {runs.ANNOTATION: {"load-1": "etl"}}, now=0.0)
+    c.forget("load-1")  # released by the client (or its run aborted) while still running
+    c.removed(removal("tcp://w:1", {}), now=1.0)
+    out = c.reported(_sigkill("tcp://w:1", ["load-1"], {"load-1": None}), now=1.1)
+    [record] = [d for d in out if isinstance(d, Record)]
+    assert (record.event.shard, record.event.pipeline) == ("load-1", "etl")
+
+
+@pytest.mark.parametrize("report_first", [False, True])
+def test_a_worker_that_died_before_its_nanny_learned_its_new_address_is_one_death(report_first):
+    # The nanny restarted its worker; the new process registered as tcp://a:2, took a task
+    # and died before the nanny read its address: the report names the old tcp://a:1.
+    p = DeathPairing(grace=5.0)
+    gone = removal("tcp://a:2", {"k": "k"}, pid=8, nanny="tcp://a:9")
+    stale = {**report("tcp://a:1", pid=8, executing=["k"]), "nanny": "tcp://a:9"}
+    if report_first:
+        assert p.reported(stale, now=0.0) is None
+        death = p.removed(gone, now=0.1)
+    else:
+        assert p.removed(gone, now=0.0) is None
+        death = p.reported(stale, now=0.1)
+    assert (death.worker, death.removal, death.report["worker"]) == ("tcp://a:2", gone, "tcp://a:2")
+    assert len(p) == 0 and p.expired(now=100.0) == []
+
+
+def test_the_same_pid_under_another_nanny_is_another_process():
+    p = DeathPairing(grace=5.0)
+    assert p.removed(removal("tcp://b:2", pid=8, nanny="tcp://b:9"), now=0.0) is None
+    other = {**report("tcp://a:1", pid=8), "nanny": "tcp://a:9"}
+    assert p.reported(other, now=0.1) is None
+    assert sorted(d.worker for d in p.expired(now=100.0)) == ["tcp://a:1", "tcp://b:2"]

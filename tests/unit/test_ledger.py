@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from oomguard._ledger import AdmissionTimeout, HostLedger, format_bytes
+from oomguard._ledger import AdmissionTimeout, HostLedger
 from oomguard._memory import ANNOTATION, PeakEstimator, memory, need_of, parse_need
 
 GiB = 2**30
@@ -141,8 +141,3 @@ def test_need_prefers_the_annotation_then_the_estimate():
     assert need_of("load-1", {ANNOTATION: 7}, est) == 7
     assert need_of("load-1", {}, est) == 1500
     assert need_of("other-1", None, est) is None
-
-
-def test_format_bytes():
-    assert format_bytes(4 * GiB) == "4 GiB"
-    assert format_bytes(300 * 2**20) == "300 MiB"

@@ -112,3 +112,137 @@ def test_stale_group_predicate_only_takes_dead_worker_pids():
     assert _dead_worker_group(f"oomguard-worker-{os.getpid()}") is False  # alive
     assert _dead_worker_group("oomguard-worker-not-a-pid") is False
     assert _dead_worker_group("oomguard-worker-4194303") is True  # above pid_max: dead
+
+
+# ------------------------------------------------------------------ the worker's own group
+
+MiB = 2**20
+
+
+class _FakeGroup:
+    """A ChildGroup that records what the nanny asked of it; the kernel's answers are set."""
+
+    def __init__(self, name, limit, *, version=1, move_ok=True, refuse_moving_charge=False):
+        self.path, self.version, self.limit = f"/cg/{name}", version, limit
+        self.move_ok, self.refuse_moving_charge = move_ok, refuse_moving_charge
+        self.moving = False
+        self.pids: list[int] = []
+        self.calls: list[str] = []
+        self.removed = False
+
+    def set_move_charge(self, on=True):
+        self.calls.append(f"move_charge={on}")
+        if self.version == 2:
+            return False, "cgroup v2 never moves charges"
+        if not self.move_ok:
+            return False, "memory.move_charge_at_immigrate refused (EINVAL): gone"
+        self.moving = on
+        return True, ""
+
+    def add_pid(self, pid):
+        self.calls.append(f"add {pid} moving={self.moving}")
+        if self.moving and self.refuse_moving_charge:
+            # v1 refuses the whole move when the charge does not fit under the limit.
+            raise CgroupError(f"Cannot move pid {pid} into {self.path}: Cannot allocate memory")
+        self.pids.append(pid)
+
+    def counters(self):
+        return _cgroup.MemoryCounters(self.version, self.path, 0, None, None, 0, 0, self.limit, 0)
+
+    def remove(self, timeout=5.0):
+        self.removed = True
+        return True
+
+
+def _fake_groups(monkeypatch, **kernel):
+    made: list[_FakeGroup] = []
+
+    class Factory:
+        @staticmethod
+        def create(name, limit):
+            g = _FakeGroup(name, limit, **kernel)
+            made.append(g)
+            return g
+
+    monkeypatch.setattr(_cgroup, "ChildGroup", Factory)
+    monkeypatch.setattr(_cgroup, "process_rss", lambda pid: 130 * MiB)
+    return made
+
+
+@pytest.mark.parametrize(
+    "kernel, moved, note",
+    [
+        ({}, True, ""),
+        ({"move_ok": False}, False, "refused (EINVAL)"),
+        ({"refuse_moving_charge": True}, False, "moved without it"),
+        ({"version": 2}, False, "never moves"),
+    ],
+)
+def test_the_worker_is_moved_with_its_charge_where_the_kernel_can(
+    tmp_path, monkeypatch, kernel, moved, note
+):
+    made = _fake_groups(monkeypatch, **kernel)
+    placed = _plugin(tmp_path)._place(77, 600 * MiB)
+    (group,) = made
+    assert placed.group is group and group.pids == [77] and group.limit == 600 * MiB
+    assert group.calls[0] == "move_charge=True"  # set before the PID moves
+    facts = placed.facts()
+    assert facts == {"own_group": True, "charge_moved": moved, "rss_at_move": 130 * MiB,
+                     "note": facts["note"]}
+    assert note in facts["note"]
+
+
+def test_a_group_that_cannot_take_the_worker_is_removed_and_named(tmp_path, monkeypatch):
+    made = _fake_groups(monkeypatch)
+
+    def never(pid):
+        raise CgroupError(f"Cannot move pid {pid} into /cg/x: No such process")
+
+    placed = _plugin(tmp_path)._place
+    monkeypatch.setattr(_FakeGroup, "add_pid", lambda self, pid: never(pid))
+    result = placed(78, None)
+    assert result.group is None and made[0].removed
+    assert result.facts()["own_group"] is False
+    assert "per-worker cgroup: Cannot move pid 78" in result.missing[0]
+
+
+def test_the_report_says_what_the_groups_peak_covers(tmp_path):
+    placement = {"own_group": True, "charge_moved": False, "rss_at_move": 9 * MiB,
+                 "note": "memory.move_charge_at_immigrate refused (EINVAL)"}
+    life = _life(4330, cgroup_path=str(tmp_path / "gone"), cgroup_version=1,
+                 placement=placement)
+    report = _plugin(tmp_path)._build(4330, -9, False, "tcp://w:1", life, 2.0)
+    ev = report["evidence"]
+    assert (ev["peak_scope"], ev["charge_moved"], ev["rss_at_move_bytes"]) == (
+        "worker", False, 9 * MiB)
+    assert "before it joined its group" in ev["peak_covers"]
+    _report.validate(report)
+
+
+def test_a_worker_that_dies_before_it_is_up_is_reported_from_its_group(tmp_path, monkeypatch):
+    import asyncio
+
+    from oomguard.worker_plugin._nanny import _Placement
+
+    plugin = _plugin(tmp_path)
+    lives = []
+
+    async def report(pid, exitcode, requested, address, life, death_time):
+        lives.append(life)
+
+    monkeypatch.setattr(plugin, "_report", report)
+    group = _FakeGroup("oomguard-worker-91", 150 * MiB)
+    plugin._placed = _Placement(91, group=group, charge_moved=False, rss_at_move=5 * MiB,
+                                before={"oom_kill": 0})
+
+    async def die():
+        plugin._on_exit(91, -9, False, None)
+        await asyncio.gather(*plugin._tasks)
+
+    asyncio.run(die())
+    (life,) = lives
+    assert plugin._placed is None
+    assert (life.pid, life.cgroup_path, life.cgroup_before) == (91, group.path, {"oom_kill": 0})
+    assert life.placement == {"own_group": True, "charge_moved": False,
+                              "rss_at_move": 5 * MiB, "note": ""}
+    assert "the worker died before it was up" in life.missing

@@ -447,7 +447,7 @@ def test_abort_message_tells_the_whole_story():
     policy.record(ev("exception", "w9", shard="bad", pipeline="etl"))
     policy.shard_erred("etl", "bad", aborted=False)
     policy.record(ev("sigkill", "w9", shard="k9", pipeline="etl"))  # crashed, not done
-    evidence = {"summary": "kernel oom_kill counted, peak 1.02 GiB of 1.00 GiB limit"}
+    evidence = {"summary": "kernel oom_kill counted, peak 1.02 GiB of 1 GiB limit"}
     policy.record(ev("oom_kill", "tcp://10.0.0.1:4001", host="node-a", pipeline="etl",
                      sig="3f2a9c", evidence=evidence))
     d = policy.record(ev("oom_kill", "tcp://10.0.0.2:4001", host="node-b", pipeline="etl",
@@ -463,7 +463,7 @@ def test_abort_message_tells_the_whole_story():
         "pipeline 'etl'",
         f"shard {SHARD} failed 2 times",
         "OOM-killed by the kernel",
-        "kernel oom_kill counted, peak 1.02 GiB of 1.00 GiB limit",
+        "kernel oom_kill counted, peak 1.02 GiB of 1 GiB limit",
         "MemoryError in load_partition (id 3f2a9c)",
         "tcp://10.0.0.1:4001, tcp://10.0.0.2:4001",
         "node-a, node-b",

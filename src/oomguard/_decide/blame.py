@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .._units import format_bytes
 from .deaths import Death
 
 FLIGHT_RECORD = "flight record"
@@ -60,3 +61,62 @@ def blame(death: Death) -> Blame:
     if source == FLIGHT_RECORD:
         displaced = {s: k for s, k in processing.items() if s not in executing}
     return Blame(executing, displaced, source)
+
+
+#: Below this much sampled growth of the executing tasks together, the samples missed the
+#: growth (it came after the last one) and naming a culprit would be noise.
+CULPRIT_MIN_BYTES = 64 * 2**20
+CULPRIT_MIN_SHARE = 0.65
+
+
+@dataclass(frozen=True)
+class Culprit:
+    """The task that most likely made a worker run out of memory while it executed others.
+
+    `grew` is its estimated growth (`oomguard._growth`), `total` all executing tasks'
+    together; `share` says how sure: "likely" from 80%, "possibly" from 65% (below that
+    there is no single culprit).
+    """
+
+    shard: str
+    grew: int
+    total: int
+
+    @property
+    def share(self) -> float:
+        return self.grew / self.total
+
+    @property
+    def certainty(self) -> str:
+        return "likely" if self.share >= 0.8 else "possibly"
+
+    def describe(self) -> str:
+        """
+        >>> Culprit("big-1", 1900 * 2**20, 2000 * 2**20).describe()
+        "likely 'big-1': 1.86 GiB of the 1.95 GiB the executing tasks grew (95%, sampled)"
+        """
+        return (
+            f"{self.certainty} {self.shard!r}: {format_bytes(self.grew)} of the "
+            f"{format_bytes(self.total)} the executing tasks grew ({self.share:.0%}, sampled)"
+        )
+
+
+def culprit(executing: list[dict]) -> Culprit | None:
+    """The executing task (report entries) that grew most, when it grew at least 65% of
+    what all of them grew and the samples saw enough growth to say; otherwise None (no
+    single culprit, or nothing measured).
+
+    >>> MiB = 2**20
+    >>> culprit([{"key": "a", "grew": 900 * MiB}, {"key": "b", "grew": 100 * MiB}]).shard
+    'a'
+    >>> culprit([{"key": "a", "grew": 500 * MiB}, {"key": "b", "grew": 520 * MiB}]) is None
+    True
+    """
+    grew = [(e.get("grew") or 0, e["key"]) for e in executing]
+    total = sum(g for g, _ in grew)
+    if len(grew) < 2 or total < CULPRIT_MIN_BYTES:
+        return None
+    top, shard = max(grew)
+    if top < CULPRIT_MIN_SHARE * total:
+        return None
+    return Culprit(shard, top, total)

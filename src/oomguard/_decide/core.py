@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import time as _time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -33,11 +33,11 @@ from .._models import FailureEvent
 from .._policy import AbortDecision, FailurePolicy
 from .._signature import fingerprint, fingerprint_dask, fingerprint_stack, scrub
 from . import memory
-from .blame import FLIGHT_RECORD, blame
+from .blame import FLIGHT_RECORD, blame, culprit
 from .budget import DeathBudget
 from .deaths import Death, DeathPairing, Removal
 from .decisions import Decision, Forgive, Hold, Record, Release, Restrict, Stop
-from .runs import Run, Runs
+from .runs import Run, Runs, collection_name
 
 _RUNNABLE = ("waiting", "processing", "queued", "no-worker")
 #: How long a shard killed for memory waits for a larger worker that was just removed
@@ -45,6 +45,8 @@ _RUNNABLE = ("waiting", "processing", "queued", "no-worker")
 RETURN_WINDOW = 60.0
 #: Memory deaths that can be shared: several tasks growing together on one worker.
 _SHARED_MEMORY = (Cause.OOM_KILL, Cause.MEMORY_TERMINATE)
+#: Pipeline names of forgotten keys kept for deaths they cause later (~100 bytes each).
+_FORGOTTEN_NAMES = 10_000
 
 
 class DecisionCore:
@@ -86,6 +88,7 @@ class DecisionCore:
         self._now = 0.0
         self.gone: list[str] = []  # runs whose last key was forgotten, to persist and drop
         self._ended: set = set()  # keys that reached memory or erred
+        self._forgotten: OrderedDict[str, str] = OrderedDict()  # str(key) -> pipeline name
         self.deaths = 0
         self.displaced = 0
         self.aborts = 0
@@ -93,8 +96,12 @@ class DecisionCore:
     # --- graphs and task states (hot path: O(1)) -------------------------------------
 
     def submitted(self, tasks: Iterable[Any], keys: Iterable[Any],
-                  annotations: Mapping[str, Mapping[Any, Any]], now: float) -> None:
-        for run, new in self.runs.observe(tasks, keys, annotations, now).items():
+                  annotations: Mapping[str, Mapping[Any, Any]], now: float,
+                  prefixes: Iterable[str] = ()) -> None:
+        """A graph submission. `prefixes`: task prefixes from its first output key down to a
+        root, which name it where no annotation or span does (`runs.collection_name`)."""
+        name = collection_name(prefixes)
+        for run, new in self.runs.observe(tasks, keys, annotations, now, name).items():
             self.policy.pipeline_submitted(run.label, range(new), name=run.name,
                                            started=run.started)
 
@@ -123,6 +130,11 @@ class DecisionCore:
     def forget(self, key: Any) -> list[Decision]:
         run = self.runs.forget(key)
         if run is not None:
+            # A forgotten task may still be running (released, or its run aborted: Python
+            # cannot stop a thread): a death it causes later still names its pipeline.
+            self._forgotten[str(key)] = run.name
+            if len(self._forgotten) > _FORGOTTEN_NAMES:
+                self._forgotten.popitem(last=False)
             if key not in self._ended:
                 self.policy.shard_forgotten(run.label, key)
             if not run.keys:
@@ -240,21 +252,29 @@ class DecisionCore:
         shared = (cause in _SHARED_MEMORY and b.certain
                   and sum(k is not None for k in keys.values()) > 1)
         evidence = self._evidence(death, cause, b.source, len(keys))
+        likely = culprit(report["executing"]) if shared else None
+        if likely is not None:
+            evidence.update(likely_culprit=likely.shard, likely_culprit_grew=likely.grew,
+                            likely_culprit_share=round(likely.share, 2))
+            evidence["summary"] = f"{evidence.get('summary') or cause.value}; {likely.describe()}"
         when = report["time"] if report is not None else removal.time
         host = report["host"] if report is not None else removal.host
         entries = {e["key"]: e for e in report["executing"]} if report is not None else {}
         decisions: list[tuple[AbortDecision, Any]] = []
+        # One death, one crash, one signature for all its events: from the likely
+        # culprit's stack when one is named, else from the first executing task's.
+        first = likely.shard if likely is not None else next(iter(keys), "")
+        sig = self._signature(cause, report, entries.get(first), first)
+        example = _example(report, entries.get(first), first)
         for s, key in (keys or {"": None}).items():
             run = self.runs.of(key) if key is not None else None
-            sig = self._signature(cause, report, entries.get(s), s)
             event = FailureEvent(
                 kind=Kind.INFRA.value, cause=cause.value, shard=s,
-                pipeline=run.name if run is not None else "", worker=death.worker, host=host,
+                pipeline=self._pipeline(s, run), worker=death.worker, host=host,
                 signature_id=sig.id, signature_title=sig.title, evidence=evidence,
                 attempt=self.policy.attempt(s) if s else 1, time=when,
             )
-            out.append(Record(event, sig.grouping_version, _example(report, entries.get(s), s),
-                              death=not s or s == next(iter(keys))))
+            out.append(Record(event, sig.grouping_version, example, death=s == first))
             if key is None:
                 continue
             if run is not None and key not in self.stopped:
@@ -280,7 +300,10 @@ class DecisionCore:
                                            or self.isolating in keys.values()):
             self.isolating = None  # it died again: alone (judged above) or shared again
         if shared:
-            self._isolate([k for k in keys.values() if k is not None])
+            # The likely culprit runs alone first: its verdict comes soonest.
+            hog = keys.get(likely.shard) if likely is not None else None
+            self._isolate(sorted((k for k in keys.values() if k is not None),
+                                 key=lambda k: k != hog))
         out += self._release_decided(removal)
         return out + self._next_isolated()
 
@@ -304,18 +327,19 @@ class DecisionCore:
         evidence["late_report"] = True
         out: list[Decision] = []
         entries = report["executing"] or [None]
+        first = entries[0]["key"] if entries[0] else ""
+        sig = self._signature(cause, report, entries[0], first)
         for entry in entries:
             s = entry["key"] if entry else ""
             run = self.runs.of(self.runs.key(s)) if s else None
-            sig = self._signature(cause, report, entry, s)
             event = FailureEvent(
                 kind=Kind.INFRA.value, cause=cause.value, shard=s,
-                pipeline=run.name if run is not None else "", worker=death.worker,
+                pipeline=self._pipeline(s, run), worker=death.worker,
                 host=report["host"], signature_id=sig.id, signature_title=sig.title,
                 evidence=evidence, attempt=max(1, self.policy.attempt(s) - 1) if s else 1,
                 time=report["time"],
             )
-            out.append(Record(event, sig.grouping_version, _example(report, entry, s),
+            out.append(Record(event, sig.grouping_version, _example(report, entries[0], first),
                               amends=death.lost_at or 0.0))
         return out
 
@@ -439,6 +463,11 @@ class DecisionCore:
         if d is not None:
             out += self._abort(d, key)
         return out, memory_error and d is None
+
+    def _pipeline(self, shard: str, run: Run | None) -> str:
+        if run is not None:
+            return run.name
+        return self._forgotten.get(shard, "")
 
     # --- signatures ------------------------------------------------------------------
 

@@ -8,6 +8,10 @@ a second one. A report whose removal never comes is decided on its own after `gr
 
 Removals are bounded by the workers Dask really had; only unmatched reports (which any
 sender could flood) are capped, and everything refused is counted by reason.
+
+A removal and a report also pair by process (nanny, pid) when their addresses differ: a
+worker restarted by its nanny can register, take a task and die before the nanny has read
+its new address, and the report then names the address of the previous process.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ class Removal:
     pid: int | None = None
     memory_limit: int | None = None
     prior: dict[str, int] = field(default_factory=dict)  # str(key) -> Dask's earlier count
+    nanny: str | None = None  # the worker's nanny, which reports its death
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,10 @@ class DeathPairing:
         # repeats it (refused). At most `remember` deaths in all, oldest workers first.
         self._decided: OrderedDict[str, dict[Any, list]] = OrderedDict()
         self._remembered = 0
+        # (nanny, pid) -> the address a removal / a report waits under (checked on use)
+        self._removal_of: dict[tuple, str] = {}
+        self._report_of: dict[tuple, str] = {}
+        self._decided_of: OrderedDict[tuple, str] = OrderedDict()  # of decided deaths
         self.refused: dict[str, int] = {}
         self.clean_exits = 0
 
@@ -86,6 +95,11 @@ class DeathPairing:
             self._remembered += 1
         deaths[pid if pid is not None else object()] = [death.report is not None, when]
         self._decided[death.worker] = deaths
+        nanny = death.removal.nanny if death.removal is not None else None
+        if nanny is not None and pid is not None:
+            self._decided_of[(nanny, pid)] = death.worker
+            while len(self._decided_of) > self.remember:
+                self._decided_of.popitem(last=False)
         while self._remembered > self.remember:
             self._remembered -= len(self._decided.popitem(last=False)[1])
         while len(self._decided) > self.remember:
@@ -109,8 +123,16 @@ class DeathPairing:
         waiting = self._reports.pop(removal.worker, None)
         if waiting is not None:
             return self._done(Death(removal.worker, removal, waiting[1]))
+        process = (removal.nanny, removal.pid)
+        known = removal.pid is not None and removal.nanny is not None
+        stale = self._report_of.pop(process, None) if known else None
+        if stale is not None and _is(self._reports.get(stale), process):
+            report = self._reports.pop(stale)[1]
+            return self._done(Death(removal.worker, removal, {**report, "worker": removal.worker}))
         earlier = self._removals.pop(removal.worker, None)
         self._removals[removal.worker] = (now, removal)
+        if known:
+            self._removal_of[process] = removal.worker
         if earlier is not None:  # the same address died twice before a report: decide the first
             return self._done(Death(removal.worker, earlier[1], None))
         return None
@@ -122,8 +144,20 @@ class DeathPairing:
             del self._removals[worker]
             return self._done(Death(worker, waiting[1], report))
         pid = report.get("pid")
+        process = (report.get("nanny"), pid)
+        known = pid is not None and process[0] is not None
+        moved = self._removal_of.pop(process, None) if known else None
+        if moved is not None and moved != worker and _is(self._removals.get(moved), process):
+            removal = self._removals.pop(moved)[1]
+            return self._done(Death(moved, removal, {**report, "worker": moved}))
         deaths = self._decided.get(worker, {})
         mine = deaths.get(pid) if pid is not None else None
+        if mine is None and known:  # decided under the process's newer address?
+            other = self._decided_of.get(process)
+            if other is not None and other != worker and pid in self._decided.get(other, {}):
+                worker, report = other, {**report, "worker": other}
+                deaths = self._decided[other]
+                mine = deaths[pid]
         if mine is None:  # a death whose process was unknown on one side
             unknown = [d for p, d in deaths.items() if pid is None or not isinstance(p, int)]
             mine = next((d for d in unknown if not d[0]), unknown[0] if unknown else None)
@@ -141,6 +175,8 @@ class DeathPairing:
             self._refuse(OVERFLOW)
             return None
         self._reports[worker] = (now, report)
+        if known:
+            self._report_of[process] = worker
         return None
 
     def expired(self, now: float, limit: int | None = None) -> list[Death]:
@@ -158,6 +194,14 @@ class DeathPairing:
                     break
                 pending.popitem(last=False)
                 out.append(self._done(as_death(worker, item)))
+        # The indexes are checked on use; rebuilt here so what left the queues another way
+        # does not pile up in them (amortised O(1)).
+        if len(self._removal_of) > 2 * len(self._removals) + 64:
+            self._removal_of = {(r.nanny, r.pid): w for w, (_, r) in self._removals.items()
+                                if r.pid is not None and r.nanny is not None}
+        if len(self._report_of) > 2 * len(self._reports) + 64:
+            self._report_of = {(r.get("nanny"), r["pid"]): w for w, (_, r) in self._reports.items()
+                               if r.get("pid") is not None and r.get("nanny") is not None}
         return out
 
     def drain(self) -> list[Death]:
@@ -166,6 +210,8 @@ class DeathPairing:
         out += [self._done(Death(w, None, r)) for w, (_, r) in self._reports.items()]
         self._removals.clear()
         self._reports.clear()
+        self._removal_of.clear()
+        self._report_of.clear()
         self._clean.clear()
         return out
 
@@ -190,6 +236,16 @@ def _pid(death: Death) -> Any:
 def _same(a: Any, b: Any) -> bool:
     # A restarted worker can reuse its address: the process must be the same where known.
     return a is None or b is None or a == b
+
+
+def _is(waiting: tuple | None, process: tuple) -> bool:
+    """Whether a waiting (since, removal or report) is of the process (nanny, pid)."""
+    if waiting is None:
+        return False
+    item = waiting[1]
+    if isinstance(item, Removal):
+        return (item.nanny, item.pid) == process
+    return (item.get("nanny"), item.get("pid")) == process
 
 
 def _matches(removal: Removal, report: dict) -> bool:

@@ -15,7 +15,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from .._causes import MEMORY_CAUSES, Cause
-from .._ledger import format_bytes
+from .._units import format_bytes
 from .._models import FailureEvent
 from .._policy import AbortDecision, _shell_arg, describe_cause
 

@@ -3,7 +3,10 @@
 A pipeline is named, in order of precedence, by
 1. the ``oomguard_pipeline`` annotation (``with dask.annotate(oomguard_pipeline="etl")``),
 2. the ``distributed.span("etl")`` the tasks were submitted in (nested spans join with "/"),
-3. otherwise the key prefix of the submission's first output key.
+3. otherwise what the submission computes, as a person wrote it: the chain of task prefixes
+   from its first output key down to a root task, without Dask's own steps (`finalize`,
+   the `-partial`/`-aggregate` phases of one reduction): `random_sample → mean`, or the
+   function of a `client.map` (`collection_name`).
 
 A *run* is one execution of a pipeline, judged on its own (its own counters and decision):
 - under a span, one ``with span(...)`` block (Dask gives each block its own span id), so a
@@ -23,6 +26,48 @@ from typing import Any
 from dask.utils import key_split
 
 ANNOTATION = "oomguard_pipeline"
+
+#: Steps Dask adds around the user's own (dropped), and the suffixes of the phases of one
+#: operation (`sum-partial`, `sum-aggregate`, `mean_chunk`, `mean_combine-partial`).
+_DASK_STEPS = ("finalize", "repartition", "rechunk-merge", "rechunk-split", "store-map")
+_PHASES = ("-aggregate", "-partial", "-part", "-combine", "-chunk", "-agg", "-tree",
+           "-fused", "-lambda", "_agg", "_combine", "_chunk", "_aggregate")
+
+
+def collection_name(prefixes: Iterable[str], most: int = 3) -> str | None:
+    """A name a person recognises for a submission, from its task prefixes along one path
+    from the output down to a root (output first, as a graph walk finds them).
+
+    >>> collection_name(["finalize-hlgfinalizecompute", "mean_agg-aggregate",
+    ...                  "mean_combine-partial", "mean_chunk", "random_sample"])
+    'random_sample → mean'
+    >>> collection_name(["finalize-hlgfinalizecompute", "sum-aggregate", "sum-part",
+    ...                  "filter-lambda"])
+    'filter → sum'
+    >>> collection_name(["abs"]), collection_name(["finalize"])
+    ('abs', None)
+    >>> collection_name(["e", "d", "c", "b", "a"])  # the root and the last steps
+    'a → … → d → e'
+    """
+    chain: list[str] = []
+    for prefix in prefixes:
+        if prefix.startswith(_DASK_STEPS):
+            continue
+        name = prefix
+        changed = True
+        while changed:  # mean_combine-partial -> mean_combine -> mean
+            changed = False
+            for suffix in _PHASES:
+                if name.endswith(suffix) and len(name) > len(suffix):
+                    name, changed = name[: -len(suffix)], True
+        if name and (not chain or chain[-1] != name):
+            chain.append(name)
+    if not chain:
+        return None
+    chain.reverse()  # root first
+    if len(chain) > most:
+        chain = [chain[0], "…", *chain[-(most - 1):]]
+    return " → ".join(chain)
 
 
 @dataclass(eq=False)
@@ -60,10 +105,14 @@ class Runs:
         keys: Iterable[Any],
         annotations: Mapping[str, Mapping[Any, Any]],
         now: float,
+        name: str | None = None,
     ) -> dict[Run, int]:
-        """Assign the new tasks of one graph submission to runs: {run: new keys in it}."""
+        """Assign the new tasks of one graph submission to runs: {run: new keys in it}.
+        `name`: the submission's name where no annotation or span gives one (see
+        `collection_name`); the first output key's prefix without it."""
         explicit = annotations.get(ANNOTATION) or {}
         spans = annotations.get("span") or {}
+        name_hint = name
         default: tuple[str, tuple] | None = None
         touched: dict[Run, int] = {}
         for key in tasks:
@@ -81,7 +130,7 @@ class Runs:
                     identity = ("span", ids[-1] if ids else name)
             if name is None:
                 if default is None:
-                    first = key_split(next(iter(keys), key))
+                    first = name_hint or key_split(next(iter(keys), key))
                     default = (first, ("default", first))
                 name, identity = default
             run = self._live.get(identity)

@@ -27,5 +27,19 @@ _add_page()
 
 
 def dask_setup(scheduler: Scheduler) -> None:
-    """Preload hook: adds the plugin; its start() runs when the scheduler starts."""
+    """Preload hook: adds the plugin; its start() runs when the scheduler starts.
+
+    Settings are checked here first. Under `dask scheduler`, a bad one stops the process
+    with one line naming the key, the value and what is expected (exit status 2), not a
+    traceback; a scheduler started in the user's own process gets the ConfigError."""
+    from .. import _config
+    from .._exceptions import ConfigError
+    from .._log import follow_dask_logging, stop_cli
+
+    try:
+        _config.scheduler_settings()
+    except ConfigError as e:
+        follow_dask_logging()
+        stop_cli("scheduler", e)
+        raise
     scheduler.add_plugin(OomguardSchedulerPlugin(), idempotent=True)

@@ -67,6 +67,8 @@ class DaskActions:
             self.metrics.failure(event.kind, event.cause)
         if d.death:
             self.metrics.deaths(event.cause)
+            if d.amends is None:
+                logger.info("oomguard: %s", death_line(event))
             if event.cause == "worker_lost" and self._pods is not None:
                 task = asyncio.create_task(self._pod_evidence(event))
                 self._lookups.add(task)
@@ -153,11 +155,36 @@ class DaskActions:
         if d.run and d.run not in self._logged_aborts:
             self._logged_aborts.add(d.run)
             self.metrics.pipeline_aborted()
-            logger.error("oomguard: %s", d.exception.message)
+            logger.warning("%s", d.exception.message)  # it starts "oomguard aborted|stopped"
             scheduler.log_event("oomguard", {
                 "action": "pipeline-aborted", "pipeline": d.exception.pipeline, "run": d.run,
                 "shard": d.exception.shard, "message": d.exception.message,
             })
+
+
+def death_line(event) -> str:
+    """One log line per classified death: cause, worker, shard, pipeline, signature.
+
+    >>> from oomguard._models import FailureEvent
+    >>> print(death_line(FailureEvent("infra", "oom_kill", "('load', 3)", "etl", "tcp://w:1",
+    ...     "w", "3f2a9c01d2e4", "oom_kill in load", {"summary": "kernel oom_kill counted",
+    ...     "executing_tasks": 2})))
+    worker tcp://w:1 on w died: oom_kill (kernel oom_kill counted); executing shard ('load', 3) and 1 more of pipeline 'etl'; signature 3f2a9c01d2e4
+    """
+    evidence = event.evidence or {}
+    summary = evidence.get("summary")
+    line = f"worker {event.worker or '?'} on {event.host or '?'} died: {event.cause}"
+    if summary:
+        line += f" ({summary})"
+    if event.shard:
+        more = (evidence.get("executing_tasks") or 1) - 1
+        line += f"; executing shard {event.shard}" + (f" and {more} more" if more > 0 else "")
+        line += f" of pipeline {event.pipeline!r}" if event.pipeline else " (no pipeline)"
+    else:
+        line += "; no task was executing"
+    if event.signature_id:
+        line += f"; signature {event.signature_id}"
+    return line
 
 
 def _scalar(v: Any) -> bool:

@@ -12,20 +12,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import pickle
 import time
 from typing import TYPE_CHECKING, Any
 
-import dask.config
-from distributed.core import Status
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import _config
 from .._decide import DecisionCore, Hold, Record, Removal
 from .._exceptions import ConfigError, ReportError
-from .._metrics import OomguardMetrics, store_totals
+from .._metrics import OomguardMetrics
 from .._guard import Guard
+from .._log import follow_dask_logging
 from .._store import FailureStore
+from . import _setup
 from ._actions import DaskActions
 from ._handlers import Handlers
 from ._intake import ReportIntake
@@ -35,8 +34,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("oomguard.scheduler")
 
-_SHUTTING_DOWN = (Status.closing, Status.closed, Status.closing_gracefully)
-_metrics_holder: OomguardSchedulerPlugin | None = None  # whose collector /metrics serves
 
 
 class OomguardSchedulerPlugin(SchedulerPlugin):
@@ -54,16 +51,12 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         # Keys as in oomguard.scheduler.* with dashes or underscores; unset ones come from
         # the scheduler's Dask config in start().
         self.config = {k.replace("_", "-"): v for k, v in config.items()}
-        unknown = sorted(set(self.config) - _config.scheduler_keys())
-        if unknown:
-            raise ConfigError(
-                f"unknown oomguard scheduler setting {unknown[0]!r}; expected one of "
-                f"{', '.join(sorted(_config.scheduler_keys()))}."
-            )
+        _config.scheduler_settings(self.config, only=frozenset(self.config))  # fail here
         self._reset()
 
     def _reset(self) -> None:
         self.scheduler: Scheduler | None = None
+        self.settings: dict[str, Any] = {}  # oomguard.scheduler.*, validated at start
         self.store: FailureStore | None = None
         self.core: DecisionCore | None = None
         self.intake: ReportIntake | None = None
@@ -71,7 +64,6 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         self.guard = Guard(self.metrics, logger)
         self.handlers = Handlers(self)
         self.dashboard_path = ""
-        self._pods = None  # oomguard._kubernetes.PodLookup where enabled
         self._tasks: list[asyncio.Task] = []
         self._saved_allowed_failures: int | None = None
         self.actions: DaskActions | None = None
@@ -94,34 +86,57 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
     def policy(self):
         return self.core.policy if self.core is not None else None
 
-    def _setting(self, key: str, getter, *args):
-        """oomguard.scheduler.<key>, from install(**config) if given there, else config."""
-        if key in self.config:
-            with dask.config.set({f"oomguard.scheduler.{key}": self.config[key]}):
-                return getter(f"scheduler.{key}", *args)
-        return getter(f"scheduler.{key}", *args)
+    def apply_settings(self, config: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+        """Take `install(client, **config)` settings while running: {key: (old, new)} of
+        those that changed. Refuses (ConfigError, nothing changed) a bad value, or a
+        change of a setting fixed while running (the store, the pod lookup)."""
+        config = {k.replace("_", "-"): v for k, v in config.items()}
+        new = _config.scheduler_settings(config, only=frozenset(config))
+        changed = {k: (self.settings[k], v) for k, v in new.items() if self.settings[k] != v}
+        fixed = sorted(set(changed) - _config.LIVE_SCHEDULER_KEYS)
+        if fixed:
+            old, value = changed[fixed[0]]
+            raise ConfigError(
+                f"oomguard.scheduler.{fixed[0]} is {old!r} on this running scheduler and "
+                f"cannot change to {value!r} while oomguard runs; use "
+                "oomguard.uninstall(client) first, or set it where the scheduler starts."
+            )
+        self.settings.update(new)
+        self.config.update(config)
+        core = self.core
+        core.pairing.grace = self.settings["report-grace-timeout"]
+        core.policy.max_shard_infra_failures = self.settings["max-shard-infra-failures"]
+        core.policy.abort_on_repeat_signature = self.settings["abort-on-repeat-signature"]
+        core.larger_only = self.settings["memory-retry-larger-only"]
+        self.store.max_events = self.settings["max-events"]
+        if changed:
+            logger.info("oomguard: settings changed: %s", ", ".join(
+                f"{k} {old!r} -> {v!r}" for k, (old, v) in sorted(changed.items())))
+        return changed
 
     # --- lifecycle --------------------------------------------------------------------
 
     async def start(self, scheduler: Scheduler) -> None:
-        grace = self._setting("report-grace-timeout", _config.get_seconds)
+        follow_dask_logging()
+        self.settings = settings = _config.scheduler_settings(self.config)
+        grace = settings["report-grace-timeout"]
         allowed = scheduler.allowed_failures
         self.core = DecisionCore(
             allowed_failures=allowed,
             grace=grace,
-            max_shard_infra_failures=self._setting("max-shard-infra-failures", _config.get_int, 1),
-            abort_on_repeat_signature=self._setting("abort-on-repeat-signature", _config.get_bool),
-            larger_only=self._setting("memory-retry-larger-only", _config.get_bool),
+            max_shard_infra_failures=settings["max-shard-infra-failures"],
+            abort_on_repeat_signature=settings["abort-on-repeat-signature"],
+            larger_only=settings["memory-retry-larger-only"],
         )
-        path = self._setting("store", _config.get_optional_path) or os.path.join(
-            scheduler.local_directory or ".", "oomguard.sqlite3"
-        )
-        self.store = FailureStore(path, max_events=self._setting("max-events", _config.get_int, 1))
+        path = settings["store"] or os.path.join(scheduler.local_directory or ".",
+                                                 "oomguard.sqlite3")
+        self.store = FailureStore(path, max_events=settings["max-events"])
         await asyncio.to_thread(self.store.start)
         self.intake = ReportIntake(self._on_reports)
         self.intake.start(asyncio.get_running_loop())
         self.scheduler = scheduler
-        self.actions = DaskActions(scheduler, self.store, self.metrics, self.guard)
+        self.actions = DaskActions(scheduler, self.store, self.metrics, self.guard,
+                                   pods=_setup.pod_lookup(settings, self.guard))
         # Dask's count stays a finite backstop, one above the core's exact bound, so the
         # core (which decides with the death report in hand) always speaks first.
         self._saved_allowed_failures = allowed
@@ -137,9 +152,11 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         for addr, ws in scheduler.workers.items():
             self._workers[addr] = ws
             self.core.worker_added(addr, ws.memory_limit)
-        self._tasks = [asyncio.create_task(self._tick_loop(min(grace / 4, 0.5))),
-                       asyncio.create_task(self._gauge_loop(2.0))]
-        self._register_metrics()
+        self._tasks = [
+            asyncio.create_task(self._tick_loop(min(grace / 4, 0.5))),
+            asyncio.create_task(_setup.gauge_loop(self.store, self.metrics, self.guard, 2.0)),
+        ]
+        _setup.register_metrics(self)
         try:
             from ._dashboard import register_dashboard
 
@@ -148,79 +165,9 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             logger.info("oomguard: no dashboard page (bokeh is not installed)")
         except Exception:
             self.guard.error("dashboard")
-        self._start_pod_lookup()
-        self.actions._pods = self._pods
-        await self._install_worker_side(scheduler)
+        await _setup.install_worker_side(scheduler)
         self._started = True
         logger.info("oomguard: watching failures; store at %s", path)
-
-    def _register_metrics(self) -> None:
-        global _metrics_holder
-        holder = _metrics_holder
-        if holder is not None and holder is not self and (
-            holder.scheduler is None or holder.scheduler.status in _SHUTTING_DOWN
-        ):
-            # A plugin whose scheduler went away without closing it (its start() was cut
-            # short) must not keep the process's /metrics.
-            holder.metrics.unregister()
-        if self.metrics.register():
-            _metrics_holder = self
-        else:
-            logger.warning("oomguard: another oomguard in this process holds the metrics")
-
-    async def _install_worker_side(self, scheduler: Scheduler) -> None:
-        from ..worker_plugin import OomguardNannyPlugin, OomguardWorkerPlugin
-        from ..worker_plugin._paths import default_crash_dir
-
-        nanny_plugin = OomguardNannyPlugin()
-        await self._broadcast(scheduler.register_nanny_plugin, nanny_plugin)
-        # Workers already running get the worker plugin now; restarted ones get it from
-        # their nanny. The crash dir must agree with the nanny's, so read the same config.
-        crash_dir = _config.get_optional_path("worker.crash-dir") or default_crash_dir()
-        worker_plugin = OomguardWorkerPlugin(crash_dir, _config.get_seconds("worker.sample-interval"))
-        await self._broadcast(scheduler.register_worker_plugin, worker_plugin)
-
-    async def _broadcast(self, register, plugin) -> None:
-        # Dask keeps the plugin for nannies and workers that (re)start later, then sends it
-        # to those running now; one dying meanwhile (a cluster that oomguard is installed on
-        # to stop its crashes) must not fail the install.
-        for attempt in (1, 2):
-            try:
-                await register(comm=None, plugin=pickle.dumps(plugin), name=plugin.name,
-                               idempotent=True)
-                return
-            except OSError as e:  # CommClosedError, connection resets
-                if attempt == 2:
-                    logger.warning("oomguard: %s reached only some of the running processes "
-                                   "(%s); processes starting later get it", plugin.name, e)
-                await asyncio.sleep(0.5)
-
-    def _start_pod_lookup(self) -> None:
-        if not self._setting("kubernetes.enabled", _config.get_bool):
-            return
-        try:
-            from .._kubernetes import PodLookup
-
-            self._pods = PodLookup.in_cluster(
-                self._setting("kubernetes.namespace", _config.get_optional_str),
-                label_selector=self._setting("kubernetes.label-selector", _config.get_optional_str),
-                container=self._setting("kubernetes.container", _config.get_optional_str),
-            )
-        except ImportError as e:
-            logger.warning("oomguard: %s", e)
-        except Exception:
-            self.guard.error("pod_lookup")
-
-    async def _gauge_loop(self, interval: float) -> None:
-        seen = None
-        while True:
-            with self.guard("store"):
-                if self.store.written != seen:  # recount only after new writes
-                    seen = self.store.written
-                    n, hosts = await asyncio.to_thread(store_totals, self.store)
-                    self.metrics.set_signatures(n)
-                    self.metrics.set_signature_max_hosts(hosts)
-            await asyncio.sleep(interval)
 
     async def _tick_loop(self, interval: float) -> None:
         while True:
@@ -266,7 +213,8 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
 
     def update_graph(self, scheduler, *, client, keys, tasks, annotations, stimulus_id, **kw):
         with self.guard("update_graph"):
-            self.core.submitted(tasks, keys, annotations, time.time())
+            self.core.submitted(tasks, keys, annotations, time.time(),
+                                _prefix_path(scheduler, keys))
 
     def transition(self, key, start, finish, *args, stimulus_id, **kwargs):
         try:  # the guard's work without its context object: this runs per transition
@@ -293,7 +241,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             ws = self._workers.pop(msg.get("worker"), None)
             if msg.get("expected") or self.core is None:
                 return
-            if self.scheduler.status in _SHUTTING_DOWN:
+            if self.scheduler.status in _setup.SHUTTING_DOWN:
                 return  # the cluster is closing: its workers leave, they do not die
             out = self.core.removed(self._removal(msg, ws), time.monotonic())
             now = [d for d in out if isinstance(d, Hold)]
@@ -324,6 +272,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             pid=ws.pid if ws is not None else None,
             memory_limit=ws.memory_limit if ws is not None else None,
             prior=prior,
+            nanny=ws.nanny if ws is not None else None,
         )
 
     def _on_reports(self, results: list) -> None:
@@ -426,6 +375,16 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             out.update(deaths=core.deaths, displaced=core.displaced, aborts=core.aborts,
                        held=len(core.held), pending_deaths=len(core.pairing))
         return out
+
+
+def _prefix_path(scheduler, keys, steps: int = 64):
+    """Task prefixes from the first output key down its first dependencies to a root."""
+    ts = scheduler.tasks.get(next(iter(keys), None))
+    for _ in range(steps):
+        if ts is None:
+            return
+        yield ts.prefix.name
+        ts = next(iter(ts.dependencies), None)
 
 
 def _host_of(address: str) -> str:

@@ -6,6 +6,7 @@ plugin (crash file + flight recorder) in every worker process it starts.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from ._nanny import CLEAN_EXIT_HANDLER, EVENT_TOPIC, REPORT_HANDLER, OomguardNannyPlugin
@@ -24,8 +25,31 @@ __all__ = [
 
 
 async def dask_setup(nanny: Nanny) -> None:
-    """Preload hook for ``--preload-nanny``: runs before the nanny starts its worker."""
+    """Preload hook for ``--preload-nanny``: runs before the nanny starts its worker.
+
+    A nanny whose oomguard cannot be set up must not run a worker that users believe is
+    guarded (Dask itself logs a failed preload and goes on): under `dask worker` the
+    process ends with one line naming the setting (exit status 2); elsewhere the error is
+    raised. `oomguard.worker.on-setup-error: warn` runs the worker unguarded instead, with
+    a WARNING."""
+    from .. import _config
+    from .._exceptions import OomguardError
+    from .._log import follow_dask_logging, stop_cli
+
     plugin = OomguardNannyPlugin()
-    nanny.plugins[plugin.name] = plugin
-    # Nanny.close() calls teardown() on everything in nanny.plugins.
-    await plugin.setup(nanny)
+    try:
+        on_error = _config.get_choice("worker.on-setup-error", ("fail", "warn"))
+        nanny.plugins[plugin.name] = plugin
+        # Nanny.close() calls teardown() on everything in nanny.plugins.
+        await plugin.setup(nanny)
+    except (OomguardError, ValueError, OSError) as e:
+        nanny.plugins.pop(plugin.name, None)
+        follow_dask_logging()
+        if isinstance(e, _config.ConfigError) and "on-setup-error" in str(e):
+            on_error = "fail"
+        if on_error == "warn":
+            logging.getLogger("oomguard.nanny").warning(
+                "oomguard: %s The worker runs WITHOUT oomguard (on-setup-error: warn).", e)
+            return
+        stop_cli("worker", e)
+        raise

@@ -37,7 +37,8 @@ from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.registry import REGISTRY, Collector
 
 from .. import _config
-from .._ledger import Admission, AdmissionTimeout, HostLedger, cgroup_available, format_bytes
+from .._ledger import Admission, AdmissionTimeout, HostLedger, cgroup_available
+from .._units import format_bytes
 from .._memory import PeakEstimator, need_of
 
 if TYPE_CHECKING:

@@ -3,8 +3,10 @@
 Dask's nanny reads the exit code in `WorkerProcess.mark_stopped` and drops it; `NannyPlugin`
 has no worker-exit hook (dask/distributed#5465). So, on this nanny instance only, we wrap:
 
-- `nanny.instantiate`: after each worker process starts, remember its PID, put it in its own
-  memory cgroup, and snapshot the cgroup counters;
+- `nanny.instantiate` and `nanny.process._wait_until_connected`: right after each worker
+  process is spawned, before it has imported anything, put it in its own memory cgroup
+  (charges stay where they were made, so a later move would leave its start-up memory out
+  of the group's peak and limit); once it is up, remember its PID and snapshot the counters;
 - `nanny.process.mark_stopped`: read the PID and exit code before Dask forgets them;
 - `nanny.log_event`: notice `worker-restart-memory`, the nanny's own memory kill.
 
@@ -27,7 +29,9 @@ from distributed.diagnostics.plugin import NannyPlugin
 from .. import _cgroup, _config, _report
 from .._exceptions import CgroupError
 from .._flight import read_flight_record
+from .._log import follow_dask_logging
 from .._guard import Guard
+from .._units import format_bytes
 from ._paths import crash_path, default_crash_dir, flight_path
 from ._worker import OomguardWorkerPlugin
 
@@ -59,7 +63,30 @@ class _Life:
     cgroup_path: str | None = None
     cgroup_version: int | None = None
     cgroup_before: dict | None = None
+    placement: dict | None = None  # _Placement.facts(): what the group's peak covers
     missing: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Placement:
+    """How one worker process was put into a memory group of its own, or why it was not."""
+
+    pid: int
+    group: _cgroup.ChildGroup | None = None
+    charge_moved: bool | None = None  # its earlier charges moved with it (v1 only)
+    rss_at_move: int | None = None
+    note: str = ""  # why the charges did not move
+    before: dict | None = None  # the group's counters right after the move
+    at: float = field(default_factory=time.time)
+    missing: list[str] = field(default_factory=list)
+
+    def facts(self) -> dict[str, Any]:
+        return {
+            "own_group": self.group is not None,
+            "charge_moved": self.charge_moved,
+            "rss_at_move": self.rss_at_move,
+            "note": self.note,
+        }
 
 
 class OomguardNannyPlugin(NannyPlugin):
@@ -95,6 +122,7 @@ class OomguardNannyPlugin(NannyPlugin):
     def _reset(self) -> None:
         self._nanny: Nanny | None = None
         self._life: _Life | None = None
+        self._placed: _Placement | None = None  # moved at spawn, not yet up
         self._memory_kills: dict[int, dict] = {}
         self._use_cgroups = False
         self._closing = False
@@ -146,6 +174,7 @@ class OomguardNannyPlugin(NannyPlugin):
             logger.info("oomguard: no per-worker memory cgroups (%s)", reason)
 
     async def setup(self, nanny: Nanny) -> None:
+        follow_dask_logging()
         self._resolve_config()
         self._decide_cgroups()
         assert self.crash_dir is not None
@@ -179,9 +208,7 @@ class OomguardNannyPlugin(NannyPlugin):
         original_log_event = nanny.log_event
 
         async def instantiate(*args, **kwargs):
-            result = await original_instantiate(*args, **kwargs)
-            self._guard(self._on_started, "instantiate")
-            return result
+            return await self._instantiate(nanny, original_instantiate(*args, **kwargs))
 
         def log_event(topic, msg):
             if topic == "worker-restart-memory" and isinstance(msg, dict):
@@ -190,9 +217,36 @@ class OomguardNannyPlugin(NannyPlugin):
 
         nanny.instantiate = instantiate  # type: ignore[method-assign]
         nanny.log_event = log_event  # type: ignore[method-assign]
+        if nanny.process is not None:
+            self._guard(self._wrap_wait_until_connected, "setup", nanny.process)
         if nanny.process is not None and nanny.process.pid is not None:
             # Installed at runtime: the current worker process is already running.
             self._guard(self._on_started, "setup")
+
+    async def _instantiate(self, nanny: Nanny, instantiating: Any) -> Any:
+        """Dask's `Nanny.instantiate`, with the worker moved into its group at its spawn."""
+        starting = asyncio.ensure_future(instantiating)
+        if nanny.process is None:
+            # The first start creates the WorkerProcess in its first step, before it awaits
+            # anything: one turn of the loop later it exists, and the spawned process has
+            # not yet been waited for (that needs the spawn thread's reply first).
+            try:
+                await asyncio.sleep(0)
+            except asyncio.CancelledError:
+                starting.cancel()
+                raise
+        if nanny.process is not None:
+            self._guard(self._wrap_wait_until_connected, "instantiate", nanny.process)
+        try:
+            result = await starting
+        except BaseException:
+            self._guard(self._on_failed_start, "instantiate")
+            raise
+        self._guard(self._on_started, "instantiate")
+        if self._placed is not None:
+            # Moved at its spawn but never up: Dask returns a status here, not an error.
+            self._guard(self._on_failed_start, "instantiate")
+        return result
 
     @staticmethod
     def _add_worker_plugin(kwargs: dict, plugin: OomguardWorkerPlugin) -> None:
@@ -215,6 +269,9 @@ class OomguardNannyPlugin(NannyPlugin):
             # Back to Dask's own methods (the wraps live on the instance only).
             for attr in ("instantiate", "log_event"):
                 nanny.__dict__.pop(attr, None)
+            if nanny.process is not None and "_oomguard_placing" in vars(nanny.process):
+                for attr in ("_wait_until_connected", "_oomguard_placing"):
+                    nanny.process.__dict__.pop(attr, None)
             nanny._oomguard_nanny_plugin = None
         for task in list(self._tasks):
             try:
@@ -222,9 +279,11 @@ class OomguardNannyPlugin(NannyPlugin):
             except Exception:
                 pass
         life, self._life = self._life, None
-        if life is not None and life.group is not None:
-            # The worker may still be in it; remove() moves it to the parent first.
-            await asyncio.to_thread(life.group.remove)
+        placed, self._placed = self._placed, None
+        for group in (life.group if life else None, placed.group if placed else None):
+            if group is not None:
+                # The worker may still be in it; remove() moves it to the parent first.
+                await asyncio.to_thread(group.remove)
 
     # --- the worker process's life ----------------------------------------------------
 
@@ -246,17 +305,18 @@ class OomguardNannyPlugin(NannyPlugin):
             name=str(nanny.name),
             memory_limit=nanny.memory_manager.memory_limit,
         )
-        if self._use_cgroups:
-            try:
-                life.group = _cgroup.ChildGroup.create(
-                    f"{_GROUP_PREFIX}{pid}", life.memory_limit
-                )
-                life.group.add_pid(pid)
-            except Exception as e:
-                life.missing.append(f"per-worker cgroup: {e}")
-                if life.group is not None:
-                    life.group.remove()
-                    life.group = None
+        placed, self._placed = self._placed, None
+        if placed is not None and placed.pid != pid:
+            if placed.group is not None:
+                placed.group.remove()  # a process that never came up
+            placed = None
+        if placed is None:
+            # Not seen at its spawn (installed at runtime, or a Dask without the hook):
+            # moved now, with whatever it has charged so far left outside unless it moves.
+            placed = self._place(pid, life.memory_limit) if self._use_cgroups else _Placement(pid)
+        life.group = placed.group
+        life.placement = placed.facts()
+        life.missing.extend(placed.missing)
         if life.group is not None:
             life.cgroup_path, life.cgroup_version = life.group.path, life.group.version
         else:
@@ -269,6 +329,91 @@ class OomguardNannyPlugin(NannyPlugin):
             life.cgroup_before = counters.to_dict()
             life.missing.extend(f"cgroup at worker start: {m}" for m in counters.missing)
         self._life = life
+
+    def _wrap_wait_until_connected(self, wp: Any) -> None:
+        """Move each new worker process into its group as soon as it exists: Dask's
+        `WorkerProcess.start` awaits `_wait_until_connected` right after the spawn."""
+        if not self._use_cgroups or getattr(wp, "_oomguard_placing", False):
+            return
+        if not hasattr(wp, "_wait_until_connected"):
+            logger.warning(
+                "oomguard: this Dask version's WorkerProcess has no _wait_until_connected; "
+                "each worker joins its memory cgroup only once it is up, and what it "
+                "charged while starting stays outside the group's peak and limit."
+            )
+            wp._oomguard_placing = True
+            return
+        original = wp._wait_until_connected
+
+        async def _wait_until_connected(*args, **kwargs):
+            process = getattr(wp, "process", None)
+            pid = getattr(process, "pid", None)
+            if isinstance(pid, int) and not self._closing:
+                self._guard(self._place_at_spawn, "spawn", pid)
+            return await original(*args, **kwargs)
+
+        wp._wait_until_connected = _wait_until_connected
+        wp._oomguard_placing = True
+
+    def _place_at_spawn(self, pid: int) -> None:
+        nanny = self._nanny
+        if nanny is None or (self._placed is not None and self._placed.pid == pid):
+            return
+        if self._placed is not None and self._placed.group is not None:
+            self._placed.group.remove()  # the previous spawn never came up
+        self._placed = self._place(pid, nanny.memory_manager.memory_limit)
+
+    def _place(self, pid: int, limit: int | None) -> _Placement:
+        """Make the worker's own group and move it in, its charges too where the kernel can."""
+        placed = _Placement(pid)
+        group = None
+        try:
+            group = _cgroup.ChildGroup.create(f"{_GROUP_PREFIX}{pid}", limit)
+            # Set before the move: the kernel reads it when the process joins.
+            moves, why = group.set_move_charge()
+            placed.rss_at_move = _cgroup.process_rss(pid)
+            try:
+                group.add_pid(pid)
+            except CgroupError as e:
+                if not moves:
+                    raise
+                # v1 refuses the whole move when the charge does not fit under the limit.
+                group.set_move_charge(False)
+                moves, why = False, f"moving its charge was refused ({e}); moved without it"
+                group.add_pid(pid)
+        except Exception as e:
+            placed.missing.append(f"per-worker cgroup: {e}")
+            if group is not None:
+                group.remove()
+            return placed
+        placed.group = group
+        placed.charge_moved = moves and group.version == 1
+        placed.note = why
+        placed.before = group.counters().to_dict()
+        return placed
+
+    def _on_failed_start(self) -> None:
+        """The worker process died or hung before it was up: say so when its own group's
+        limit killed it (the limit now holds its start-up memory too), and remove the group."""
+        placed = self._placed
+        process = self._nanny.process if self._nanny is not None else None
+        if placed is None or (process is not None and process.pid == placed.pid):
+            return  # nothing placed, or it is alive after all: its group stays
+        self._placed = None
+        if placed.group is None:
+            return
+        counters = placed.group.counters()
+        if counters.oom_kill:
+            logger.error(
+                "oomguard: worker process %d was OOM-killed while starting: its memory "
+                "cgroup's limit (%s, Dask's memory_limit) is below what it needs to start "
+                "(peak %s). Raise the worker's memory_limit, or set "
+                "oomguard.worker.cgroup-limit: false.",
+                placed.pid,
+                format_bytes(counters.limit) if counters.limit else "none",
+                format_bytes(counters.peak) if counters.peak is not None else "unknown",
+            )
+        placed.group.remove()
 
     def _wrap_mark_stopped(self, wp: Any) -> None:
         if getattr(wp, "_oomguard_wrapped", False):
@@ -310,6 +455,19 @@ class OomguardNannyPlugin(NannyPlugin):
         life = self._life if self._life is not None and self._life.pid == pid else None
         if life is not None:
             self._life = None
+        if self._placed is not None and self._placed.pid == pid:
+            # Died before it was up: the report reads its group's counters all the same.
+            placed, self._placed = self._placed, None
+            if life is None and placed.group is not None:
+                life = _Life(
+                    pid=pid, started=placed.at, address=address,
+                    name=str(nanny.name) if nanny is not None else "",
+                    memory_limit=nanny.memory_manager.memory_limit if nanny else None,
+                    group=placed.group, cgroup_path=placed.group.path,
+                    cgroup_version=placed.group.version, cgroup_before=placed.before,
+                    placement=placed.facts(),
+                    missing=[*placed.missing, "the worker died before it was up"],
+                )  # fmt: skip
         requested = stopping or self._closing or (nanny is not None and nanny.status in _CLOSING)
         death_time = time.time()
         if requested or exitcode == 0:
@@ -371,6 +529,7 @@ class OomguardNannyPlugin(NannyPlugin):
             cgroup_after=cgroup_after,
             cgroup_path=life.cgroup_path if life else None,
             cgroup_version=life.cgroup_version if life else None,
+            cgroup_placement=life.placement if life else None,
             rss_sampled=sample.get("rss"),
             rss_time=sample.get("time"),
             host_memory=_cgroup.host_memory(),
@@ -481,6 +640,7 @@ def _executing(flight: dict) -> list[dict]:
                 "thread": int(seen.get("thread") or 0),
                 "stack": seen.get("stack"),
                 "stack_time": sample.get("time") if seen else None,
+                "grew": seen.get("grew") if seen else None,
             }
         )
     return out

@@ -16,7 +16,9 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from .. import _cgroup
 from .._flight import FlightRecorder
+from .._growth import GrowthSplit, thread_system_time
 from .._guard import Guard
+from .._log import follow_dask_logging
 from ._admission import install_admission
 from ._paths import crash_path, flight_path
 
@@ -56,6 +58,7 @@ class OomguardWorkerPlugin(WorkerPlugin):
         self._process: psutil.Process | None = None
         self._cgroup: _cgroup.CgroupInfo | None = None
         self._samples = 0
+        self._growth = GrowthSplit()
         self.guard = Guard(None, logger)  # never take the worker down
         self._admission = None  # host-wide memory admission
 
@@ -66,6 +69,7 @@ class OomguardWorkerPlugin(WorkerPlugin):
         self.__init__(**state)
 
     def setup(self, worker: Worker) -> None:
+        follow_dask_logging()
         self._worker = worker
         pid = os.getpid()
         os.makedirs(self.crash_dir, mode=0o700, exist_ok=True)
@@ -142,15 +146,21 @@ class OomguardWorkerPlugin(WorkerPlugin):
             return
         active = dict(worker.active_threads)
         frames = sys._current_frames()
+        native = {t.ident: t.native_id for t in threading.enumerate()}
         tasks: dict[str, Any] = {}
+        running: dict[str, tuple[int, float | None]] = {}
         for ident, key in active.items():
             frame = frames.get(ident)
             if frame is None:
                 continue
             tasks[str(key)] = {"thread": ident, "stack": _stack(frame)}
+            if (tid := native.get(ident)) is not None:
+                running[str(key)] = (tid, thread_system_time(tid))
         if self._process is None:
             self._process = psutil.Process()
         rss = self._process.memory_info().rss
+        for key, grew in self._growth.update(rss, running).items():
+            tasks[key]["grew"] = grew
         if self._admission is not None:  # learn this prefix's peak
             self._admission.observe(rss)
         rec.write_sample(

@@ -1,0 +1,193 @@
+"""The filters of a history query, checked in one place for `oomguard.Failures` and
+`oomguard report`: which kinds and causes exist, what a time or a limit may be.
+
+Each check returns the value the store expects, or raises ValueError with one sentence that
+names the argument, the bad value and what is expected, e.g.
+``cause='oom' is not a cause; expected one of oom_kill, ... (did you mean 'oom_kill'?)``.
+Given ``name=None`` the sentence starts with the value alone, as argparse wants it after
+its own ``argument --cause:`` (see `for_argparse`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import difflib
+import math
+import numbers
+import re
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ._causes import Cause, Kind
+
+T = TypeVar("T")
+
+KINDS: tuple[str, ...] = tuple(k.value for k in Kind)
+CAUSES: tuple[str, ...] = tuple(c.value for c in Cause)
+
+_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d|w)$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_TIME_FORMS = ("an ISO time (2026-05-01T14:00, local unless it has an offset) nor a span "
+               "back from now (90s, 30m, 1h, 2d, 1w)")  # fmt: skip
+
+
+def _subject(name: str | None, value: Any) -> str:
+    return f"{name}={value!r}" if name else repr(value)
+
+
+def _choice(value: Any, choices: tuple[str, ...], what: str, name: str | None) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str) and value in choices:
+        return str.__str__(value)  # Cause.OOM_KILL -> "oom_kill"
+    hint = ""
+    if isinstance(value, str):
+        close = difflib.get_close_matches(value.lower(), choices, n=1, cutoff=0.5)
+        close = close or [c for c in choices if c.startswith(value.lower()) and value]
+        if close:
+            hint = f" (did you mean {close[0]!r}?)"
+    return _fail(f"{_subject(name, value)} is not {what}; expected one of "
+                 f"{', '.join(choices)}{hint}")  # fmt: skip
+
+
+def _fail(message: str) -> Any:
+    raise ValueError(message)
+
+
+def kind(value: Any, name: str | None = "kind") -> str | None:
+    """A failure kind: "infra" or "user" (None: no filter).
+
+    >>> kind("system")
+    Traceback (most recent call last):
+    ValueError: kind='system' is not a kind; expected one of infra, user
+    """
+    return _choice(value, KINDS, "a kind", name)
+
+
+def cause(value: Any, name: str | None = "cause") -> str | None:
+    """A cause of `oomguard.Cause`, as its string (None: no filter).
+
+    >>> cause("oom")
+    Traceback (most recent call last):
+    ValueError: cause='oom' is not a cause; expected one of oom_kill, memory_terminate, \
+native_crash, sigterm, sigkill, exit, worker_lost, memory_error, exception \
+(did you mean 'oom_kill'?)
+    """
+    return _choice(value, CAUSES, "a cause", name)
+
+
+def limit(value: Any, name: str | None = "limit", *, allow_none: bool = True) -> int | None:
+    """Rows to return at most: a positive whole number, or None for every row.
+
+    >>> limit(-5)
+    Traceback (most recent call last):
+    ValueError: limit=-5 is not a positive whole number; expected 1, 2, ... or None for no limit
+    """
+    if value is None and allow_none:
+        return None
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1:
+        return int(value)
+    also = " or None for no limit" if allow_none else ""
+    return _fail(f"{_subject(name, value)} is not a positive whole number; "
+                 f"expected 1, 2, ...{also}")  # fmt: skip
+
+
+def since(value: Any, name: str | None = "since", *, now: float | None = None) -> float | None:
+    """Seconds since the epoch from: an ISO time or a span back from now ("90m", "1h", as
+    `oomguard report --since` takes them), seconds since the epoch, a datetime (naive: local
+    time) or a timedelta back from now.
+
+    >>> since("90m", now=10_000.0)
+    4600.0
+    >>> since("2026-05-01T12:00:00+00:00")
+    1777636800.0
+    >>> since("soon")
+    Traceback (most recent call last):
+    ValueError: since='soon' is neither an ISO time (2026-05-01T14:00, local unless it has an \
+offset) nor a span back from now (90s, 30m, 1h, 2d, 1w)
+    """
+    if value is None:
+        return None
+    if isinstance(value, str):
+        s = value.strip()
+        m = _RELATIVE.match(s.lower())
+        if m:
+            return _now(now) - float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+        try:
+            return datetime.datetime.fromisoformat(s).timestamp()  # naive: local time
+        except (ValueError, OverflowError, OSError):
+            return _fail(f"{_subject(name, value)} is neither {_TIME_FORMS}")
+    if isinstance(value, datetime.datetime):
+        return value.timestamp()
+    if isinstance(value, datetime.date):  # a day: from its local midnight
+        return datetime.datetime.combine(value, datetime.time()).timestamp()
+    if isinstance(value, datetime.timedelta):
+        if value < datetime.timedelta(0):
+            return _fail(f"{_subject(name, value)} is a negative span; expected a span back "
+                         "from now, e.g. timedelta(hours=1)")  # fmt: skip
+        return _now(now) - value.total_seconds()
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        t = float(value)
+        if not math.isfinite(t):
+            return _fail(f"{_subject(name, value)} is not a time; expected seconds since the "
+                         "epoch (time.time() - 3600), a datetime, a timedelta or '1h'")  # fmt: skip
+        if t < 0:
+            return _fail(f"{_subject(name, value)} is before 1970; for a span back from now "
+                         "give '1h' or timedelta(hours=1), or seconds since the epoch "
+                         "(time.time() - 3600)")  # fmt: skip
+        try:
+            datetime.datetime.fromtimestamp(t)
+        except (OverflowError, OSError, ValueError):
+            return _fail(f"{_subject(name, value)} is past the year 9999; expected seconds, "
+                         "not milliseconds, since the epoch")  # fmt: skip
+        return t
+    return _fail(f"{_subject(name, value)} is not a time; expected seconds since the epoch, a "
+                 "datetime, a timedelta, an ISO time or a span back from now ('1h')")  # fmt: skip
+
+
+def text(value: Any, name: str, what: str = "a name", *, required: bool = False) -> str | None:
+    """A pipeline name or signature id: any str (one that matches nothing gives []);
+    None: no filter, unless `required`."""
+    if value is None and not required:
+        return None
+    if isinstance(value, str):
+        return str.__str__(value)
+    return _fail(f"{_subject(name, value)} is not {what}; expected a str")
+
+
+def shard(value: Any) -> str | None:
+    """A shard as the store keeps it: the task key as `str(key)`, so ``("load", 7)`` and
+    ``"('load', 7)"`` name the same shard (None: no filter)."""
+    return value if value is None or isinstance(value, str) else str(value)
+
+
+def _now(now: float | None) -> float:
+    return datetime.datetime.now().timestamp() if now is None else now
+
+
+def for_argparse(check: Callable[..., T], parse: Callable[[str], Any] | None = None,
+                 **options: Any) -> Callable[[str], T]:
+    """An argparse `type=` from a check: the text, through `parse` when it parses, goes to
+    the check, whose ValueError becomes argparse's one-line error
+    (``argument --limit: -5 is not a positive whole number; ...``).
+
+    >>> for_argparse(limit, int, allow_none=False)("-5")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: -5 is not a positive whole number; expected 1, 2, ...
+    """
+
+    def convert(text: str) -> T:
+        value: Any = text
+        if parse is not None:
+            try:
+                value = parse(text)
+            except ValueError:
+                pass  # the check names the text as it was given
+        try:
+            return check(value, None, **options)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    convert.__name__ = check.__name__
+    return convert

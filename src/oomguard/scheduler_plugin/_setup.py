@@ -1,0 +1,105 @@
+"""What the scheduler plugin sets up around Dask once, at start: the worker side on every
+nanny and worker, the process's /metrics, the Kubernetes pod lookup, the signature gauges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pickle
+from typing import TYPE_CHECKING, Any
+
+from distributed.core import Status
+
+from .. import _config
+
+if TYPE_CHECKING:
+    from distributed import Scheduler
+
+    from .._guard import Guard
+    from .._metrics import OomguardMetrics
+    from .._store import FailureStore
+
+logger = logging.getLogger("oomguard.scheduler")
+
+SHUTTING_DOWN = (Status.closing, Status.closed, Status.closing_gracefully)
+_metrics_holder: Any = None  # the plugin whose collector this process's /metrics serves
+
+
+def register_metrics(plugin: Any) -> None:
+    """Serve `plugin.metrics` on this process's /metrics, unless a live oomguard does."""
+    global _metrics_holder
+    holder = _metrics_holder
+    if holder is not None and holder is not plugin and (
+        holder.scheduler is None or holder.scheduler.status in SHUTTING_DOWN
+    ):
+        # A plugin whose scheduler went away without closing it (its start() was cut
+        # short) must not keep the process's /metrics.
+        holder.metrics.unregister()
+    if plugin.metrics.register():
+        _metrics_holder = plugin
+    else:
+        logger.warning("oomguard: another oomguard in this process holds the metrics")
+
+
+async def install_worker_side(scheduler: Scheduler) -> None:
+    from ..worker_plugin import OomguardNannyPlugin, OomguardWorkerPlugin
+    from ..worker_plugin._paths import default_crash_dir
+
+    await _broadcast(scheduler.register_nanny_plugin, OomguardNannyPlugin())
+    # Workers already running get the worker plugin now; restarted ones get it from
+    # their nanny. The crash dir must agree with the nanny's, so read the same config.
+    crash_dir = _config.get_optional_path("worker.crash-dir") or default_crash_dir()
+    interval = _config.get_seconds("worker.sample-interval")
+    await _broadcast(scheduler.register_worker_plugin, OomguardWorkerPlugin(crash_dir, interval))
+
+
+async def _broadcast(register, plugin) -> None:
+    # Dask keeps the plugin for nannies and workers that (re)start later, then sends it to
+    # those running now; one dying meanwhile (a cluster that oomguard is installed on to
+    # stop its crashes) must not fail the install.
+    for attempt in (1, 2):
+        try:
+            await register(comm=None, plugin=pickle.dumps(plugin), name=plugin.name,
+                           idempotent=True)
+            return
+        except OSError as e:  # CommClosedError, connection resets
+            if attempt == 2:
+                logger.warning("oomguard: %s reached only some of the running processes "
+                               "(%s); processes starting later get it", plugin.name, e)
+            await asyncio.sleep(0.5)
+
+
+def pod_lookup(settings: dict[str, Any], guard: Guard):
+    """oomguard._kubernetes.PodLookup where `kubernetes.enabled`, else None."""
+    if not settings["kubernetes.enabled"]:
+        return None
+    try:
+        from .._kubernetes import PodLookup
+
+        return PodLookup.in_cluster(
+            settings["kubernetes.namespace"],
+            label_selector=settings["kubernetes.label-selector"],
+            container=settings["kubernetes.container"],
+        )
+    except ImportError as e:
+        logger.warning("oomguard: %s", e)
+    except Exception:
+        guard.error("pod_lookup")
+    return None
+
+
+async def gauge_loop(store: FailureStore, metrics: OomguardMetrics, guard: Guard,
+                     interval: float) -> None:
+    """Keep the signature gauges current, recounting only after new writes."""
+    from .._metrics import store_totals
+
+    seen = None
+    while True:
+        with guard("store"):
+            if store.written != seen:
+                seen = store.written
+                n, hosts = await asyncio.to_thread(store_totals, store)
+                metrics.set_signatures(n)
+                metrics.set_signature_max_hosts(hosts)
+        await asyncio.sleep(interval)

@@ -1,0 +1,207 @@
+"""`oomguard.Failures` as a notebook user meets it, against an in-process scheduler (no
+worker processes) whose store holds a known history: its repr, the result types, a pipeline
+that does not exist, and filters that are refused as the CLI refuses them."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import time
+
+import pytest
+from distributed import Client, LocalCluster
+
+import oomguard
+from oomguard import FailureEvent, PipelineStatus, _filters
+from oomguard._cli import main
+from oomguard._results import EventList, PipelineList, SignatureList
+
+NOW = time.time()
+
+#: (cause, shard, pipeline, signature, hours ago)
+HISTORY = [
+    ("oom_kill", "('load', 7)", "etl", "sig-oom", 3.0),
+    ("oom_kill", "('load', 7)", "etl", "sig-oom", 2.5),
+    ("exception", "('parse', 2)", "etl", "sig-key", 2.0),
+    ("native_crash", "('load', 3)", "backfill", "sig-segv", 0.5),
+    ("oom_kill", "('load', 8)", "backfill", "sig-oom", 0.25),
+]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    store = tmp_path_factory.mktemp("api") / "failures.sqlite3"
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:  # fmt: skip
+        oomguard.install(client, store=str(store))
+        plugin = cluster.scheduler.plugins["oomguard"]
+        for i, (cause, shard, pipeline, sig, hours) in enumerate(HISTORY):
+            plugin.store.add(FailureEvent(
+                kind="user" if cause == "exception" else "infra", cause=cause, shard=shard,
+                pipeline=pipeline, worker=f"tcp://10.0.0.{i}:4000", host=f"10.0.0.{i}",
+                signature_id=sig, signature_title=f"{cause} in load", attempt=1,
+                evidence={"summary": "x" * 1000}, time=NOW - hours * 3600,
+            ))  # fmt: skip
+        for name, started, state in (("etl", NOW - 4 * 3600, "succeeded"),
+                                     ("etl", NOW - 3 * 3600, "aborted"),
+                                     ("backfill", NOW - 3600, "running")):  # fmt: skip
+            plugin.store.upsert_pipeline(PipelineStatus(
+                name=name, status=state, shards_done=1, shards_failed=0, shards_aborted=0,
+                infra_failures=0, user_failures=0, summary="", started=started,
+            ))  # fmt: skip
+        assert plugin.store.flush()
+        yield cluster, client
+
+
+@pytest.fixture
+def failures(cluster):
+    return oomguard.Failures(cluster[1])
+
+
+def test_the_repr_names_the_scheduler_and_counts_the_history(cluster, failures):
+    # The scenario: `<oomguard._api.Failures object at 0x…>`.
+    address = cluster[1].scheduler.address
+    assert repr(failures) == f"<Failures {address} 5 events, 3 signatures>"
+
+
+def test_the_repr_of_an_unreachable_history_is_still_one_line_and_quick():
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as cl, \
+            Client(cl) as client:  # fmt: skip
+        address = client.scheduler.address
+        start = time.monotonic()
+        text = repr(oomguard.Failures(client))  # no oomguard on this scheduler
+        assert time.monotonic() - start < 10
+        assert text.startswith(f"<Failures {address} ") and "\n" not in text, text
+        assert "oomguard" in text, text  # says what is probably missing
+    assert repr(oomguard.Failures(client)).startswith("<Failures ")  # closed: no raise
+
+
+def test_results_are_tables_and_still_lists(failures):
+    events = failures.events()
+    assert type(events) is EventList and len(events) == 5
+    assert [e.shard for e in events][:2] == ["('load', 8)", "('load', 3)"]  # newest first
+    assert events[0] == failures.events(limit=1)[0]
+    assert "<table" in events._repr_html_()
+    assert type(failures.signatures()) is SignatureList
+    assert type(failures.pipelines()) is PipelineList
+    history = failures.shard(("load", 7))
+    assert type(history) is EventList and [e.attempt for e in history] == [1, 1]
+    assert "oldest first" in history._repr_html_()
+
+
+def test_a_pipeline_that_does_not_exist_raises_key_error_naming_the_known_ones(failures):
+    # The scenario: pipeline("typo") returned None; the next line failed with AttributeError.
+    with pytest.raises(KeyError) as info:
+        failures.pipeline("typo")
+    message = str(info.value)
+    assert "'typo'" in message and "'etl'" in message and "'backfill'" in message, message
+    assert message.index("'backfill'") < message.index("'etl'")  # most recent first
+
+
+def test_a_pipeline_is_its_latest_run_and_a_run_label_is_explained(failures):
+    assert failures.pipeline("etl").status == "aborted"  # the later of the two runs
+    with pytest.raises(KeyError) as info:
+        failures.pipeline("etl#2")
+    message = str(info.value)
+    assert "pipeline('etl')" in message and "started" in message, message
+
+
+@pytest.mark.parametrize(
+    "call, argument, value, expected",
+    [
+        (lambda f: f.events(cause="oom"), "cause", "'oom'", "oom_kill"),
+        (lambda f: f.signatures(cause="oom"), "cause", "'oom'", "oom_kill"),
+        (lambda f: f.events(kind="system"), "kind", "'system'", "infra"),
+        (lambda f: f.events(limit=-5), "limit", "-5", "positive"),
+        (lambda f: f.events(limit=0), "limit", "0", "positive"),
+        (lambda f: f.events(limit=2.5), "limit", "2.5", "positive"),
+        (lambda f: f.events(limit=True), "limit", "True", "positive"),
+        (lambda f: f.signatures(limit=-1), "limit", "-1", "positive"),
+        (lambda f: f.pipelines(limit=-1), "limit", "-1", "positive"),
+        (lambda f: f.events(since="soon"), "since", "'soon'", "1h"),
+        (lambda f: f.signatures(since="yesterday"), "since", "'yesterday'", "ISO"),
+        (lambda f: f.events(since=-3600), "since", "-3600", "span back from now"),
+        (lambda f: f.events(since=float("nan")), "since", "nan", "seconds since the epoch"),
+        (lambda f: f.events(since=NOW * 1000), "since", "", "seconds, not milliseconds"),
+        (lambda f: f.events(since=[1]), "since", "[1]", "datetime"),
+        (lambda f: f.events(pipeline=7), "pipeline", "7", "str"),
+        (lambda f: f.events(signature=b"ab"), "signature", "b'ab'", "str"),
+        (lambda f: f.pipeline(None), "name", "None", "str"),
+    ],
+)
+def test_an_invalid_filter_raises_value_error_naming_argument_value_and_what_is_expected(
+    failures, call, argument, value, expected
+):
+    # The scenario: since="1h", cause="oom", kind="system", limit=-5 returned [] silently.
+    with pytest.raises(ValueError) as info:
+        call(failures)
+    message = str(info.value)
+    assert message.startswith(f"{argument}={value}"), message
+    assert expected in message and "\n" not in message, message
+
+
+def test_a_misspelt_cause_suggests_the_right_one(failures):
+    with pytest.raises(ValueError, match="did you mean 'oom_kill'"):
+        failures.events(cause="oom")
+
+
+def test_the_cli_refuses_the_same_values(capsys):
+    for argv in (["--cause", "oom"], ["--kind", "system"], ["--limit", "-5"],
+                 ["--since", "soon"]):  # fmt: skip
+        with pytest.raises(SystemExit) as info:
+            main(["report", "--store", "/nonexistent", *argv])
+        assert info.value.code == 2, argv
+    assert "soon" in capsys.readouterr().err
+
+
+def test_since_takes_what_the_cli_takes_and_python_times(failures):
+    # "1h" is the CLI's --since 1h: a span back from now, not a silent [].
+    recent = [e.shard for e in failures.events(since="1h")]
+    assert recent == ["('load', 8)", "('load', 3)"]
+    assert [e.shard for e in failures.events(since=datetime.timedelta(hours=1))] == recent
+    assert [e.shard for e in failures.events(since=NOW - 3600)] == recent
+    an_hour_ago = datetime.datetime.fromtimestamp(NOW - 3600)
+    assert [e.shard for e in failures.events(since=an_hour_ago)] == recent
+    assert [e.shard for e in failures.events(since=an_hour_ago.isoformat())] == recent
+    assert len(failures.signatures(since="1h")) == 2
+
+
+def test_valid_filters_narrow_as_before(failures):
+    assert {e.cause for e in failures.events(cause="oom_kill")} == {"oom_kill"}
+    assert {e.cause for e in failures.events(cause=oomguard.Cause.OOM_KILL)} == {"oom_kill"}
+    assert [e.kind for e in failures.events(kind="user")] == ["user"]
+    assert len(failures.events(limit=2)) == 2 and len(failures.events(limit=None)) == 5
+    assert [e.shard for e in failures.events(shard=("load", 7))] == ["('load', 7)"] * 2
+    assert failures.events(pipeline="nothing") == []  # a name is not validated: none match
+
+
+@pytest.mark.parametrize(
+    "flag, check, options, text",
+    [
+        ("--since", _filters.since, {}, "soon"),
+        ("--cause", _filters.cause, {}, "oom"),
+        ("--kind", _filters.kind, {}, "system"),
+        ("--limit", _filters.limit, {"parse": int, "allow_none": False}, "-5"),
+    ],
+)
+def test_one_check_serves_the_api_and_the_command_line(capsys, flag, check, options, text):
+    parser = argparse.ArgumentParser(prog="report")
+    parser.add_argument(flag, type=_filters.for_argparse(check, **options))
+    with pytest.raises(SystemExit):
+        parser.parse_args([flag, text])
+    cli = capsys.readouterr().err.splitlines()[-1]
+    value = int(text) if "parse" in options else text
+    with pytest.raises(ValueError) as info:
+        check(value)
+    api = str(info.value)
+    # "argument --since: 'soon' is neither ..." and "since='soon' is neither ...".
+    assert cli.startswith(f"report: error: argument {flag}: {value!r} "), cli
+    assert api.startswith(f"{flag[2:]}={value!r} "), api
+    assert cli.split(f"{value!r} ", 1)[1] == api.split(f"{value!r} ", 1)[1].replace(
+        " or None for no limit", "")
+
+
+def test_the_report_of_an_unknown_pipeline_from_a_scheduler_says_none(cluster, capsys):
+    code = main(["report", "--scheduler", cluster[1].scheduler.address, "--pipelines",
+                 "--pipeline", "typo"])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
