@@ -258,3 +258,23 @@ def test_the_same_pid_under_another_nanny_is_another_process():
     other = {**report("tcp://a:1", pid=8), "nanny": "tcp://a:9"}
     assert p.reported(other, now=0.1) is None
     assert sorted(d.worker for d in p.expired(now=100.0)) == ["tcp://a:1", "tcp://b:2"]
+
+
+def test_a_thousand_tasks_erring_with_one_bug_are_parsed_once(monkeypatch):
+    from oomguard._decide import DecisionCore, Record
+    from oomguard._decide import core as core_module
+
+    parsed = []
+    real = core_module.fingerprint_dask
+    monkeypatch.setattr(core_module, "fingerprint_dask",
+                        lambda e, t: parsed.append(e) or real(e, t))
+    monkeypatch.setattr(core_module, "_DASK_SIGNATURES", type(core_module._DASK_SIGNATURES)())
+    c = DecisionCore(allowed_failures=3, grace=5.0)
+    tb = '  File "/app/etl.py", line 8, in lookup\n    return table[k]\n'
+    ids = set()
+    for i in range(1000):
+        out, _ = c.task_erred(f"lookup-{i}", f"KeyError({i})", tb, "tcp://w:1", "w", 0, now=1.0)
+        ids |= {d.event.signature_id for d in out if isinstance(d, Record)}
+    assert len(ids) == 1 and len(parsed) == 1
+    out, _ = c.task_erred("other", "ValueError('x')", tb, "tcp://w:1", "w", 0, now=1.0)
+    assert len(parsed) == 2  # another exception class is another signature

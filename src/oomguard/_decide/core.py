@@ -444,7 +444,7 @@ class DecisionCore:
         retried without using the task's own retries)."""
         memory_error = exception_text.startswith("MemoryError")
         cause = Cause.MEMORY_ERROR if memory_error else Cause.EXCEPTION
-        sig = fingerprint_dask(exception_text, traceback_text)
+        sig = _dask_signature(_exception_class(exception_text), traceback_text, exception_text)
         run = self.runs.of(key)
         shard = str(key)
         event = FailureEvent(
@@ -483,6 +483,33 @@ class DecisionCore:
         # the task's function (its key prefix) stands in for the stack.
         prefix = entry["prefix"] if entry else (key_split(shard) if shard else "")
         return _prefix_signature(str(cause), prefix or "<no task>")
+
+
+def _exception_class(exception_text: str) -> str:
+    """`KeyError` of "KeyError(17)": what a signature keeps of the exception."""
+    head = exception_text[:200]
+    for i, c in enumerate(head):
+        if not (c.isalnum() or c in "_."):
+            return head[:i]
+    return head
+
+
+_DASK_SIGNATURES: OrderedDict[tuple[str, str], Any] = OrderedDict()
+
+
+def _dask_signature(exception_class: str, traceback_text: str, exception_text: str):
+    """fingerprint_dask, once per (exception class, traceback): on the event loop, per
+    erred task, a thousand tasks failing with one bug are one parse, not a thousand (a
+    signature keeps the class and the frames, never the message)."""
+    key = (exception_class, traceback_text)
+    sig = _DASK_SIGNATURES.get(key)
+    if sig is None:
+        sig = _DASK_SIGNATURES[key] = fingerprint_dask(exception_text, traceback_text)
+        if len(_DASK_SIGNATURES) > 1024:
+            _DASK_SIGNATURES.popitem(last=False)
+    else:
+        _DASK_SIGNATURES.move_to_end(key)
+    return sig
 
 
 @functools.lru_cache(maxsize=4096)
