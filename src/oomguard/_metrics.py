@@ -23,6 +23,7 @@ oomguard_report_latency_seconds     histogram  worker death to report at the sch
 oomguard_signatures                 gauge      distinct crash signatures in the store
 oomguard_signature_max_hosts        gauge      most distinct hosts any one signature hit
 oomguard_cgroup_workers             gauge      workers running under a per-worker cgroup
+oomguard_unguarded_nannies          gauge      nannies running their worker without oomguard
 oomguard_internal_errors_total      counter    oomguard's own bugs caught, by {where}
 ==================================  =========  ===========================================
 """
@@ -119,6 +120,7 @@ class OomguardMetrics(Collector):
     signatures: Gauge
     signature_max_hosts: Gauge
     cgroup_workers: Gauge
+    unguarded_nannies: Gauge
     internal_errors: Counter
 
     def __init__(self) -> None:
@@ -172,6 +174,12 @@ class OomguardMetrics(Collector):
             "Workers running under a per-worker memory cgroup.",
             registry=None,
         )
+        self.unguarded_nannies = Gauge(
+            "oomguard_unguarded_nannies",
+            "Nannies whose oomguard setup failed and that run their worker without it "
+            "(oomguard.worker.on-setup-error: warn); the scheduler log says why.",
+            registry=None,
+        )
         self.internal_errors = Counter(
             "oomguard_internal_errors_total",
             "Errors inside oomguard itself, caught so Dask carries on; see the scheduler log.",
@@ -188,6 +196,7 @@ class OomguardMetrics(Collector):
             self.signatures,
             self.signature_max_hosts,
             self.cgroup_workers,
+            self.unguarded_nannies,
             self.internal_errors,
         )
         # Pre-create every known series at 0: rate() and absent() alerts need them to exist.
@@ -307,6 +316,13 @@ class OomguardMetrics(Collector):
         >>> metrics.set_cgroup_workers(8)
         """
         self._set(self.cgroup_workers, n)
+
+    def set_unguarded_nannies(self, n: int) -> None:
+        """The number of nannies running their worker without oomguard.
+
+        >>> metrics.set_unguarded_nannies(1)
+        """
+        self._set(self.unguarded_nannies, n)
 
     def internal_error(self, where: str) -> None:
         """One error caught inside oomguard at `where` (see INTERNAL_ERROR_SITES).

@@ -115,3 +115,35 @@ def test_on_setup_error_warn_runs_the_worker_and_says_it_is_unguarded(tmp_path):
     finally:
         proc.kill()
         proc.wait(30)
+
+
+def test_an_unguarded_worker_is_visible_on_the_scheduler(tmp_path):
+    import time
+
+    import dask
+
+    # A setting only the nanny reads, so the scheduler's own oomguard starts fine.
+    with dask.config.set({"oomguard.worker.on-setup-error": "warn",
+                          "oomguard.worker.max-report-size": "huge",
+                          "oomguard.scheduler.store": str(tmp_path / "f.sqlite3")}):
+        with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                          dashboard_address=":0",
+                          scheduler_kwargs={"preload": ["oomguard.scheduler_plugin"]},
+                          preload_nanny=["oomguard.worker_plugin"]) as cl, \
+                Client(cl) as client:
+            plugin = cl.scheduler.plugins["oomguard"]
+            deadline = time.monotonic() + 60
+            while not plugin.unguarded and time.monotonic() < deadline:
+                time.sleep(0.2)
+            [(nanny, reason)] = plugin.unguarded.items()
+            assert nanny == next(iter(cl.scheduler.workers.values())).nanny
+            assert "oomguard.worker.max-report-size is 'huge'" in reason
+            text = client.run_on_scheduler(_metrics_text)
+            assert "oomguard_unguarded_nannies 1.0" in text
+            assert client.submit(abs, -1).result() == 1  # the worker does run
+
+
+def _metrics_text(dask_scheduler=None):
+    from prometheus_client import generate_latest
+
+    return generate_latest().decode()

@@ -21,6 +21,7 @@ NAMES = (
     "oomguard_reports_rejected_total",
     "oomguard_report_latency_seconds",
     "oomguard_cgroup_workers",
+    "oomguard_unguarded_nannies",
     "oomguard_internal_errors_total",
     "oomguard_displaced_tasks_total",
 )

@@ -16,7 +16,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import ReportError
-from ..worker_plugin import CLEAN_EXIT_HANDLER, REPORT_HANDLER
+from ..worker_plugin import CLEAN_EXIT_HANDLER, REPORT_HANDLER, UNGUARDED_HANDLER
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -75,10 +75,11 @@ class Handlers:
         scheduler.handlers[REPORT_HANDLER] = self.report
         scheduler.handlers[CLEAN_EXIT_HANDLER] = self.clean_exit
         scheduler.handlers[QUERY_HANDLER] = self.query
+        scheduler.handlers[UNGUARDED_HANDLER] = self.unguarded
 
     def unregister(self, scheduler: Scheduler) -> None:
         for name, fn in ((REPORT_HANDLER, self.report), (CLEAN_EXIT_HANDLER, self.clean_exit),
-                         (QUERY_HANDLER, self.query)):
+                         (QUERY_HANDLER, self.query), (UNGUARDED_HANDLER, self.unguarded)):
             if scheduler.handlers.get(name) == fn:
                 del scheduler.handlers[name]
 
@@ -129,6 +130,19 @@ class Handlers:
             return {"status": "rejected"}
         with self.plugin.guard("report"):
             self.plugin.clean_exit(worker)
+        return {"status": "ok"}
+
+    async def unguarded(self, comm=None, nanny: Any = None, reason: Any = "", **extra: Any):
+        """RPC from a nanny whose oomguard setup failed (on-setup-error: warn): its worker
+        runs without oomguard. Counted while a worker of that nanny is here, and logged."""
+        if not isinstance(nanny, str) or not 0 < len(nanny) <= 256:
+            return {"status": "rejected"}
+        if not sender_matches(getattr(comm, "peer_address", None), nanny, nanny):
+            self.plugin.reject(ReportError("nanny", f"not sent from the host of {nanny!r}",
+                                           UNKNOWN_SENDER))
+            return {"status": "rejected"}
+        with self.plugin.guard("unguarded"):
+            self.plugin.unguarded_nanny(nanny, str(reason)[:512])
         return {"status": "ok"}
 
     async def query(self, comm=None, what: str = "", **filters: Any) -> Any:

@@ -72,6 +72,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         self._workers: dict[str, Any] = {}  # address -> WorkerState, to read after removal
         self._persisted: dict[str, Any] = {}  # run -> last status written
         self._cgroup_workers: set[str] = set()  # nannies whose workers have their own cgroup
+        self.unguarded: dict[str, str] = {}  # nanny -> why its worker runs without oomguard
         self.stats: dict[str, Any] = {"reports": 0, "rejected": {}, "overflow": 0,
                                       "internal_errors": 0, "latencies": []}
 
@@ -185,6 +186,8 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
                     self._apply(out)
                     await asyncio.sleep(0)
                 self._persist_pipelines()
+                if self.unguarded:
+                    self._prune_unguarded()
 
     async def close(self) -> None:
         scheduler = self.scheduler
@@ -305,6 +308,20 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
                     self.stats["reports"] += 1
                 self._apply(out)
 
+    def unguarded_nanny(self, nanny: str, reason: str) -> None:
+        if nanny not in self.unguarded:
+            logger.warning("oomguard: the nanny %s runs its worker WITHOUT oomguard: %s",
+                           nanny, reason)
+        self.unguarded[nanny] = reason
+        self.metrics.set_unguarded_nannies(len(self.unguarded))
+
+    def _prune_unguarded(self) -> None:
+        # Counted while a worker of that nanny is here.
+        live = {ws.nanny for ws in self.scheduler.workers.values()}
+        for nanny in [n for n in self.unguarded if n not in live]:
+            del self.unguarded[nanny]
+        self.metrics.set_unguarded_nannies(len(self.unguarded))
+
     def clean_exit(self, worker: str) -> None:
         self.core.clean_exit(worker, time.monotonic())
 
@@ -372,6 +389,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
                if k != "latencies"}
         out["internal_errors"] = self.guard.count
         if core is not None:
+            out.update(unguarded=dict(self.unguarded))
             out.update(deaths=core.deaths, displaced=core.displaced, aborts=core.aborts,
                        held=len(core.held), pending_deaths=len(core.pairing))
         return out

@@ -6,10 +6,17 @@ plugin (crash file + flight recorder) in every worker process it starts.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from ._nanny import CLEAN_EXIT_HANDLER, EVENT_TOPIC, REPORT_HANDLER, OomguardNannyPlugin
+from ._nanny import (
+    CLEAN_EXIT_HANDLER,
+    EVENT_TOPIC,
+    REPORT_HANDLER,
+    UNGUARDED_HANDLER,
+    OomguardNannyPlugin,
+)
 from ._worker import OomguardWorkerPlugin
 
 if TYPE_CHECKING:
@@ -19,6 +26,7 @@ __all__ = [
     "CLEAN_EXIT_HANDLER",
     "EVENT_TOPIC",
     "REPORT_HANDLER",
+    "UNGUARDED_HANDLER",
     "OomguardNannyPlugin",
     "OomguardWorkerPlugin",
 ]
@@ -50,6 +58,30 @@ async def dask_setup(nanny: Nanny) -> None:
         if on_error == "warn":
             logging.getLogger("oomguard.nanny").warning(
                 "oomguard: %s The worker runs WITHOUT oomguard (on-setup-error: warn).", e)
+            task = asyncio.get_running_loop().create_task(_say_unguarded(nanny, str(e)))
+            _TELLING.add(task)
+            task.add_done_callback(_TELLING.discard)
             return
         stop_cli("worker", e)
         raise
+
+
+_TELLING: set = set()
+
+
+async def _say_unguarded(nanny: Nanny, reason: str, attempts: int = 60) -> None:
+    """Tell the scheduler (its oomguard counts and logs it) once this nanny is up."""
+    from distributed.core import Status
+
+    for _ in range(attempts):
+        await asyncio.sleep(1.0)
+        if nanny.status in (Status.closing, Status.closed):
+            return
+        if nanny.status != Status.running:
+            continue
+        try:
+            await asyncio.wait_for(getattr(nanny.scheduler, UNGUARDED_HANDLER)(
+                nanny=nanny.address, reason=reason), 5)
+            return
+        except Exception:
+            continue  # the scheduler's oomguard may not be up yet

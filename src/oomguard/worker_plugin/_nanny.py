@@ -44,6 +44,8 @@ logger = logging.getLogger("oomguard.nanny")
 REPORT_HANDLER = "oomguard_death_report"
 #: Handler for "this worker's exit was requested or clean": its removal is not a death.
 CLEAN_EXIT_HANDLER = "oomguard_clean_exit"
+#: Scheduler RPC: this nanny runs its worker without oomguard (on-setup-error: warn).
+UNGUARDED_HANDLER = "oomguard_unguarded"
 EVENT_TOPIC = "oomguard-death"
 
 _CLOSING = (Status.closing, Status.closed, Status.closing_gracefully, Status.failed)
