@@ -8,7 +8,11 @@ import sys
 
 _EPILOG = """\
 Each FILE may be a Python traceback, a faulthandler dump, a Dask worker's "Compute Failed"
-log block, or a JSON object with the scheduler's exception_text and traceback_text.
+log block, or a JSON object with the scheduler's exception_text and traceback_text; as
+written, or as a log delivers it: journald or syslog headers, `kubectl logs --timestamps`,
+CRI log files and Loki's times, Dask's own log prefix, ANSI colours and CRLF line ends are
+taken off, and frames pasted without their indentation are read. The same crash gets the
+same id in every one of these forms; a FILE with no trace gets an id of its own text.
 
 Output: one line per FILE, in order: "<id>\\t<path>" (with --json: one JSON object per line
 with id, title, input_kind, error, message, frames, grouping_version, reason and path).

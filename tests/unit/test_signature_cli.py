@@ -65,3 +65,20 @@ def test_help_documents_exit_status(capsys):
     except SystemExit:
         pass
     assert "Exit status" in capsys.readouterr().out
+
+
+def test_a_dump_as_logs_deliver_it_has_the_id_of_the_dump(tmp_path, capsys):
+    dump = next(p for p in EXAMPLES if "sigsegv" in p.name)
+    lines = dump.read_text().split("\n")
+    wrapped = {
+        "journald.log": "\n".join(f"Nov 30 12:00:01 node-7 python3[4242]: {x}" for x in lines),
+        "kubectl.log": "\n".join(f"2026-11-30T12:00:01.{i:09d}Z {x}" for i, x in enumerate(lines)),
+        "pasted.txt": "\r\n".join(x.lstrip() for x in lines),
+    }
+    paths = [str(dump)]
+    for name, text in wrapped.items():
+        (tmp_path / name).write_bytes(text.encode())
+        paths.append(str(tmp_path / name))
+    assert main(["fingerprint", *paths]) == 0
+    ids = {line.split("\t")[0] for line in capsys.readouterr().out.splitlines()}
+    assert len(ids) == 1

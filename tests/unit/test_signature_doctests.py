@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-MODULES = ["", "._paths", "._records", "._rules", "._scrub"]
+MODULES = ["", "._paths", "._records", "._rules", "._scrub", "._transport"]
 
 
 @pytest.mark.parametrize("suffix", MODULES)

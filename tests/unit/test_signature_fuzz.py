@@ -8,7 +8,7 @@ import time
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from oomguard._signature import Signature, fingerprint, fingerprint_dask
+from oomguard._signature import GROUPING_VERSION, Signature, fingerprint, fingerprint_dask
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "docs" / "examples"
 DUMP = (EXAMPLES / "faulthandler-sigsegv-dask-worker.txt").read_text()
@@ -20,7 +20,7 @@ FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 def _valid(sig: Signature) -> None:
     assert isinstance(sig, Signature) and len(sig.id) == 16
     assert sig.input_kind in ("python_traceback", "faulthandler", "dask_traceback", "unparsed")
-    assert sig.to_dict()["grouping_version"] == 1
+    assert sig.to_dict()["grouping_version"] == GROUPING_VERSION
     if sig.input_kind == "unparsed":
         assert sig.reason
 

@@ -188,3 +188,22 @@ def test_recursion_counts_once(tmp_path):
     sigs = [fingerprint(o) for o in outs]
     assert sigs[0].id == sigs[1].id
     assert [f.function for f in sigs[0].frames] == ["<module>", "walk"]
+
+
+def test_real_crashes_as_logs_deliver_them(traces):
+    # journald, `kubectl logs --timestamps`, Dask's log prefix, a paste that lost indentation.
+    wrappings = [
+        lambda t: "\n".join(f"Nov 30 12:00:01 node-7 python3[4242]: {x}" for x in t.split("\n")),
+        lambda t: "\n".join(f"2026-11-30T12:00:01.{i:09d}Z {x}" for i, x in enumerate(t.split("\n"))),
+        lambda t: "\n".join(f"2026-11-30 12:00:01,{i % 1000:03d} - distributed.worker - ERROR - {x}"
+                            for i, x in enumerate(t.split("\n"))),
+        lambda t: "\r\n".join(x.lstrip() for x in t.split("\n")),
+    ]
+    raw = {name: fingerprint(text).id for name, text in traces.items()}
+    for wrap in wrappings:
+        assert {name: fingerprint(wrap(text)).id for name, text in traces.items()} == raw
+    # ... and the grouping is still the one above: same bug one id, other bugs other ids.
+    groups = [("segv_a", "segv_b", "segv_c"), ("segv_other_fn",), ("abort_a", "abort_b"),
+              ("key_a", "key_b"), ("index",), ("convert",), ("chain_a", "chain_b")]
+    assert [len({raw[n] for n in g}) for g in groups] == [1] * len(groups)
+    assert len({raw[g[0]] for g in groups}) == len(groups)

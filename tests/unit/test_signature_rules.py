@@ -190,7 +190,7 @@ def test_stack_title_and_version():
         [("/srv/shardapp/core.py", 30, "process_shard"), ("/srv/shardapp/core.py", 12, "explode")],
     )
     assert sig.title == "oom_kill in shardapp.core.explode \u2190 process_shard"
-    assert sig.input_kind == "stack_sample" and sig.grouping_version == GROUPING_VERSION == 1
+    assert sig.input_kind == "stack_sample" and sig.grouping_version == GROUPING_VERSION == 2
     assert len(sig.id) == 16 and int(sig.id, 16) >= 0
 
 
@@ -204,5 +204,5 @@ def test_grouping_version_is_hashed(monkeypatch):
 
     frames = [("/srv/shardapp/core.py", 12, "explode")]
     before = fingerprint_stack("oom_kill", frames).id
-    monkeypatch.setattr(_records, "GROUPING_VERSION", 2)
+    monkeypatch.setattr(_records, "GROUPING_VERSION", GROUPING_VERSION + 1)
     assert fingerprint_stack("oom_kill", frames).id != before

@@ -10,7 +10,9 @@ bracketed time, ANSI colours, CRLF line ends, and the indentation a GitHub paste
 
 from __future__ import annotations
 
+import pathlib
 import re
+import time
 
 import pytest
 
@@ -181,7 +183,7 @@ def syslog_rfc5424(text: str) -> str:
 
 def kubectl(text: str) -> str:
     # `kubectl logs --timestamps` (and `docker logs --timestamps`): RFC 3339, nanoseconds.
-    return "\n".join(f"2026-11-30T12:00:{i % 60:02d}.{i * 7919:09d}Z {line}"
+    return "\n".join(f"2026-11-30T12:00:{i % 60:02d}.{i * 7919 % 10**9:09d}Z {line}"
                      for i, line in enumerate(_lines(text)))
 
 
@@ -363,3 +365,176 @@ def test_frameless_exceptions_are_told_apart_by_their_message():
     b = fingerprint("Traceback (most recent call last):\nKeyError: 17\n")
     c = fingerprint("Traceback (most recent call last):\nKeyError: 18\n")
     assert a.id != b.id and b.id == c.id
+
+
+# -- the examples shipped in docs/examples, as logs deliver them -------------------------------
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "docs" / "examples"
+TRACE_EXAMPLES = ["faulthandler-sigsegv-dask-worker.txt", "faulthandler-abort.txt",
+                  "python-chained-traceback.txt", "dask-worker-compute-failed.log"]
+
+
+@pytest.mark.parametrize("wrapping", list(WRAPPINGS))
+def test_examples_keep_their_ids_in_every_wrapping(wrapping):
+    ids = set()
+    for name in TRACE_EXAMPLES:
+        text = (EXAMPLES / name).read_text()
+        raw = fingerprint(text)
+        assert raw.input_kind != "unparsed", name
+        assert fingerprint(WRAPPINGS[wrapping](text)).id == raw.id, name
+        ids.add(raw.id)
+    assert len(ids) == len(TRACE_EXAMPLES)
+
+
+def test_exception_group_in_kubectl_logs():
+    text = (
+        "  + Exception Group Traceback (most recent call last):\n"
+        '  |   File "/srv/jobs/src/shardapp/batch.py", line 12, in run_all\n'
+        '  |     raise ExceptionGroup("shards failed", errors)\n'
+        "  | ExceptionGroup: shards failed (2 sub-exceptions)\n"
+        "  +-+---------------- 1 ----------------\n"
+        "    | Traceback (most recent call last):\n"
+        '    |   File "/srv/jobs/src/shardapp/core.py", line 23, in lookup\n'
+        "    |     return table[key]\n"
+        "    | KeyError: 17\n"
+        "    +------------------------------------\n"
+    )
+    raw = fingerprint(text)
+    assert raw.title == "ExceptionGroup in shardapp.batch.run_all"
+    for wrap in (kubectl, journald, crlf, ansi, dask_prefix):
+        assert fingerprint(wrap(text)).id == raw.id
+
+
+def test_a_trace_as_python_wrote_it_is_not_stripped(monkeypatch):
+    # The common case pays a few substring searches, never the stripping.
+    from oomguard._signature import _transport
+
+    def fail(text):
+        raise AssertionError("stripped a plain trace")
+
+    monkeypatch.setattr(_transport, "strip", fail)
+    for name in TRACE_EXAMPLES[:3]:
+        assert fingerprint((EXAMPLES / name).read_text()).input_kind != "unparsed"
+    for text in (SEGV, ABORT, CHAINED, ALLOC, NO_SOURCE):
+        assert not fingerprint(text).reason
+
+
+# -- each rule on its own: line in, line out ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ("Nov 30 12:00:01 node-7 python3[4242]:   File \"a.py\", line 1 in f", '  File "a.py", line 1 in f'),
+        ("Nov  3 02:00:01.123456 node-7 kernel: Killed process 4242", "Killed process 4242"),
+        ("2026-11-30T12:00:01+0000 node-7 python3[4242]: x", "x"),
+        ("<11>1 2026-11-30T12:00:01.003Z node-7 python3 4242 - - x", "x"),
+        ('<11>1 2026-11-30T12:00:01Z node-7 python3 4242 ID47 [origin ip="10.0.0.7"] x', "x"),
+        ("2026-11-30T12:00:01.123456789Z   File", "  File"),
+        ("2026-11-30T12:00:01.123456789Z stderr F x", "x"),
+        ('2026-11-30T12:00:01Z {pod="w-1", container="worker"} x', "x"),
+        ("2026-11-30 12:00:01,123 - distributed.worker - ERROR - Compute Failed", "Compute Failed"),
+        ("2026-11-30T12:00:01Z 2026-11-30 12:00:01,123 - distributed.nanny - WARNING - x", "x"),
+        ("[2025/08/07 20:32:59.260 GMT+08:00] x", "x"),
+        ("[2025-08-07T12:32:59.260Z] x", "x"),
+        ("[10091.246585] python3.6[24625]: segfault", "python3.6[24625]: segfault"),
+        ("2026-11-30T12:00:01Z", ""),  # an empty line, its trailing space trimmed
+        # not decorations: kept as they are
+        ("KeyError: 2026-11-30T12:00:01Z", "KeyError: 2026-11-30T12:00:01Z"),
+        ("Extension modules: numpy.core", "Extension modules: numpy.core"),
+        ("2026-11-30T12:00:01Z Extension modules: numpy", "Extension modules: numpy"),
+        ("Nov 30 is the day", "Nov 30 is the day"),
+    ],
+)
+def test_line_headers(line, expected):
+    from oomguard._signature._transport import line_headers
+
+    assert line_headers([line]) == [expected]
+
+
+def test_journalctl_continuation_lines():
+    from oomguard._signature._transport import line_headers
+
+    head = "Nov 30 12:00:01 node-7 w[1]: "
+    lines = [head + "Traceback (most recent call last):",
+             " " * len(head) + '  File "a.py", line 1, in f',
+             " " * len(head) + "KeyError: 1"]
+    assert line_headers(lines) == ["Traceback (most recent call last):",
+                                   '  File "a.py", line 1, in f', "KeyError: 1"]
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("a\r\nb\rc", "a\nb\nc"),
+        ("\x1b[1;31mKeyError\x1b[0m: 1", "KeyError: 1"),
+        ("\x1b]8;;http://x\x1b\\link\x1b]8;;\x1b\\", "link"),
+    ],
+)
+def test_text_rules(text, expected):
+    from oomguard._signature._transport import TEXT_RULES
+
+    for rule in TEXT_RULES:
+        text = rule(text)
+    assert text == expected
+
+
+@pytest.mark.parametrize(
+    "lines, expected",
+    [
+        # a traceback: frames get two spaces, their source four, the exception none
+        (['File "a.py", line 1, in <module>', "main()", 'File "a.py", line 9, in main',
+          "return d[k]", "~^^^", "KeyError: 'k'"],
+         ['  File "a.py", line 1, in <module>', "    main()", '  File "a.py", line 9, in main',
+          "    return d[k]", "    ~^^^", "KeyError: 'k'"]),
+        # no source lines: the line after the last frame is the exception
+        (['File "<string>", line 1, in <module>', "ZeroDivisionError: division by zero"],
+         ['  File "<string>", line 1, in <module>', "ZeroDivisionError: division by zero"]),
+        # a source line that reads like a name is not taken for the exception
+        (['File "a.py", line 3, in f', "raise", "socket.timeout: timed out"],
+         ['  File "a.py", line 3, in f', "    raise", "socket.timeout: timed out"]),
+        # a dump: frames only
+        (['File "a.py", line 3 in f', "<no Python frame>"],
+         ['  File "a.py", line 3 in f', "  <no Python frame>"]),
+        # indented as Python does: untouched
+        (['  File "a.py", line 3, in f', "    g()", "KeyError: 1"],
+         ['  File "a.py", line 3, in f', "    g()", "KeyError: 1"]),
+    ],
+)
+def test_frame_indentation(lines, expected):
+    from oomguard._signature._transport import frame_indentation
+
+    assert frame_indentation(list(lines)) == expected
+
+
+def test_glued_fatal_header():
+    from oomguard._signature._transport import glued_fatal_header
+
+    assert glued_fatal_header(["tests/x.py ..sF.Fatal Python error: Aborted"]) == [
+        "Fatal Python error: Aborted"]
+    # quoted in a message, it stays a message
+    line = "RuntimeError: worker said: Fatal Python error: Aborted"
+    assert glued_fatal_header([line]) == [line]
+
+
+# -- bounded work --------------------------------------------------------------------------------
+
+
+def _cpu(fn, arg) -> float:
+    best = float("inf")
+    for _ in range(3):
+        start = time.thread_time()
+        fn(arg)
+        best = min(best, time.thread_time() - start)
+    return best
+
+
+def test_stripping_is_linear_in_the_input():
+    unit = kubectl(journald(CHAINED + SEGV + NOT_A_TRACE_1))
+    small = unit * (150_000 // len(unit))
+    large = small * 4  # both below the 1 MiB cap
+    assert len(large) < (1 << 20)
+    t_small, t_large = _cpu(fingerprint, small), _cpu(fingerprint, large)
+    assert t_large < 8 * t_small, (t_small, t_large)
+    assert t_large < 5.0
+    assert fingerprint(large).id == fingerprint(SEGV).id

@@ -501,7 +501,8 @@ def _dask_signature(exception_class: str, traceback_text: str, exception_text: s
     """fingerprint_dask, once per (exception class, traceback): on the event loop, per
     erred task, a thousand tasks failing with one bug are one parse, not a thousand (a
     signature keeps the class and the frames, never the message)."""
-    key = (exception_class, traceback_text)
+    # A traceback with no frame leaves the message as what tells errors apart.
+    key = (exception_class if "File " in traceback_text else exception_text, traceback_text)
     sig = _DASK_SIGNATURES.get(key)
     if sig is None:
         sig = _DASK_SIGNATURES[key] = fingerprint_dask(exception_text, traceback_text)

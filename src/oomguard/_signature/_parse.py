@@ -2,18 +2,22 @@
 
 Every parser is a bounded, line-anchored scan: no regex here can backtrack across lines, so
 the work is linear in the input, and the input itself is capped at MAX_INPUT characters.
+A text whose marker lines do not start as Python writes them first loses its transport
+decorations (journald, kubectl, ...: see _transport).
 """
 
 from __future__ import annotations
 
 import ast
 import json
-from collections.abc import Sequence
 import re
+from collections.abc import Sequence
+from functools import lru_cache
 
 from . import _records as R
-from ._records import Signature
-from ._rules import hashed_frames, normalise_frames, normalise_message
+from . import _transport
+from ._records import Frame, Signature
+from ._rules import hashed_frames, normalise_frames, normalise_message, normalise_text
 
 MAX_INPUT = 1 << 20  # only the last 1 MiB of a larger input is read (plus its first 4 KiB)
 _HEAD = 4096
@@ -34,11 +38,19 @@ _CURRENT = re.compile(r"\nCurrent thread 0x[0-9a-fA-F]+[^\n]*\(most recent call 
 _STACK = re.compile(r"\nStack \(most recent call first\):[ \t]*$", re.M)
 _THREAD = re.compile(r"\nThread 0x[0-9a-fA-F]+[^\n]*\(most recent call first\):[ \t]*$", re.M)
 _FH_FRAME = re.compile(r'\n  File "([^\n]*)", line (\d{1,9}|\?+) in ([^\n]*)$', re.M)
+_ANY_THREAD = re.compile(
+    r"\n(?:Current thread|Thread) 0x[0-9a-fA-F]+[^\n]*\(most recent call first\):[ \t]*$", re.M
+)
 _BLOCK_END = re.compile(r"\n(?!  )")
 
 _DASK_EXC = re.compile(r"\nException: ([^\n]*)$", re.M)
 _DASK_TB = re.compile(r"\nTraceback: ([^\n]*)$", re.M)
 _REPR = re.compile(r"([A-Za-z_][\w.]*)\((.*)\)", re.S)
+_JSON = re.compile(r"\s*\{")
+# What starts the lines of a dump and of a Dask record: one scan tells which parsers to try.
+_KINDS = re.compile(
+    r"\n(?:Fatal Python error: |Current thread 0x|Thread 0x|Stack \(most|Traceback: )"
+)
 
 # faulthandler's words for the fatal signals it handles, as signal names.
 SIGNALS = {
@@ -51,7 +63,9 @@ SIGNALS = {
 }
 
 NO_CURRENT = "no thread marked as crashing (a truncated dump, or a timeout dump of several threads)"
+CUT_OFF = "the crashing thread's stack is cut off (a truncated dump)"
 NO_TRACE = "no Python traceback, faulthandler dump or Dask task traceback found"
+TRUNCATED = "truncated traceback: nothing after its header"
 
 
 def _bounded(text: str) -> str:
@@ -61,13 +75,36 @@ def _bounded(text: str) -> str:
     return text[:_HEAD] + "\n" + text[-MAX_INPUT:]
 
 
-def _lineno(s: str) -> int | None:
-    return None if s[0] == "?" else int(s)
+Stack = tuple[tuple[Frame, ...], str]  # the hashed frames, and their `frames_material`
 
 
-def _signature(kind: str, error: str, message: str, raw: list, reason: str = "") -> Signature:
+def _parse_stack(region: str, faulthandler: bool) -> Stack:
+    if faulthandler:
+        # innermost first; "line ???" when faulthandler has no line number
+        found = _FH_FRAME.findall(region)
+        raw = [(f, None if n[0] == "?" else int(n), fn) for f, n, fn in reversed(found)]
+    else:
+        raw = [(f, int(n), fn) for f, n, fn in _PY_FRAME.findall(region)]
     frames = hashed_frames(normalise_frames(raw))
-    return R.make_signature(kind, error, message, frames, reason)
+    return frames, R.frames_material(frames)
+
+
+_cached_stack = lru_cache(maxsize=512)(_parse_stack)
+_CACHED_STACK = 8192  # characters; a longer stack is parsed each time rather than kept
+
+
+def _stack(region: str, faulthandler: bool = False) -> Stack:
+    """The hashed frames of the frame lines in `region` (which starts with a newline). A stack
+    recurs (one bug, many tasks, the same lines): one that is not too long is parsed once."""
+    if len(region) > _CACHED_STACK:
+        return _parse_stack(region, faulthandler)
+    return _cached_stack(region, faulthandler)
+
+
+def _signature(kind: str, error: str, message: str, stack: Stack) -> Signature:
+    frames, material = stack
+    # With no frame, the message is all that tells apart two errors of one type.
+    return R.make_signature(kind, error, message, frames, "", "" if frames else message, material)
 
 
 def _last_header(text: str) -> tuple[int, bool] | None:
@@ -97,16 +134,16 @@ def parse_python(text: str) -> Signature | None:
         body = _GROUP_PREFIX.sub("", body if cut < 0 else body[:cut])
     end = _NOT_INDENTED.search(body)
     stop = end.end() if end else len(body)
-    raw = [(f, int(n), fn) for f, n, fn in _PY_FRAME.findall(body, 0, stop)]
+    stack = _stack(body[:stop])
     error = message = ""
     if end:
         eol = body.find("\n", stop)
         m = _EXC_LINE.match(body, stop, eol if eol >= 0 else len(body))
         if m:
             error, message = m[1], normalise_message(m[2] or "")
-    if not raw and not error:
-        return R.unparsed("truncated traceback: nothing after its header")
-    return _signature(R.PYTHON, error, message, raw)
+    if not stack[0] and not error:
+        return R.unparsed(TRUNCATED)
+    return _signature(R.PYTHON, error, message, stack)
 
 
 def _last(pattern: re.Pattern[str], text: str, stop: int) -> re.Match[str] | None:
@@ -147,14 +184,26 @@ def parse_faulthandler(text: str) -> Signature | None:
             return None
     error, message = _fatal_error(text, header.start() if header else len(text))
     if header is None:
-        # Truncated before the crashing thread, or other threads only: the signal still counts.
-        return R.make_signature(R.FAULTHANDLER, error, message, (), NO_CURRENT)
+        # Truncated before the crashing thread, or other threads only: the signal still counts,
+        # and the other threads' stacks tell this dump from another one.
+        return R.make_signature(R.FAULTHANDLER, error, message, (), NO_CURRENT, _threads(text))
     start = header.end()
     end = _BLOCK_END.search(text, start)
     stop = end.start() if end else len(text)
-    # faulthandler prints innermost first
-    raw = [(f, _lineno(n), fn) for f, n, fn in reversed(_FH_FRAME.findall(text, start, stop + 1))]
-    return _signature(R.FAULTHANDLER, error, message, raw)
+    stack = _stack(text[start:stop + 1], True)
+    if not stack[0] and text.find("<no Python frame>", start, stop) < 0:
+        return R.make_signature(R.FAULTHANDLER, error, message, (), CUT_OFF, _threads(text))
+    return _signature(R.FAULTHANDLER, error, message, stack)
+
+
+def _threads(text: str) -> str:
+    """Each thread's hashed stack, deduplicated and sorted (idle threads come and go)."""
+    stacks = set()
+    for header in _ANY_THREAD.finditer(text):
+        end = _BLOCK_END.search(text, header.end())
+        region = text[header.end():(end.start() if end else len(text)) + 1]
+        stacks.add(_stack(region, True)[1])
+    return "\x1d".join(sorted(stacks))
 
 
 def _parse_exception_text(exception_text: str) -> tuple[str, str]:
@@ -179,9 +228,7 @@ def parse_dask(exception_text: str, traceback_text: str) -> Signature:
     if not exception_text.strip() and not traceback_text.strip():
         return R.unparsed("empty input")
     error, message = _parse_exception_text(exception_text)
-    tb = "\n" + _bounded(traceback_text)
-    raw = [(f, int(n), fn) for f, n, fn in _PY_FRAME.findall(tb)]
-    return _signature(R.DASK, error, message, raw)
+    return _signature(R.DASK, error, message, _stack("\n" + _bounded(traceback_text)))
 
 
 def _unrepr(s: str) -> str:
@@ -212,24 +259,50 @@ def parse_dask_record(text: str) -> Signature | None:
     return parse_dask(_unrepr(exc[1]) if exc else "", _unrepr(tbs[-1][1]))
 
 
-def parse_any(data: str | bytes) -> Signature:
+def _decode(data: str | bytes) -> str | None:
     if isinstance(data, (bytes, bytearray, memoryview)):
         if len(data) > MAX_INPUT:
             data = bytes(data[:_HEAD]) + b"\n" + bytes(data[-MAX_INPUT:])
-        text = bytes(data).decode("utf-8", "replace")
-    elif isinstance(data, str):
-        text = _bounded(data)
-    else:
+        return bytes(data).decode("utf-8", "replace")
+    if isinstance(data, str):
+        return _bounded(data)
+    return None
+
+
+def parse_any(data: str | bytes) -> Signature:
+    text = _decode(data)
+    if text is None:
         return R.unparsed(f"not text: {type(data).__name__}")
     if not text or text.isspace():
-        return R.unparsed("empty input")
+        return R.unparsed("empty input", "")
     text = "\n" + text  # every line, the first too, now starts after a "\n"
+    kinds = _kinds(text)
+    stripped = not _transport.plain(text, kinds[0])
+    if stripped:
+        text = _transport.strip(text)
+        kinds = _kinds(text)
+    sig = _parse_text(text, *kinds)
+    if sig.input_kind != R.UNPARSED and (sig.error or sig.frames):
+        return sig
+    # No trace, or nothing of one: the text itself (without its decorations) is the signature.
+    reason = sig.reason if sig.input_kind == R.UNPARSED else NO_TRACE
+    return R.unparsed(reason, normalise_text(text if stripped else _transport.strip(text)))
+
+
+def _kinds(text: str) -> tuple[bool, bool]:
+    """Whether a line of `text` starts as a faulthandler dump's, as a Dask record's."""
+    found = _KINDS.findall(text)
+    records = found.count("\nTraceback: ")
+    return len(found) > records, records > 0
+
+
+def _parse_text(text: str, dump: bool, record: bool) -> Signature:
     # A fatal error is the death itself, whatever Python tracebacks were logged before it.
-    if "Fatal Python error: " in text or "(most recent call first):" in text:
+    if dump:
         sig = parse_faulthandler(text)
         if sig is not None:
             return sig
-    if "Traceback: " in text or "exception_text" in text[:_HEAD]:
+    if record or _JSON.match(text):
         sig = parse_dask_record(text)
         if sig is not None:
             return sig
@@ -255,4 +328,5 @@ def stack_signature(error: str, frames: Sequence[tuple[str, int | None, str]]) -
             )
         lineno = fr[1] if isinstance(fr[1], int) and not isinstance(fr[1], bool) else None
         raw.append((fr[0], lineno, fr[2]))
-    return _signature(R.STACK, str(error or "unknown"), "", raw)
+    frames = hashed_frames(normalise_frames(raw))
+    return R.make_signature(R.STACK, str(error or "unknown"), "", frames)

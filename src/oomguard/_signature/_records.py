@@ -5,11 +5,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 # Bump when a rule changes what is hashed: it is hashed too, so old and new ids never collide
 # and history can tell "same crash, new rules" from "new crash".
-GROUPING_VERSION: int = 1
+# 2: transport decorations are stripped before parsing; what cannot be parsed (or has no
+#    frame) is told apart by its own normalised text instead of sharing one id per reason.
+GROUPING_VERSION: int = 2
 
 # Input kinds, as stored in `Signature.input_kind`.
 PYTHON = "python_traceback"
@@ -73,6 +76,7 @@ class Signature:
         return d
 
 
+@lru_cache(maxsize=8192)  # a title is made for every trace; the same files recur
 def _dotted_module(filename: str) -> str:
     if not filename or filename.startswith("<"):
         return ""
@@ -88,9 +92,27 @@ def error_key(error: str) -> str:
     return error.rsplit(".", 1)[-1]
 
 
-def signature_id(error: str, frames: tuple[Frame, ...]) -> str:
-    head = [str(GROUPING_VERSION), error_key(error)]
-    material = "\x1e".join(head + [f"{f.filename}\x1f{f.function}" for f in frames])
+def frames_material(frames: tuple[Frame, ...]) -> str:
+    """What of `frames` is hashed: each one's module path and function."""
+    return "\x1e".join([f"{f.filename}\x1f{f.function}" for f in frames])
+
+
+def signature_id(
+    error: str, frames: tuple[Frame, ...], extra: str = "", material: str | None = None
+) -> str:
+    """`extra` is hashed only when given: what tells apart crashes that have no frame.
+    `material` is `frames_material(frames)` when the caller has it already."""
+    if material is None:
+        material = frames_material(frames)
+    text = f"{GROUPING_VERSION}\x1e{error_key(error)}"
+    if frames:
+        text += "\x1e" + material
+    if extra:
+        text += "\x1d" + extra
+    return _digest(text)
+
+
+def _digest(material: str) -> str:
     return hashlib.blake2b(material.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
 
 
@@ -105,10 +127,16 @@ def make_title(error: str, frames: tuple[Frame, ...], kind: str) -> str:
 
 
 def make_signature(
-    kind: str, error: str, message: str, frames: tuple[Frame, ...], reason: str = ""
+    kind: str,
+    error: str,
+    message: str,
+    frames: tuple[Frame, ...],
+    reason: str = "",
+    extra: str = "",
+    material: str | None = None,
 ) -> Signature:
     return Signature(
-        id=signature_id(error, frames),
+        id=signature_id(error, frames, extra, material),
         title=make_title(error, frames, kind),
         input_kind=kind,
         error=error,
@@ -119,11 +147,14 @@ def make_signature(
     )
 
 
-def unparsed(reason: str) -> Signature:
-    """The signature of input that is not a trace: its id depends on the reason alone."""
-    material = f"{GROUPING_VERSION}\x1e{UNPARSED}\x1e{reason}"
+def unparsed(reason: str, text: str | None = None) -> Signature:
+    """The signature of input that is not a trace. Its id is made of `text`, the input's own
+    normalised text, so two different inputs never share it; of the reason alone only when
+    there is no text (input that is not text at all).
+    """
+    own = f"reason\x1e{reason}" if text is None else f"text\x1e{text}"
     return Signature(
-        id=hashlib.blake2b(material.encode(), digest_size=8).hexdigest(),
+        id=_digest(f"{GROUPING_VERSION}\x1e{UNPARSED}\x1e{own}"),
         title=f"unparsed input ({reason})",
         input_kind=UNPARSED,
         error="",

@@ -8,8 +8,9 @@ A frame record is a plain tuple `(filename, lineno, function, in_app)`, innermos
   composition is memoised per distinct raw frame, since the same files recur in every trace,
 - STACK_RULES over the normalised stack (rules that look at neighbours).
 
-`hashed_frames` then picks what the id is made of. MESSAGE_RULES do the same for messages.
-Plain tuples keep this cheap: it runs for every erred task.
+`hashed_frames` then picks what the id is made of. MESSAGE_RULES do the same for messages,
+UNPARSED_RULES for the text of input that is no trace. Plain tuples and memoised records
+keep this cheap: it runs for every erred task.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def normalise_frame(filename: str, function: str) -> One:
 
 def normalise_frames(raw: Iterable[tuple[str, int | None, str]]) -> list[Rec]:
     """The whole pipeline over raw `(filename, lineno, function)` records, innermost last."""
-    stack = list(raw)
+    stack = raw if isinstance(raw, list) else list(raw)
     for before in STACK_RULES_BEFORE:
         stack = before(stack)
     recs = [(f, n, fn, a) for f0, n, fn0 in stack for f, fn, a in (normalise_frame(f0, fn0),)]
@@ -126,7 +127,7 @@ _HEX = re.compile(r"\b0[xX][0-9a-fA-F]+\b")
 _TOKEN = re.compile(r"\b(?=[a-f]*\d)(?=\d*[a-f])[0-9a-f]{8,}\b")
 _QUOTED = re.compile(r"(?<!\w)'[^'\n]*'(?!\w)|(?<!\w)\"[^\"\n]*\"(?!\w)")
 _NUMBER = re.compile(r"(?<![\w.<])[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?(?![\w>])")
-_SPACE = re.compile(r"\s+")
+_DIGIT = re.compile(r"\d")
 
 
 # URLs carry hosts, ports and query values: one placeholder.
@@ -136,7 +137,7 @@ def _urls(s: str) -> str:
 
 # UUIDs (and Dask keys built from them) differ per task.
 def _uuids(s: str) -> str:
-    return _UUID.sub("<uuid>", s) if "-" in s else s
+    return _UUID.sub("<uuid>", s) if s.count("-") >= 4 else s
 
 
 # Absolute paths differ per host, user and shard file.
@@ -146,12 +147,12 @@ def _paths(s: str) -> str:
 
 # 0x… values are addresses or ids.
 def _hex(s: str) -> str:
-    return _HEX.sub("<hex>", s)
+    return _HEX.sub("<hex>", s) if "0x" in s or "0X" in s else s
 
 
 # Bare lowercase hex tokens of 8+ characters are hashes (Dask tokens, git shas).
 def _tokens(s: str) -> str:
-    return _TOKEN.sub("<hex>", s)
+    return _TOKEN.sub("<hex>", s) if _DIGIT.search(s) else s
 
 
 # Quoted strings are values (a key, a column name), not the error's kind.
@@ -161,12 +162,12 @@ def _quoted(s: str) -> str:
 
 # Numbers are values: "key 17 not found" and "key 99 not found" read alike.
 def _numbers(s: str) -> str:
-    return _NUMBER.sub("<n>", s)
+    return _NUMBER.sub("<n>", s) if _DIGIT.search(s) else s
 
 
 # One line of single spaces, capped: messages are for display and storage.
 def _squash(s: str) -> str:
-    return _SPACE.sub(" ", s).strip()[:MAX_MESSAGE]
+    return " ".join(s.split())[:MAX_MESSAGE]
 
 
 MESSAGE_RULES: tuple[Callable[[str], str], ...] = (
@@ -185,3 +186,38 @@ def normalise_message(message: str) -> str:
     for rule in MESSAGE_RULES:
         s = rule(s)
     return s
+
+
+_ADDRESS = re.compile(r"\b0[xX][0-9a-fA-F]{6,}\b")
+_PID = re.compile(r"\[\d{1,10}\]:")
+
+
+# Addresses and thread ids differ in every run of the same crash.
+def _addresses(s: str) -> str:
+    return _ADDRESS.sub("0x<hex>", s) if "0x" in s or "0X" in s else s
+
+
+# "python3[4242]:" names a process by its pid: another one in every run.
+def _pids(s: str) -> str:
+    return _PID.sub("[<pid>]:", s) if "]:" in s else s
+
+
+# Whitespace runs are layout, not text.
+def _one_space(s: str) -> str:
+    return " ".join(s.split())
+
+
+# Unparsed text keeps numbers, paths and words: one of them may be all that tells two crashes
+# apart (a line, a signal, an exit code, a library); only what differs in every run goes.
+UNPARSED_RULES: tuple[Callable[[str], str], ...] = (_uuids, _addresses, _tokens, _pids, _one_space)
+
+
+def normalise_text(text: str) -> str:
+    """The text of input that is no trace, as its signature hashes it.
+
+    >>> normalise_text("python3[4242]: segfault at 11 ip 00007efe055d3c1a  error 4 in libffi.so.6")
+    'python3[<pid>]: segfault at 11 ip <hex> error 4 in libffi.so.6'
+    """
+    for rule in UNPARSED_RULES:
+        text = rule(text)
+    return text
