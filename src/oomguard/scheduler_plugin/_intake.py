@@ -3,7 +3,12 @@ and validates them and hands batches back to the event loop.
 
 A flood of reports (a rack going down, or a hostile client) then costs the event loop a
 queue append each; what does not fit is refused and counted as overflow, never dropped
-silently.
+silently. What fits is bounded twice: by the queue's own caps, and by the room its consumer
+has left (`room`), counting every report taken in and not yet handed over. Without the
+second bound a storm on a loaded machine fills the queue with thousands of reports that the
+consumer can only refuse after they were decoded (holding the GIL) and delivered (on the
+event loop). Batches are small: each is one lump of work on the loop, and on a loaded
+machine the loop's lag grows with the largest lumps it runs.
 """
 
 from __future__ import annotations
@@ -38,15 +43,20 @@ class ReportIntake:
         max_items: int = 10_000,
         max_bytes: int = 256 * 2**20,
         max_report_bytes: int = _report.MAX_REPORT_BYTES,
-        batch: int = 32,
+        batch: int = 8,
+        room: Callable[[], int | None] | None = None,
     ):
         self.on_batch = on_batch
+        # How many more reports the consumer could take now (None: no limit). Called on
+        # the event loop by `submit`, so it may read the consumer's state.
+        self.room = room
         self.max_items = max_items
         self.max_bytes = max_bytes
         self.max_report_bytes = max_report_bytes
         self.batch = batch
         self._queue: deque[tuple[bytes, float, Any]] = deque()
         self._bytes = 0
+        self._unsettled = 0  # submitted, not yet through on_batch (event loop only)
         self._cond = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -61,7 +71,12 @@ class ReportIntake:
 
     def submit(self, data: bytes, meta: Any = None) -> bool:
         """Queue one report (event loop; O(1)) with `meta` (the sender), handed back with
-        its result. False when full: counted in `overflow`."""
+        its result. False when full, or when the reports taken in and not yet handed over
+        already fill the consumer's `room`: counted in `overflow`."""
+        room = self.room() if self.room is not None else None
+        if room is not None and self._unsettled >= room:
+            self.overflow += 1
+            return False
         with self._cond:
             if len(self._queue) >= self.max_items or self._bytes + len(data) > self.max_bytes:
                 self.overflow += 1
@@ -69,6 +84,7 @@ class ReportIntake:
             self._queue.append((data, time.time(), meta))
             self._bytes += len(data)
             self.accepted += 1
+            self._unsettled += 1
             self._cond.notify()
         return True
 
@@ -110,6 +126,7 @@ class ReportIntake:
         try:
             self.on_batch(results)
         finally:
+            self._unsettled -= len(results)
             taken.set()
 
     def close(self, timeout: float = 5.0) -> None:

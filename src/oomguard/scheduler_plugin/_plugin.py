@@ -133,7 +133,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
                                                  "oomguard.sqlite3")
         self.store = FailureStore(path, max_events=settings["max-events"])
         await asyncio.to_thread(self.store.start)
-        self.intake = ReportIntake(self._on_reports)
+        self.intake = ReportIntake(self._on_reports, room=self._report_room)
         self.intake.start(asyncio.get_running_loop())
         self.scheduler = scheduler
         self.actions = DaskActions(scheduler, self.store, self.metrics, self.guard,
@@ -321,6 +321,15 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         for nanny in [n for n in self.unguarded if n not in live]:
             del self.unguarded[nanny]
         self.metrics.set_unguarded_nannies(len(self.unguarded))
+
+    def _report_room(self) -> int | None:
+        """How many more death reports the pairing could take (the intake counts those
+        it holds against this): none past its cap on unmatched reports, unless a removal
+        waits, whose report any of them may be (never refused unread)."""
+        pairing = self.core.pairing
+        if pairing.pending_removals():
+            return None
+        return pairing.max_reports - len(pairing)
 
     def clean_exit(self, worker: str) -> None:
         self.core.clean_exit(worker, time.monotonic())
