@@ -65,9 +65,9 @@ def test_the_plugins_room_is_the_pairings_cap_unless_a_removal_waits():
     plugin = OomguardSchedulerPlugin()
     plugin.core = DecisionCore(grace=5.0, max_reports=3)
     pairing = plugin.core.pairing
-    assert plugin._report_room() == 3
+    assert plugin.handlers.room() == 3
     pairing.reported({"worker": "tcp://a:1", "pid": 1}, now=0.0)
-    assert plugin._report_room() == 2
+    assert plugin.handlers.room() == 2
     # A removal waits for its report, which any queued report may be: no limit.
     pairing.removed(Removal("tcp://b:1", "b", 0.0, {}), now=0.0)
-    assert plugin._report_room() is None
+    assert plugin.handlers.room() is None

@@ -13,6 +13,8 @@ holds the keys. See docs/reliability.md.
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import ReportError
@@ -20,6 +22,8 @@ from ..worker_plugin import CLEAN_EXIT_HANDLER, REPORT_HANDLER, UNGUARDED_HANDLE
 
 if TYPE_CHECKING:
     from distributed import Scheduler
+
+logger = logging.getLogger("oomguard.scheduler")
 
 QUERY_HANDLER = "oomguard_query"
 UNKNOWN_SENDER = "unknown_sender"
@@ -96,7 +100,7 @@ class Handlers:
         """Whether `peer` may speak for `worker`; a refusal is counted."""
         if isinstance(worker, str) and sender_matches(peer, worker, self._nanny_of(worker)):
             return True
-        self.plugin.reject(ReportError("worker", f"not sent from the host of {worker!r}'s "
+        self.reject(ReportError("worker", f"not sent from the host of {worker!r}'s "
                                        "nanny", UNKNOWN_SENDER))
         return False
 
@@ -108,15 +112,15 @@ class Handlers:
             if not isinstance(report, bytes | bytearray | memoryview):
                 e = ReportError("report", f"expected msgpack bytes, got {type(report).__name__}",
                                 "wrong_type")
-                plugin.reject(e)
+                self.reject(e)
                 return {"status": "rejected", "reason": e.reason, "field": e.field}
             if plugin.core.pairing.only_unmatched_fit():
                 # Refused before decoding: decoding a storm only to drop it starves the loop.
-                plugin.refused("overflow")
+                self.refused("overflow")
                 return {"status": "overflow"}
             # The sender is checked against the report's worker once it is decoded.
             if not plugin.intake.submit(bytes(report), getattr(comm, "peer_address", None)):
-                plugin.refused("overflow")
+                self.refused("overflow")
                 return {"status": "overflow"}
             return {"status": "queued"}
         return {"status": "error"}
@@ -124,12 +128,12 @@ class Handlers:
     async def clean_exit(self, comm=None, worker: Any = None, **extra: Any) -> dict:
         """RPC from a nanny: its worker's exit was requested (close, restart) or clean."""
         if not isinstance(worker, str) or not 0 < len(worker) <= 256:
-            self.plugin.reject(ReportError("worker", "expected a worker address", "wrong_type"))
+            self.reject(ReportError("worker", "expected a worker address", "wrong_type"))
             return {"status": "rejected"}
         if not self.trusted(getattr(comm, "peer_address", None), worker):
             return {"status": "rejected"}
         with self.plugin.guard("report"):
-            self.plugin.clean_exit(worker)
+            self.plugin.core.clean_exit(worker, time.monotonic())
         return {"status": "ok"}
 
     async def unguarded(self, comm=None, nanny: Any = None, reason: Any = "", **extra: Any):
@@ -138,12 +142,85 @@ class Handlers:
         if not isinstance(nanny, str) or not 0 < len(nanny) <= 256:
             return {"status": "rejected"}
         if not sender_matches(getattr(comm, "peer_address", None), nanny, nanny):
-            self.plugin.reject(ReportError("nanny", f"not sent from the host of {nanny!r}",
+            self.reject(ReportError("nanny", f"not sent from the host of {nanny!r}",
                                            UNKNOWN_SENDER))
             return {"status": "rejected"}
         with self.plugin.guard("unguarded"):
-            self.plugin.unguarded_nanny(nanny, str(reason)[:512])
+            self.unguarded_nanny(nanny, str(reason)[:512])
         return {"status": "ok"}
+
+    def on_reports(self, results: list) -> None:
+        """A batch of decoded reports from the intake thread, on the event loop."""
+        plugin = self.plugin
+        for clean, arrived, peer in results:
+            with plugin.guard("report"):
+                if isinstance(clean, ReportError):
+                    self.reject(clean)
+                    continue
+                if not self.trusted(peer, clean["worker"]):
+                    continue
+                latencies = plugin.stats["latencies"]
+                latencies.append(max(0.0, arrived - clean["time"]))
+                del latencies[:-1000]
+                plugin.metrics.report_latency(latencies[-1])
+                cgroup_name = ((clean.get("cgroup") or {}).get("path") or "").rsplit("/", 1)[-1]
+                if cgroup_name.startswith("oomguard-worker-"):
+                    plugin._cgroup_workers.add(clean["nanny"])
+                    plugin.metrics.set_cgroup_workers(len(plugin._cgroup_workers))
+                if clean.get("cause") is None:
+                    continue
+                refused = dict(plugin.core.pairing.refused)
+                out = plugin.core.reported(clean, time.monotonic())
+                for reason, n in plugin.core.pairing.refused.items():
+                    if n != refused.get(reason, 0):
+                        self.refused(reason)
+                        break
+                else:
+                    # Accepted; with overflow and rejected, every report is counted once.
+                    plugin.stats["reports"] += 1
+                plugin._apply(out)
+
+    def unguarded_nanny(self, nanny: str, reason: str) -> None:
+        plugin = self.plugin
+        if nanny not in plugin.unguarded:
+            logger.warning("oomguard: the nanny %s runs its worker WITHOUT oomguard: %s",
+                           nanny, reason)
+        plugin.unguarded[nanny] = reason
+        plugin.metrics.set_unguarded_nannies(len(plugin.unguarded))
+
+    def prune_unguarded(self) -> None:
+        """Nannies are counted as unguarded while a worker of theirs is here."""
+        plugin = self.plugin
+        live = {ws.nanny for ws in plugin.scheduler.workers.values()}
+        for nanny in [n for n in plugin.unguarded if n not in live]:
+            del plugin.unguarded[nanny]
+        plugin.metrics.set_unguarded_nannies(len(plugin.unguarded))
+
+    def room(self) -> int | None:
+        """How many more death reports the pairing could take (the intake counts those
+        it holds against this): none past its cap on unmatched reports, unless a removal
+        waits, whose report any of them may be (never refused unread)."""
+        plugin = self.plugin
+        pairing = plugin.core.pairing
+        if pairing.pending_removals():
+            return None
+        return pairing.max_reports - len(pairing)
+
+    def refused(self, reason: str) -> None:
+        plugin = self.plugin
+        if reason == "overflow":
+            plugin.stats["overflow"] += 1
+            plugin.metrics.report_rejected("overflow")
+        else:
+            self.reject(ReportError("report", f"refused ({reason})", reason))
+
+    def reject(self, e: ReportError) -> None:
+        plugin = self.plugin
+        rejected = plugin.stats["rejected"]
+        rejected[e.reason] = rejected.get(e.reason, 0) + 1
+        plugin.metrics.report_rejected(e.reason)
+        plugin.guard.once(e.reason, "oomguard: rejected a death report (%s); further ones "
+                          "are counted", e)
 
     async def query(self, comm=None, what: str = "", **filters: Any) -> Any:
         """RPC for `oomguard.Failures` and `oomguard report`: JSON-able rows."""

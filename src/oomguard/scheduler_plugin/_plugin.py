@@ -19,7 +19,6 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import _config
 from .._decide import DecisionCore, Hold, Record, Removal
-from .._exceptions import ConfigError, ReportError
 from .._metrics import OomguardMetrics
 from .._guard import Guard
 from .._log import follow_dask_logging
@@ -88,32 +87,8 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         return self.core.policy if self.core is not None else None
 
     def apply_settings(self, config: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-        """Take `install(client, **config)` settings while running: {key: (old, new)} of
-        those that changed. Refuses (ConfigError, nothing changed) a bad value, or a
-        change of a setting fixed while running (the store, the pod lookup)."""
-        config = {k.replace("_", "-"): v for k, v in config.items()}
-        new = _config.scheduler_settings(config, only=frozenset(config))
-        changed = {k: (self.settings[k], v) for k, v in new.items() if self.settings[k] != v}
-        fixed = sorted(set(changed) - _config.LIVE_SCHEDULER_KEYS)
-        if fixed:
-            old, value = changed[fixed[0]]
-            raise ConfigError(
-                f"oomguard.scheduler.{fixed[0]} is {old!r} on this running scheduler and "
-                f"cannot change to {value!r} while oomguard runs; use "
-                "oomguard.uninstall(client) first, or set it where the scheduler starts."
-            )
-        self.settings.update(new)
-        self.config.update(config)
-        core = self.core
-        core.pairing.grace = self.settings["report-grace-timeout"]
-        core.policy.max_shard_infra_failures = self.settings["max-shard-infra-failures"]
-        core.policy.abort_on_repeat_signature = self.settings["abort-on-repeat-signature"]
-        core.larger_only = self.settings["memory-retry-larger-only"]
-        self.store.max_events = self.settings["max-events"]
-        if changed:
-            logger.info("oomguard: settings changed: %s", ", ".join(
-                f"{k} {old!r} -> {v!r}" for k, (old, v) in sorted(changed.items())))
-        return changed
+        """Take `install(client, **config)` settings while running (`_setup.apply_settings`)."""
+        return _setup.apply_settings(self, config)
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -133,7 +108,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
                                                  "oomguard.sqlite3")
         self.store = FailureStore(path, max_events=settings["max-events"])
         await asyncio.to_thread(self.store.start)
-        self.intake = ReportIntake(self._on_reports, room=self._report_room)
+        self.intake = ReportIntake(self.handlers.on_reports, room=self.handlers.room)
         self.intake.start(asyncio.get_running_loop())
         self.scheduler = scheduler
         self.actions = DaskActions(scheduler, self.store, self.metrics, self.guard,
@@ -187,7 +162,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
                     await asyncio.sleep(0)
                 self._persist_pipelines()
                 if self.unguarded:
-                    self._prune_unguarded()
+                    self.handlers.prune_unguarded()
 
     async def close(self) -> None:
         scheduler = self.scheduler
@@ -277,76 +252,6 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             prior=prior,
             nanny=ws.nanny if ws is not None else None,
         )
-
-    def _on_reports(self, results: list) -> None:
-        """A batch of decoded reports from the intake thread, on the event loop."""
-        for clean, arrived, peer in results:
-            with self.guard("report"):
-                if isinstance(clean, ReportError):
-                    self.reject(clean)
-                    continue
-                if not self.handlers.trusted(peer, clean["worker"]):
-                    continue
-                latencies = self.stats["latencies"]
-                latencies.append(max(0.0, arrived - clean["time"]))
-                del latencies[:-1000]
-                self.metrics.report_latency(latencies[-1])
-                cgroup_name = ((clean.get("cgroup") or {}).get("path") or "").rsplit("/", 1)[-1]
-                if cgroup_name.startswith("oomguard-worker-"):
-                    self._cgroup_workers.add(clean["nanny"])
-                    self.metrics.set_cgroup_workers(len(self._cgroup_workers))
-                if clean.get("cause") is None:
-                    continue
-                refused = dict(self.core.pairing.refused)
-                out = self.core.reported(clean, time.monotonic())
-                for reason, n in self.core.pairing.refused.items():
-                    if n != refused.get(reason, 0):
-                        self.refused(reason)
-                        break
-                else:
-                    # Accepted; with overflow and rejected, every report is counted once.
-                    self.stats["reports"] += 1
-                self._apply(out)
-
-    def unguarded_nanny(self, nanny: str, reason: str) -> None:
-        if nanny not in self.unguarded:
-            logger.warning("oomguard: the nanny %s runs its worker WITHOUT oomguard: %s",
-                           nanny, reason)
-        self.unguarded[nanny] = reason
-        self.metrics.set_unguarded_nannies(len(self.unguarded))
-
-    def _prune_unguarded(self) -> None:
-        # Counted while a worker of that nanny is here.
-        live = {ws.nanny for ws in self.scheduler.workers.values()}
-        for nanny in [n for n in self.unguarded if n not in live]:
-            del self.unguarded[nanny]
-        self.metrics.set_unguarded_nannies(len(self.unguarded))
-
-    def _report_room(self) -> int | None:
-        """How many more death reports the pairing could take (the intake counts those
-        it holds against this): none past its cap on unmatched reports, unless a removal
-        waits, whose report any of them may be (never refused unread)."""
-        pairing = self.core.pairing
-        if pairing.pending_removals():
-            return None
-        return pairing.max_reports - len(pairing)
-
-    def clean_exit(self, worker: str) -> None:
-        self.core.clean_exit(worker, time.monotonic())
-
-    def refused(self, reason: str) -> None:
-        if reason == "overflow":
-            self.stats["overflow"] += 1
-            self.metrics.report_rejected("overflow")
-        else:
-            self.reject(ReportError("report", f"refused ({reason})", reason))
-
-    def reject(self, e: ReportError) -> None:
-        rejected = self.stats["rejected"]
-        rejected[e.reason] = rejected.get(e.reason, 0) + 1
-        self.metrics.report_rejected(e.reason)
-        self.guard.once(e.reason, "oomguard: rejected a death report (%s); further ones are "
-                        "counted", e)
 
     # --- task exceptions --------------------------------------------------------------
 
