@@ -13,6 +13,7 @@ holds the keys. See docs/reliability.md.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -48,9 +49,11 @@ def sender_matches(peer: str | None, worker: str, nanny: str | None, local: str 
     if peer.startswith("inproc://"):
         return True
     owner = nanny or worker
-    return _host(peer) != "" and _host(peer) == _host(owner)
+    host = _host(peer)
+    return host != "" and host == _host(owner)
 
 
+@functools.lru_cache(maxsize=4096)  # per report in a storm: parse each address once
 def _host(address: str) -> str:
     import ipaddress
 
