@@ -6,6 +6,8 @@ browser is Debian's, never one downloaded by `playwright install`.
 
 from __future__ import annotations
 
+import importlib.util
+
 import os
 import re
 import time
@@ -107,7 +109,9 @@ def submit_live_pipeline(dask_scheduler):
 
 def test_dashboard_page_in_a_browser(cluster, tmp_path, artifacts_dir):
     require(os.path.exists(CHROMIUM), "no chromium: apt-get install chromium")
-    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    require(importlib.util.find_spec("playwright") is not None,
+            "playwright is not installed (the test extra has it)")
+    from playwright.sync_api import sync_playwright
     cluster, client = cluster
 
     # Installed at runtime, after the dashboard was built: served by a second Bokeh app.
