@@ -16,7 +16,7 @@ import sys
 import textwrap
 from typing import Any, NamedTuple
 
-from ._display import one_line
+from ._display import clip, one_line
 
 
 class Column(NamedTuple):
@@ -62,10 +62,6 @@ def _cell(value: Any) -> str:
     return one_line("" if value is None else value)
 
 
-def _fit(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
-
-
 def table(headers: list[str], rows: list[list[Any]], *, right: frozenset[int] = frozenset(),
           width: int | None = None, shorten: dict[str, int] | None = None) -> list[str]:  # fmt: skip
     """Rows under headers, two spaces apart. Only the columns in `shorten` (header -> fewest
@@ -85,7 +81,7 @@ def table(headers: list[str], rows: list[list[Any]], *, right: frozenset[int] = 
     for row in [headers] + cells:
         parts = []
         for i, text in enumerate(row):
-            text = _fit(text, widths[i])
+            text = clip(text, widths[i])
             parts.append(text.rjust(widths[i]) if i in right else text.ljust(widths[i]))
         lines.append("  ".join(parts).rstrip())
     return lines
