@@ -41,6 +41,7 @@ with `StoreError` naming the path, and left byte-for-byte untouched.
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import logging
 import os
@@ -300,6 +301,26 @@ class StoreError(OomguardError, OSError):
     written by a newer oomguard. The message names the path; the file is left untouched."""
 
 
+def _read(method):
+    """Counts the call as a read in progress (see `FailureStore.close`); refuses a read of
+    a closed store with RuntimeError."""
+
+    @functools.wraps(method)
+    def read(self, *args, **kwargs):
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"FailureStore({self.path!r}) is closed.")
+            self._reads += 1
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            with self._lock:
+                self._reads -= 1
+                self._reads_done.notify_all()
+
+    return read
+
+
 class FailureStore:
     """The persistent failure history of one scheduler (see the module docstring).
 
@@ -372,6 +393,10 @@ class FailureStore:
         self._conn: sqlite3.Connection | None = None  # the writer's
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
+        # Reads in progress on any thread: close() waits for them before it closes the
+        # readers' connections (closing one under a running query crashes the process).
+        self._reads = 0
+        self._reads_done = threading.Condition(self._lock)
         self._event_count = 0
         self._last_log = 0.0
 
@@ -420,9 +445,10 @@ class FailureStore:
 
         >>> store.close()
         """
-        if self._closed:
-            return
-        self._closed = True
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True  # reads from now on are refused
         if self._thread is not None:
             self._stopping = True
             self._wake.set()
@@ -432,7 +458,12 @@ class FailureStore:
                             f"{len(self._queue)} queued items were not written")  # fmt: skip
                 return  # the writer still owns its connection; it exits on its own
         with self._lock:
-            readers, self._readers = self._readers, []
+            if not self._reads_done.wait_for(lambda: self._reads == 0, timeout):
+                self._error(f"close(): {self._reads} reads still running after {timeout}s; "
+                            "their connections stay open")  # fmt: skip
+                readers = []
+            else:
+                readers, self._readers = self._readers, []
         for conn in readers + ([self._conn] if self._conn is not None else []):
             try:
                 conn.close()
@@ -661,6 +692,7 @@ class FailureStore:
     # -- reads (on the caller's thread) ---------------------------------------------------
 
     def _reader(self) -> sqlite3.Connection:
+        """This thread's read connection; only inside a method marked `@_read`."""
         conn = getattr(self._local, "conn", None)
         if conn is not None:
             return conn
@@ -674,6 +706,7 @@ class FailureStore:
         self._local.conn = conn
         return conn
 
+    @_read
     def events(
         self,
         *,
@@ -706,6 +739,7 @@ class FailureStore:
         args.append(_limit(limit))
         return [_event(r) for r in self._reader().execute(sql, args)]
 
+    @_read
     def shard(self, key: str) -> list[FailureEvent]:
         """One shard's history, oldest first.
 
@@ -715,6 +749,7 @@ class FailureStore:
         sql = f"SELECT {_EVENT_COLUMNS} FROM events WHERE shard = ? ORDER BY time, id"
         return [_event(r) for r in self._reader().execute(sql, (key,))]
 
+    @_read
     def signatures(
         self,
         *,
@@ -745,6 +780,7 @@ class FailureStore:
         sql += " ORDER BY count DESC, last_seen DESC LIMIT :limit"
         return [_signature(r) for r in self._reader().execute(sql, args)]
 
+    @_read
     def signature(self, signature_id: str) -> SignatureRow | None:
         """One signature, or None.
 
@@ -756,6 +792,7 @@ class FailureStore:
         ).fetchone()
         return None if r is None else _signature(r)
 
+    @_read
     def distinct_counts(self, signature_id: str) -> dict[str, int]:
         """The number of distinct hosts, workers, shards, pipelines and causes of a
         signature (a SignatureRow lists at most `member_cap` of each).
@@ -784,6 +821,7 @@ class FailureStore:
         runs = self.pipeline_runs(name, limit=1)
         return runs[0] if runs else None
 
+    @_read
     def pipeline_runs(self, name: str, limit: int | None = 100) -> list[PipelineStatus]:
         """The runs of one pipeline, newest (greatest `started`) first.
 
@@ -795,6 +833,7 @@ class FailureStore:
                "ORDER BY started DESC LIMIT ?")  # fmt: skip
         return [PipelineStatus(*r) for r in self._reader().execute(sql, (name, _limit(limit)))]
 
+    @_read
     def pipelines(self, limit: int | None = 100) -> list[PipelineStatus]:
         """Pipeline runs (a name may come more than once), most recently updated first.
 

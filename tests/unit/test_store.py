@@ -676,3 +676,33 @@ def test_amend_replaces_the_worker_lost_events_of_that_death(store, same_batch):
                                                        ("worker_lost", T0 + 1)]
     by_id = {s.id: s.count for s in store.signatures()}
     assert by_id.get("kill-sig") == 1 and by_id.get("lost-sig") == 1
+
+
+def test_close_waits_for_reads_running_on_other_threads(tmp_path):
+    # The scheduler's gauge loop reads in a worker thread; a close() under a running query
+    # closed its connection and crashed the process (segfault, seen under load).
+    import threading
+
+    for i in range(20):
+        s = FailureStore(str(tmp_path / f"s{i}.sqlite3"), batch_interval=0.01)
+        s.start()
+        for n in range(50):
+            s.add(ev(n))
+        s.flush()
+        outcome = []
+
+        def read(store=s, outcome=outcome):
+            try:
+                while True:
+                    store.signatures(limit=1000)
+                    store.events(limit=1000)
+            except RuntimeError as e:
+                outcome.append(str(e))
+
+        t = threading.Thread(target=read)
+        t.start()
+        time.sleep(0.01)
+        s.close()
+        t.join(10)
+        assert outcome and "closed" in outcome[0], outcome
+        assert s._reads == 0
