@@ -33,8 +33,7 @@ def stop_cli(what: str, error: Exception) -> None:
     runs unguarded. Elsewhere (a cluster in the user's process) this returns, and the
     caller raises."""
     program = os.path.basename(sys.argv[0] if sys.argv else "")
-    if not (program in ("dask", f"dask-{what}") or program == f"dask_{what}.py"
-            or program.startswith(f"dask-{what}")):
+    if program not in ("dask", f"dask-{what}", f"dask_{what}.py"):
         return
     logging.getLogger("oomguard").critical("oomguard: %s The %s does not start.", error, what)
     for handler in logging.getLogger("oomguard").handlers + logging.getLogger().handlers:

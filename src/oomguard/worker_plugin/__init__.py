@@ -45,6 +45,7 @@ async def dask_setup(nanny: Nanny) -> None:
     from .._log import follow_dask_logging, stop_cli
 
     plugin = OomguardNannyPlugin()
+    on_error = "fail"  # also when on-setup-error itself is the bad setting
     try:
         on_error = _config.get_choice("worker.on-setup-error", ("fail", "warn"))
         nanny.plugins[plugin.name] = plugin
@@ -53,8 +54,6 @@ async def dask_setup(nanny: Nanny) -> None:
     except (OomguardError, ValueError, OSError) as e:
         nanny.plugins.pop(plugin.name, None)
         follow_dask_logging()
-        if isinstance(e, _config.ConfigError) and "on-setup-error" in str(e):
-            on_error = "fail"
         if on_error == "warn":
             logging.getLogger("oomguard.nanny").warning(
                 "oomguard: %s The worker runs WITHOUT oomguard (on-setup-error: warn).", e)
