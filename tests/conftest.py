@@ -24,3 +24,19 @@ def artifacts_dir() -> pathlib.Path:
 def pytest_report_header(config):
     strict = os.environ.get("OOMGUARD_STRICT", "") not in ("", "0")
     return f"oomguard strict mode: {'on (missing capabilities fail)' if strict else 'off'}"
+
+
+#: Lines tests add to the end-of-run summary, printed pass or fail (CI keeps the log).
+KERNEL_TIMINGS: list[str] = []  # tests/kernel: the VM's boot and scenario times
+HOSTS_TIMINGS: list[str] = []  # tests/hosts: the multi-host lab's times
+
+
+def pytest_terminal_summary(terminalreporter):
+    for heading, lines in (
+        ("cgroup v2 VM (tests/kernel)", KERNEL_TIMINGS),
+        ("multi-host lab (tests/hosts)", HOSTS_TIMINGS),
+    ):
+        if lines:
+            terminalreporter.write_sep("-", heading)
+            for line in lines:
+                terminalreporter.write_line(line)

@@ -220,6 +220,66 @@ def read_memory_counters(path: str, version: int) -> MemoryCounters:
     )
 
 
+def read_oom_kill(path: str, version: int) -> int | None:
+    """Just the group's ``oom_kill`` count (None when unreadable): the nanny's cheap
+    periodic reading, so a death is compared with a reading a moment old, not with the
+    worker's start.
+
+    On v2 a group holding processes is always a leaf (no internal processes), so its
+    ``memory.events`` and ``memory.events.local`` agree; the former exists on more kernels.
+
+    >>> read_oom_kill("/nonexistent", 2) is None
+    True
+    """
+    name = "memory.oom_control" if version == 1 else "memory.events"
+    text, _ = _read(os.path.join(path, name))
+    for line in (text or "").splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == "oom_kill" and parts[1].isdigit():
+            return int(parts[1])
+    return None
+
+
+def group_pids(path: str) -> list[int]:
+    """The processes in a cgroup (``cgroup.procs``); [] when unreadable.
+
+    >>> group_pids("/nonexistent")
+    []
+    """
+    return _procs(path)
+
+
+_PF_EXITING = 0x4  # include/linux/sched.h: the task is in do_exit()
+_SIGKILL_BIT = 1 << 8  # a pending-signal mask has bit (signal - 1)
+
+
+def process_running(pid: int, root: str = "/") -> bool:
+    """Whether `pid` exists and is not on its way out: no zombie (state Z/X), not exiting
+    (PF_EXITING in its flags) and no SIGKILL pending. One read of /proc/PID/stat.
+
+    The OOM killer counts a kill in the victim's cgroup right before it sends the SIGKILL,
+    so a counter read while its victim still runs by this test predates the kill. A fatal
+    signal sent to a process is queued on each of its threads too (kernel/signal.c
+    complete_signal), so the main thread's pending mask, stat field 31, shows it.
+
+    >>> process_running(1, root="/nonexistent")
+    False
+    """
+    try:
+        with open(_join(root, f"proc/{int(pid)}/stat"), "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    fields = stat.rpartition(b")")[2].split()  # the comm may hold ")" and spaces
+    # fields[0] is field 3 (state), fields[6] field 9 (flags), fields[28] field 31 (signal).
+    if len(fields) < 29 or fields[0] in (b"Z", b"X"):
+        return False
+    try:
+        return not (int(fields[6]) & _PF_EXITING or int(fields[28]) & _SIGKILL_BIT)
+    except ValueError:
+        return False
+
+
 def host_memory(root: str = "/") -> dict[str, int | None]:
     """Total and available host memory in bytes from /proc/meminfo (None where missing).
 

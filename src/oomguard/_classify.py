@@ -14,8 +14,10 @@ R3a   exit signal SIGSEGV/... while being terminated: the nanny's memory kill  m
 R3    exit signal SIGSEGV/SIGABRT/SIGBUS/SIGFPE/SIGILL                         native_crash
 R4    exit status unknown (None or 255) and the crash file says                native_crash
       "Fatal Python error" (its signal, or SIGABRT for a Py_FatalError)
-R5    kernel OOM evidence (cgroup ``oom_kill`` after > before, or the kernel   oom_kill
-      log names the worker) and exit SIGKILL or unknown (None or 255)
+R5    kernel OOM evidence for this worker and exit SIGKILL or unknown (None    oom_kill
+      or 255): the kernel log names its PID (records since it started), or
+      its group's ``oom_kill`` moved since the last reading taken while it
+      ran and every other process in the group then still runs
 R6    the nanny's ``worker-restart-memory`` event and exit SIGTERM, SIGKILL    memory_terminate
       or unknown
 R7    exit SIGTERM                                                             sigterm
@@ -38,6 +40,14 @@ Precedence, and why:
   With exit SIGTERM the kernel did not kill it (the OOM killer sends SIGKILL), so R6 wins.
 - R6 also takes an unknown exit status: the nanny's own event says it sent the signals.
 - A counter that could not be read (None) is "unknown", never "moved".
+- Where the nanny sent a reading taken while the worker ran (every sample interval), the
+  counter is compared with it, not with the worker's start: a task subprocess OOM-killed an
+  hour earlier, or another worker sharing a container's group, moved it before. A kill
+  counted since that reading is not this worker's proof when another process in the group
+  stopped since (the kill may be that one's): then R5 does not apply (R8: ``sigkill``), and
+  the evidence says so. The OOM killer counts the kill before it sends SIGKILL, and a
+  reading is kept only while the worker still runs (no SIGKILL pending), so it never
+  includes the worker's own kill.
 - Exit status 255 counts as unknown: the nanny reports it when the status was already reaped.
 
 Example:
@@ -98,6 +108,10 @@ class DeathFacts:
     # The crash file begins with a SIGTERM dump: the process was being terminated when
     # whatever came next (often a crash inside the dying process) happened.
     terminated_first: bool = False
+    # The group's oom_kill count at the last reading while the worker ran, and how many
+    # other processes in the group then have stopped since (None: no reading).
+    oom_kill_reading: int | None = None
+    others_gone: int | None = None
 
 
 def describe_signal(exitcode: int | None) -> str | None:
@@ -171,10 +185,19 @@ def explain(facts: DeathFacts) -> tuple[Cause | None, str]:
         return Cause.NATIVE_CRASH, f"R3 exit signal {sig}"
     if unknown and facts.crash_signal in NATIVE_SIGNALS:
         return Cause.NATIVE_CRASH, f"R4 exit status unknown, crash file {facts.crash_signal}"
-    kernel_oom = bool(oom_counter_moved(facts.oom_kill_before, facts.oom_kill_after))
+    reading = facts.oom_kill_reading
+    moved = bool(oom_counter_moved(facts.oom_kill_before if reading is None else reading,
+                                   facts.oom_kill_after))  # fmt: skip
+    since = "since the last reading" if reading is not None else "since the worker started"
+    kernel_oom = moved and not facts.others_gone
     if (kernel_oom or facts.kernel_log_oom) and (sig == "SIGKILL" or unknown):
-        what = "oom_kill counter moved" if kernel_oom else "kernel log OOM kill"
+        what = "kernel log names this PID" if facts.kernel_log_oom else f"oom_kill moved {since}"
         return Cause.OOM_KILL, f"R5 {what}, exit {sig or 'unknown'}"
+    if moved and sig == "SIGKILL" and not facts.nanny_memory_kill:
+        return Cause.SIGKILL, (
+            f"R8 exit signal SIGKILL; the oom_kill counted {since} is not confirmed as this "
+            f"worker's: {facts.others_gone} other process(es) in its group stopped too"
+        )
     if facts.nanny_memory_kill and (sig in ("SIGTERM", "SIGKILL") or unknown):
         return Cause.MEMORY_TERMINATE, f"R6 nanny memory kill, exit {sig or 'unknown'}"
     if sig == "SIGTERM":
@@ -227,6 +250,7 @@ def facts_from(report_like: Mapping[str, Any]) -> DeathFacts:
     before, after = _map(cg.get("before")), _map(cg.get("after"))
     victim = r.get("kernel_log_victim")
     crash = _map(r.get("crash"))
+    reading = _map(cg.get("reading"))
     return DeathFacts(
         exitcode=_int(r.get("exitcode")),
         oom_kill_before=_int(before.get("oom_kill")),
@@ -237,6 +261,8 @@ def facts_from(report_like: Mapping[str, Any]) -> DeathFacts:
         crash_signal=crash_signal(crash.get("text")),
         requested_close=bool(r.get("requested_close")),
         terminated_first=terminated_first(crash.get("text")),
+        oom_kill_reading=_int(reading.get("oom_kill")),
+        others_gone=_int(reading.get("others_gone")),
     )
 
 
@@ -302,6 +328,7 @@ def evidence(report_like: Mapping[str, Any]) -> dict[str, Any]:
         placement = _map(cg.get("placement"))
         if placement and (placement.get("own_group") or peak is not None):
             _placement_evidence(ev, placement, version)
+        _reading_evidence(ev, _map(cg.get("reading")), a, placement)
         fb, fa = _int(before.get("failcnt")), _int(after.get("failcnt"))
         if fb is not None and fa is not None:
             ev["failcnt_delta"] = fa - fb
@@ -337,6 +364,9 @@ def evidence(report_like: Mapping[str, Any]) -> dict[str, Any]:
     victim = r.get("kernel_log_victim")
     if isinstance(victim, Mapping):
         is_worker = _kernel_log_is_worker(victim, r.get("pid"))
+        if is_worker:
+            ev["oom_attribution"] = "the kernel log names this PID (records since it started)"
+            ev["oom_confirmed"] = True
         ev["kernel_log_oom"] = is_worker
         ev["kernel_log_victim_pid"] = _int(victim.get("pid"))
         name = victim.get("name", victim.get("comm"))
@@ -345,6 +375,43 @@ def evidence(report_like: Mapping[str, Any]) -> dict[str, Any]:
         ev["kernel_log_victim_is_worker"] = is_worker
         ev["kernel_log_source"] = "kernel log (dmesg)"
     return ev
+
+
+def _reading_evidence(
+    ev: dict[str, Any], reading: Mapping[str, Any], after: int | None, placement
+) -> None:
+    """What the last reading of the worker's group says: did the kernel count an OOM kill
+    since, and is it this worker's (see R5 in the table above)?"""
+    count = _int(reading.get("oom_kill"))
+    if count is None:
+        return
+    ev["oom_kill_last_reading"] = count
+    age = _num(reading.get("age"))
+    if age is not None:
+        ev["last_reading_age_seconds"] = age
+    others, gone = _int(reading.get("others")), _int(reading.get("others_gone"))
+    ev["group_others"], ev["group_others_gone"] = others, gone
+    ev["reading_source"] = (
+        "the nanny's reading of the group while the worker ran (every sample interval): "
+        "oom_kill, and the other processes in cgroup.procs"
+    )
+    if after is None or after <= count:
+        ev["oom_kill_since_reading"] = 0 if after is not None else None
+        return
+    ev["oom_kill_since_reading"] = after - count
+    own = _map(placement).get("own_group") is True
+    if gone:
+        ev["oom_confirmed"] = False
+        ev["oom_attribution"] = (
+            f"not confirmed: {gone} other process(es) in the group stopped since the "
+            "reading, and the kill may be theirs"
+        )
+    else:
+        ev["oom_confirmed"] = True
+        ev["oom_attribution"] = (
+            "counted in the worker's own group" if own else
+            "counted in its shared group, and every other process there still runs"
+        )  # fmt: skip
 
 
 def _placement_evidence(ev: dict[str, Any], placement: Mapping[str, Any], version) -> None:
@@ -411,6 +478,12 @@ def _ago(seconds: Any) -> str:
     return f" {s * 1000:.0f} ms before" if s < 1 else f" {s:.1f} s before"
 
 
+def _within(ev: Mapping[str, Any]) -> str:
+    """`` within 0.4 s of the death``: the age of the reading the kill was counted after."""
+    age = _num(ev.get("last_reading_age_seconds"))
+    return "" if age is None else f" within {age:.1f} s of the death"
+
+
 def _sampled(ev: Mapping[str, Any], rss: int, *, with_limit: bool = False) -> str:
     """``sampled RSS 986 MiB 500 ms before`` (and ``, of a 1 GiB limit`` when asked)."""
     ago = _ago(ev.get("rss_age_seconds"))
@@ -455,6 +528,12 @@ def evidence_summary(evidence: Mapping[str, Any], cause: str) -> str:
     if cause == Cause.OOM_KILL:
         delta = _int(ev.get("oom_kill_delta"))
         head = "kernel oom_kill counted" if delta else "kernel log shows an OOM kill"
+        new = _int(ev.get("oom_kill_since_reading"))
+        if new and ev.get("peak_scope") == "shared":
+            # No group of its own: say why this kill is this worker's.
+            why = ("kernel log names this PID" if "kernel log" in str(ev.get("oom_attribution"))
+                   else "every other process there still runs")  # fmt: skip
+            head = f"kernel oom_kill +{new} in its shared group{_within(ev)}; {why}"
         peak = _int(ev.get("peak_bytes"))
         if peak is not None:
             figures = f"{_peak_label(ev)} {format_bytes(peak)}{_of_limit(ev)}"
@@ -478,6 +557,13 @@ def evidence_summary(evidence: Mapping[str, Any], cause: str) -> str:
     if cause == Cause.SIGTERM:
         return "SIGTERM from outside the nanny"
     if cause == Cause.SIGKILL:
+        if ev.get("oom_confirmed") is False:
+            gone = _int(ev.get("group_others_gone")) or 0
+            return (
+                f"SIGKILL; an OOM kill counted in its group{_within(ev)} is not confirmed as "
+                f"this worker's ({gone} other process{'es' if gone != 1 else ''} there "
+                f"stopped too)"
+            )
         if ev.get("oom_kill_delta") is None and "oom_kill_source" in ev:
             return "SIGKILL, kernel OOM counters unreadable"
         return "SIGKILL with no kernel OOM evidence"

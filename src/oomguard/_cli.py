@@ -1,4 +1,4 @@
-"""The `oomguard` command: `demo`, `report`, `fingerprint`.
+"""The `oomguard` command: `demo`, `report`, `fingerprint`, `doctor`.
 
 Each subcommand lives in its own module and registers itself here with `add_parser`;
 errors print one clear line on stderr and exit non-zero.
@@ -17,11 +17,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Why your Dask workers died, and which crashes are the same crash.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    from . import _cli_demo, _cli_fingerprint
+    from . import _cli_demo, _cli_doctor, _cli_fingerprint
 
     _cli_demo.add_parser(sub)
     _cli_fingerprint.add_parser(sub)
     from . import _cli_report; _cli_report.add_parser(sub)  # noqa: E702
+    _cli_doctor.add_parser(sub)
     return parser
 
 

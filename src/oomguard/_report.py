@@ -677,12 +677,16 @@ def build_report(
     missing: list[str],
     max_bytes: int = MAX_REPORT_BYTES,
     cgroup_placement: dict | None = None,
+    cgroup_reading: dict | None = None,
 ) -> dict[str, Any]:
     """Classify one death and build its schema-v1 report, capped to `max_bytes` encoded.
 
     `cgroup_placement` says how the worker was put into its cgroup (``own_group``,
     ``charge_moved``, ``rss_at_move``, ``note``); it reaches the report only through the
-    evidence (what the group's peak covers), so the schema does not change.
+    evidence (what the group's peak covers), so the schema does not change. So does
+    `cgroup_reading`, the group's last reading while the worker ran (``oom_kill``, ``age``
+    in seconds before the death, ``others``: other processes in the group then,
+    ``others_gone``: how many of them are no longer running).
 
     ``report["cause"]`` is None for a clean exit or a requested close: send nothing then.
     Malformed inputs are dropped with a note in ``missing``, long ones cut with a note in
@@ -755,6 +759,7 @@ def build_report(
             "before": _as_map(cgroup_before),
             "after": _as_map(cgroup_after),
             "placement": cgroup_placement if isinstance(cgroup_placement, Mapping) else None,
+            "reading": cgroup_reading if isinstance(cgroup_reading, Mapping) else None,
         },
         "rss_sampled": rss_sampled,
         "rss_time": rss_time,

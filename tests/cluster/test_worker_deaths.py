@@ -237,6 +237,37 @@ def test_kernel_oom_kill_in_per_worker_cgroup(cluster):
     assert not os.path.exists(report["cgroup"]["path"])
 
 
+def oom_in_subprocess(limit):
+    # A child of the worker in the worker's own group, larger than the worker: the kernel
+    # OOM-kills the child and the task goes on.
+    import subprocess
+    import sys
+
+    code = f"x = bytearray({limit}); x[::4096] = b'1' * len(x[::4096])"
+    return subprocess.run([sys.executable, "-S", "-c", code]).returncode
+
+
+def test_an_earlier_oom_kill_in_the_group_does_not_make_a_later_sigkill_an_oom_kill(cluster):
+    """The group's counter moved long before (a task subprocess was OOM-killed); a plain
+    SIGKILL of the worker later is `sigkill`. Judged against the worker's start, it was
+    `oom_kill` (issue 13)."""
+    cl, client, reports = cluster
+    client.wait_for_workers(len(cl.workers), timeout=60)
+    addr = sorted(client.scheduler_info()["workers"])[0]
+    rc = client.submit(
+        oom_in_subprocess, 2 * LIMIT, workers=[addr], allow_other_workers=False, pure=False
+    ).result(timeout=60)
+    assert rc == -signal.SIGKILL
+    time.sleep(0.5)  # several readings of the group (sample interval 100 ms)
+    pid, key, new = _kill_via(cl, client, reports, sleepy_task, 30, send=signal.SIGKILL)
+    report = _the_report(new, pid)
+    ev = report["evidence"]
+    assert report["cause"] == "sigkill", ev
+    assert (ev["oom_kill_delta"], ev["oom_kill_since_reading"]) == (1, 0), ev
+    assert ev["last_reading_age_seconds"] < 5
+    assert ev["rule"].startswith("R8")
+
+
 def test_nanny_memory_termination():
     with dask.config.set(
         {

@@ -10,7 +10,7 @@ import msgpack
 import pytest
 from capabilities import require
 
-from oomguard import CgroupError
+from oomguard import CgroupError, _cgroup
 from oomguard._cgroup import (
     CgroupInfo,
     ChildGroup,
@@ -446,3 +446,58 @@ def test_process_rss_from_proc_status(tmp_path):
     assert process_rss(42, root=str(tmp_path)) is None
     assert process_rss(43, root=str(tmp_path)) is None
     assert process_rss(os.getpid()) > 0
+
+
+# ---------------------------------------------------------------- the nanny's reading
+
+
+def _stat(state="S", flags=0x400100, pending=0, comm="python (x) y"):
+    # /proc/PID/stat from Linux 6.x with its 52 fields; field 3 state, 9 flags, 31 signal.
+    rest = [state, "1", "1", "1", "0", "-1", str(flags)] + ["0"] * 21 + [str(pending)]
+    return f"42 ({comm}) " + " ".join(rest + ["0"] * 21) + "\n"
+
+
+@pytest.mark.parametrize("stat, running", [
+    (_stat(), True),
+    (_stat(state="R", comm="a) b (c"), True),  # a comm with ")" and spaces
+    (_stat(state="Z"), False),
+    (_stat(state="X"), False),
+    (_stat(flags=0x400104), False),  # PF_EXITING: in do_exit()
+    (_stat(pending=1 << 8), False),  # SIGKILL pending: the OOM killer has sent it
+    (_stat(pending=1 << 14), True),  # SIGTERM pending is no sign of dying
+    ("42 (short) S 1\n", False),
+])  # fmt: skip
+def test_process_running_reads_state_flags_and_pending_sigkill(tmp_path, stat, running):
+    (tmp_path / "proc" / "42").mkdir(parents=True)
+    (tmp_path / "proc" / "42" / "stat").write_text(stat)
+    assert _cgroup.process_running(42, root=str(tmp_path)) is running
+
+
+def test_process_running_on_real_processes():
+    import subprocess
+    import time
+
+    live = subprocess.Popen(["sleep", "30"])
+    done = subprocess.Popen(["true"])
+    try:
+        deadline = time.monotonic() + 10
+        while _cgroup.process_running(done.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _cgroup.process_running(live.pid)
+        assert not _cgroup.process_running(done.pid)  # a zombie until waited for
+    finally:
+        live.kill()
+        live.wait()
+        done.wait()
+    assert not _cgroup.process_running(live.pid)
+
+
+def test_read_oom_kill_and_group_pids(tmp_path):
+    (tmp_path / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 2\noom_kill 2\n")
+    (tmp_path / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 5\n")
+    (tmp_path / "cgroup.procs").write_text("12\n13\n")
+    assert _cgroup.read_oom_kill(str(tmp_path), 2) == 2
+    assert _cgroup.read_oom_kill(str(tmp_path), 1) == 5
+    assert _cgroup.group_pids(str(tmp_path)) == [12, 13]
+    (tmp_path / "memory.events").write_text("oom_kill lots\n")
+    assert _cgroup.read_oom_kill(str(tmp_path), 2) is None

@@ -8,6 +8,8 @@ import sys
 import textwrap
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from oomguard import Cause
 from oomguard._classify import (
@@ -90,6 +92,21 @@ TABLE = [
     ("sigint", dict(exitcode=-signal.SIGINT), Cause.EXIT, "R9"),
     ("unknown", dict(exitcode=None), Cause.EXIT, "R9"),
     ("255", dict(exitcode=255), Cause.EXIT, "R9"),
+    # Judged against the last reading while the worker ran, not against its start.
+    ("moved-since-reading", dict(exitcode=KILL, oom_kill_reading=1, others_gone=0,
+                                 oom_kill_before=0, oom_kill_after=2), Cause.OOM_KILL, "R5"),
+    ("moved-only-before-reading", dict(exitcode=KILL, oom_kill_reading=2, others_gone=0,
+                                       oom_kill_before=0, oom_kill_after=2), Cause.SIGKILL, "R8"),
+    ("moved-another-stopped", dict(exitcode=KILL, oom_kill_reading=1, others_gone=1,
+                                   oom_kill_before=0, oom_kill_after=2), Cause.SIGKILL, "R8"),
+    ("another-stopped-kernel-log", dict(exitcode=KILL, oom_kill_reading=1, others_gone=1,
+                                        oom_kill_after=2, kernel_log_oom=True),
+     Cause.OOM_KILL, "R5"),
+    ("another-stopped-unknown-exit", dict(exitcode=None, oom_kill_reading=0, others_gone=1,
+                                          oom_kill_after=1), Cause.EXIT, "R9"),
+    ("another-stopped-nanny", dict(exitcode=KILL, oom_kill_reading=0, others_gone=1,
+                                   oom_kill_after=1, nanny_memory_kill=True),
+     Cause.MEMORY_TERMINATE, "R6"),
 ]
 
 
@@ -517,3 +534,85 @@ def test_terminated_first_reads_the_crash_file_head():
     assert facts_from({"exitcode": -11, "crash": {"text": sigterm_then_segv}}).terminated_first
     segv = "Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 ...\n"
     assert not facts_from({"exitcode": -11, "crash": {"text": segv}}).terminated_first
+
+
+def _shared(after, reading, others, gone, **extra):
+    return {
+        "exitcode": KILL, "pid": 7, **extra,
+        "cgroup": {"version": 2, "before": {"oom_kill": 0}, "after": {"oom_kill": after,
+                   "peak": 600 * 2**20, "limit": 600 * 2**20},
+                   "placement": {"own_group": False},
+                   "reading": {"oom_kill": reading, "age": 0.42, "others": others,
+                               "others_gone": gone}},
+    }  # fmt: skip
+
+
+def test_a_kill_in_a_shared_group_is_confirmed_when_every_other_process_runs():
+    r = _shared(after=2, reading=1, others=1, gone=0)
+    ev = evidence(r)
+    assert classify(facts_from(r)) is Cause.OOM_KILL
+    assert (ev["oom_kill_since_reading"], ev["oom_confirmed"]) == (1, True)
+    assert ev["oom_attribution"] == (
+        "counted in its shared group, and every other process there still runs"
+    )
+    assert evidence_summary(ev, "oom_kill") == (
+        "kernel oom_kill +1 in its shared group within 0.4 s of the death; every other "
+        "process there still runs: kernel peak of its shared group 600 MiB of a 600 MiB limit"
+    )
+
+
+def test_a_kill_in_a_shared_group_where_another_process_stopped_is_not_proof():
+    r = _shared(after=2, reading=1, others=2, gone=1)
+    ev = evidence(r)
+    cause, rule = explain(facts_from(r))
+    assert cause is Cause.SIGKILL and "not confirmed" in rule
+    assert ev["oom_confirmed"] is False
+    assert evidence_summary(ev, "sigkill") == (
+        "SIGKILL; an OOM kill counted in its group within 0.4 s of the death is not "
+        "confirmed as this worker's (1 other process there stopped too)"
+    )
+
+
+def test_the_kernel_log_naming_the_worker_confirms_it_whatever_else_stopped():
+    r = _shared(after=2, reading=1, others=2, gone=1, kernel_log_victim={"pid": 7})
+    ev = evidence(r)
+    assert classify(facts_from(r)) is Cause.OOM_KILL
+    assert ev["oom_confirmed"] is True and "kernel log names this PID" in ev["oom_attribution"]
+    assert evidence_summary(ev, "oom_kill").startswith(
+        "kernel oom_kill +1 in its shared group within 0.4 s of the death; kernel log names"
+    )
+
+
+def test_a_kill_counted_before_the_last_reading_does_not_taint_a_later_sigkill():
+    # The container case: a task subprocess (or another worker) was OOM-killed earlier.
+    r = _shared(after=2, reading=2, others=1, gone=0)
+    ev = evidence(r)
+    assert classify(facts_from(r)) is Cause.SIGKILL
+    assert (ev["oom_kill_delta"], ev["oom_kill_since_reading"]) == (2, 0)
+    assert "oom_confirmed" not in ev
+    assert evidence_summary(ev, "sigkill") == "SIGKILL with no kernel OOM evidence"
+
+
+_counts = st.none() | st.integers(0, 3)
+
+
+@given(
+    exitcode=st.sampled_from([KILL, TERM, SEGV, None, 255, 0, 1]),
+    before=_counts, reading=_counts, after=_counts,
+    gone=st.none() | st.integers(0, 2), kernel_log=st.booleans(), nanny=st.booleans(),
+)  # fmt: skip
+def test_oom_kill_only_with_evidence_for_this_worker(
+    exitcode, before, reading, after, gone, kernel_log, nanny
+):
+    """Whatever the facts, `oom_kill` means the kernel log named the worker, or the counter
+    moved since the last reading (since the start when there is none) with nothing else in
+    the group gone; and a kill counted before that reading never makes one."""
+    f = DeathFacts(exitcode=exitcode, oom_kill_before=before, oom_kill_reading=reading,
+                   oom_kill_after=after, others_gone=gone, kernel_log_oom=kernel_log,
+                   nanny_memory_kill=nanny)  # fmt: skip
+    base = before if reading is None else reading
+    moved = base is not None and after is not None and after > base
+    if classify(f) is Cause.OOM_KILL:
+        assert kernel_log or (moved and not gone)
+    if not kernel_log and not moved and exitcode == KILL and not nanny:
+        assert classify(f) is Cause.SIGKILL

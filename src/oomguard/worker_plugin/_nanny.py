@@ -67,6 +67,43 @@ class _Life:
     cgroup_before: dict | None = None
     placement: dict | None = None  # _Placement.facts(): what the group's peak covers
     missing: list[str] = field(default_factory=list)
+    started_monotonic: float = field(default_factory=time.monotonic)
+    reading: _Reading | None = None  # the group's last reading while the worker ran
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """The worker's group, read while the worker was running: its oom_kill count and the
+    other processes in it. A death is judged against this, not against the worker's start:
+    an OOM kill of another process there before this reading is not this worker's."""
+
+    time: float
+    oom_kill: int
+    others: tuple[int, ...]
+
+    @classmethod
+    def take(cls, life: _Life) -> _Reading | None:
+        """None when unreadable, or when the worker is already on its way out (the count
+        may then include its own kill)."""
+        if life.cgroup_path is None or life.cgroup_version is None:
+            return None
+        oom_kill = _cgroup.read_oom_kill(life.cgroup_path, life.cgroup_version)
+        pids = _cgroup.group_pids(life.cgroup_path)
+        if oom_kill is None or not _cgroup.process_running(life.pid):
+            return None
+        me = os.getpid()
+        return cls(time.time(), oom_kill, tuple(p for p in pids if p not in (life.pid, me)))
+
+    def facts(self, death_time: float) -> dict[str, Any]:
+        """For the report: how old it is at the death, and whether every other process in
+        the group then is still running (if one is not, a kill counted since could be its)."""
+        gone = [p for p in self.others if not _cgroup.process_running(p)]
+        return {
+            "oom_kill": self.oom_kill,
+            "age": round(max(death_time - self.time, 0.0), 3),
+            "others": len(self.others),
+            "others_gone": len(gone),
+        }
 
 
 @dataclass
@@ -80,6 +117,7 @@ class _Placement:
     note: str = ""  # why the charges did not move
     before: dict | None = None  # the group's counters right after the move
     at: float = field(default_factory=time.time)
+    at_monotonic: float = field(default_factory=time.monotonic)
     missing: list[str] = field(default_factory=list)
 
     def facts(self) -> dict[str, Any]:
@@ -129,6 +167,7 @@ class OomguardNannyPlugin(NannyPlugin):
         self._use_cgroups = False
         self._closing = False
         self._tasks: set[asyncio.Task] = set()
+        self._watcher: asyncio.Task | None = None
         self._delegate: OomguardNannyPlugin | None = None
         self.reports_sent = 0
         self.guard = Guard(None, logger)  # never take the nanny down
@@ -224,6 +263,17 @@ class OomguardNannyPlugin(NannyPlugin):
         if nanny.process is not None and nanny.process.pid is not None:
             # Installed at runtime: the current worker process is already running.
             self._guard(self._on_started, "setup")
+        self._watcher = asyncio.ensure_future(self._watch_group())
+
+    async def _watch_group(self) -> None:
+        """Read the worker's group every sample interval (two small cgroupfs reads and a
+        /proc look-up on the nanny's loop), so a death is judged against a recent reading."""
+        while not self._closing:
+            await asyncio.sleep(self.sample_interval or 0.5)
+            life = self._life
+            if life is not None:
+                with self.guard("reading"):
+                    life.reading = _Reading.take(life) or life.reading
 
     async def _instantiate(self, nanny: Nanny, instantiating: Any) -> Any:
         """Dask's `Nanny.instantiate`, with the worker moved into its group at its spawn."""
@@ -264,6 +314,8 @@ class OomguardNannyPlugin(NannyPlugin):
             await self._delegate.teardown(nanny)
             return
         self._closing = True
+        if self._watcher is not None:
+            self._watcher.cancel()
         if nanny.process is not None and nanny.process.worker_address:
             # Nanny.close kills the worker right after this: tell the scheduler first.
             await self._send_clean_exit(nanny.process.worker_address)
@@ -330,6 +382,7 @@ class OomguardNannyPlugin(NannyPlugin):
             counters = _cgroup.read_memory_counters(life.cgroup_path, life.cgroup_version)
             life.cgroup_before = counters.to_dict()
             life.missing.extend(f"cgroup at worker start: {m}" for m in counters.missing)
+            life.reading = _Reading.take(life)
         self._life = life
 
     def _wrap_wait_until_connected(self, wp: Any) -> None:
@@ -467,7 +520,7 @@ class OomguardNannyPlugin(NannyPlugin):
                     memory_limit=nanny.memory_manager.memory_limit if nanny else None,
                     group=placed.group, cgroup_path=placed.group.path,
                     cgroup_version=placed.group.version, cgroup_before=placed.before,
-                    placement=placed.facts(),
+                    placement=placed.facts(), started_monotonic=placed.at_monotonic,
                     missing=[*placed.missing, "the worker died before it was up"],
                 )  # fmt: skip
         requested = stopping or self._closing or (nanny is not None and nanny.status in _CLOSING)
@@ -513,7 +566,12 @@ class OomguardNannyPlugin(NannyPlugin):
             missing.extend(f"cgroup after the death: {m}" for m in counters.missing)
         kernel_victim = None
         if exitcode in (-9, 255, None):
-            kernel_victim = _cgroup.kernel_oom_victims(_cgroup.read_kernel_log()).get(pid)
+            # Only records since the worker started: an old line may name a recycled PID.
+            since = life.started_monotonic - 1.0 if life is not None else None
+            # From the buffer's start: on a slow host a whole buffer takes well over 0.2 s.
+            log = _cgroup.read_kernel_log(since_monotonic=since, timeout=2.0)
+            kernel_victim = _cgroup.kernel_oom_victims(log).get(pid)
+        reading = life.reading.facts(death_time) if life and life.reading else None
         memory_kill = self._memory_kills.pop(pid, None)
         report = _report.build_report(
             worker=address or (life.address if life else "") or "",
@@ -532,6 +590,7 @@ class OomguardNannyPlugin(NannyPlugin):
             cgroup_path=life.cgroup_path if life else None,
             cgroup_version=life.cgroup_version if life else None,
             cgroup_placement=life.placement if life else None,
+            cgroup_reading=reading,
             rss_sampled=sample.get("rss"),
             rss_time=sample.get("time"),
             host_memory=_cgroup.host_memory(),

@@ -1,0 +1,67 @@
+"""Benchmark the nanny's periodic reading of its worker's memory cgroup.
+
+Every sample interval (500 ms by default) each nanny reads its worker's group: the
+``oom_kill`` count, ``cgroup.procs`` and whether the worker still runs (/proc/PID/stat and
+status). It runs on the nanny's event loop, so its cost is loop time. Measured here on this
+process's own memory cgroup with N extra sleeping processes in it (N others: a container
+with N processes besides the worker), and the check at a death of whether those N still run.
+
+    .venv/bin/python benchmarks/bench_group_reading.py
+    .venv/bin/python benchmarks/bench_group_reading.py --others 0 10 100 --seconds 1
+
+No target: the figure is µs per reading and the share of one core at 500 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+from oomguard import _cgroup
+from oomguard.worker_plugin._nanny import _Life, _Reading
+
+
+def _per_call(fn, seconds: float) -> float:
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        fn()
+        n += 1
+    return (time.perf_counter() - start) / n
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--others", type=int, nargs="+", default=[0, 10, 100])
+    parser.add_argument("--seconds", type=float, default=2.0)
+    args = parser.parse_args()
+    info = _cgroup.detect()
+    if info.path is None:
+        sys.exit(f"no memory cgroup here: {info.reason}")
+    print(f"# {' '.join(sys.argv)}")
+    print(f"# cgroup v{info.version} {info.path}; sample interval 500 ms")
+    print(f"{'others':>7} {'reading µs':>11} {'% of a core':>12} {'death check µs':>15}")
+    for n in args.others:
+        sleepers = [subprocess.Popen(["sleep", "600"]) for _ in range(n)]
+        try:
+            life = _Life(pid=os.getpid(), started=time.time(), address=None, name="bench",
+                         memory_limit=None, cgroup_path=info.path,
+                         cgroup_version=info.version)  # fmt: skip
+            baseline = len(_cgroup.group_pids(info.path))
+            take = _per_call(lambda: _Reading.take(life), args.seconds)
+            reading = _Reading.take(life)
+            assert reading is not None and len(reading.others) >= n
+            check = _per_call(lambda: reading.facts(time.time()), args.seconds)
+            print(f"{baseline - 1:>7} {take * 1e6:>11.1f} {take / 0.5 * 100:>11.3f}% "
+                  f"{check * 1e6:>15.1f}")  # fmt: skip
+        finally:
+            for p in sleepers:
+                p.kill()
+                p.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

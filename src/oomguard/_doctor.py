@@ -1,0 +1,185 @@
+"""`oomguard doctor`: what evidence of worker deaths this host lets oomguard collect.
+
+Each check reads a filesystem root (`root="/"`; a fixture tree in tests) and returns
+`Check`s: `ok` (collected), `warn` (collected with a caveat, or something else may kill
+workers), `no` (not collected). Every `warn` and `no` carries a fix. `diagnose()` runs all:
+the cgroup checks (`_doctor_cgroup`), then the kernel log, user-space OOM killers and the
+crash directory (here). The wording of layouts and fixes is in `_doctor_text`.
+
+>>> layout_label(2, usable=True, per_worker=False)
+'v2-shared'
+>>> Check("kernel-log", "ok", "/dev/kmsg is readable").to_dict()["fix"]
+''
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import socket
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import _cgroup
+from ._cgroup import CgroupInfo, _join, _read
+from ._doctor_text import FIX, KILLERS
+
+
+@dataclass(frozen=True)
+class Check:
+    """One fact about the host: `status` is "ok", "warn" or "no"; `fix` is "" when ok."""
+
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """Every check, the cgroup layout label (`_doctor_text.LAYOUTS`) and the versions."""
+
+    layout: str
+    cgroup_version: int | None
+    cgroup_path: str | None
+    checks: tuple[Check, ...]
+    versions: dict[str, str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "layout": self.layout,
+            "cgroup": {"version": self.cgroup_version, "path": self.cgroup_path},
+            "checks": [c.to_dict() for c in self.checks],
+            "versions": dict(self.versions),
+        }
+
+
+def layout_label(version: int | None, usable: bool, per_worker: bool) -> str:
+    """One word for how workers' memory is grouped (`_doctor_text.LAYOUTS`: what each means).
+
+    >>> layout_label(1, usable=True, per_worker=True), layout_label(2, False, False)
+    ('v1', 'none')
+    """
+    if version is None or not usable:
+        return "none"
+    if version == 1:
+        return "v1" if per_worker else "v1-shared"
+    return "v2-delegated" if per_worker else "v2-shared"
+
+
+def check_kernel_log(root: str = "/") -> Check:
+    """Can /dev/kmsg be opened and read (non-blocking)? It needs CAP_SYSLOG unless
+    kernel.dmesg_restrict=0."""
+    text, why = _read(_join(root, "proc/sys/kernel/dmesg_restrict"))
+    restrict = "kernel.dmesg_restrict" + (f"={text.strip()}" if text else f": {why}")
+    try:
+        fd = os.open(_join(root, "dev/kmsg"), os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return Check("kernel-log", "no", f"/dev/kmsg: not found ({restrict})",
+                     FIX["kmsg-missing"])
+    except OSError as e:
+        return Check("kernel-log", "no", f"/dev/kmsg: cannot open: {e.strerror} ({restrict})",
+                     FIX["kmsg-denied"])
+    try:
+        os.read(fd, _cgroup._KMSG_RECORD)  # a smaller buffer than one record gets EINVAL
+    except (BlockingIOError, BrokenPipeError):
+        pass  # EAGAIN: nothing logged yet; EPIPE: records overwritten: both readable
+    except OSError as e:
+        return Check("kernel-log", "no", f"/dev/kmsg: cannot read: {e.strerror} ({restrict})",
+                     FIX["kmsg-denied"])
+    finally:
+        os.close(fd)
+    return Check("kernel-log", "ok", f"/dev/kmsg is readable ({restrict}): the kernel's "
+                 "OOM-kill lines name the killed PID")
+
+
+def check_oom_killers(root: str = "/") -> list[Check]:
+    """One `warn` per user-space OOM killer running (from /proc/*/comm), else one `ok`."""
+    found: dict[str, list[int]] = {}
+    try:
+        entries = os.listdir(_join(root, "proc"))
+    except OSError:
+        entries = []
+    for pid in sorted((int(e) for e in entries if e.isdigit())):
+        text, _ = _read(_join(root, f"proc/{pid}/comm"))
+        if text and text.strip() in KILLERS:
+            found.setdefault(text.strip(), []).append(pid)
+    if not found:
+        return [Check("oom-killer", "ok", f"none running ({', '.join(KILLERS)})")]
+    return [
+        Check(f"oom-killer.{name}", "warn",
+              f"{name} is running (pid {', '.join(map(str, pids))}): {KILLERS[name][0]}",
+              KILLERS[name][1])
+        for name, pids in found.items()
+    ]
+
+
+def check_crash_dir(path: str, configured: bool) -> Check:
+    """Can a file be made in the crash directory? Created (as the nanny would) if missing,
+    then the probe file and the directories made for it are removed."""
+    source = "oomguard.worker.crash-dir" if configured else "default crash dir"
+    made, head = [], os.path.abspath(path)
+    while head and not os.path.exists(head):
+        made.append(head)
+        head = os.path.dirname(head)
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".oomguard-doctor-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        return Check("crash-dir", "no", f"{path} ({source}) is not writable: "
+                     f"{e.strerror or e}: reports lose faulthandler stacks and flight records",
+                     FIX["crash-dir"])
+    finally:
+        for d in made:
+            try:
+                os.rmdir(d)
+            except OSError:
+                break
+    return Check("crash-dir", "ok", f"{path} ({source}) is writable: faulthandler stacks and "
+                 "flight records of dying workers go there")
+
+
+def versions() -> dict[str, str]:
+    import dask
+    import distributed
+
+    from . import __version__
+
+    return {
+        "oomguard": __version__, "dask": dask.__version__,
+        "distributed": distributed.__version__, "python": platform.python_version(),
+        "kernel": os.uname().release, "host": socket.gethostname(),
+    }
+
+
+def diagnose(
+    root: str = "/",
+    *,
+    crash_dir: str | None = None,
+    probe: Callable[[CgroupInfo], tuple[bool, str]] = _cgroup.can_create_child,
+) -> Diagnosis:
+    """Run every check. `crash_dir`: checked as if configured; None: the configured
+    `oomguard.worker.crash-dir`, else the default one."""
+    from . import _config
+    from ._doctor_cgroup import check_cgroup, host_path
+    from ._exceptions import ConfigError
+    from .worker_plugin._paths import default_crash_dir
+
+    info = _cgroup.detect(root=root)
+    layout, checks = check_cgroup(root, info=info, probe=probe)
+    checks += [check_kernel_log(root), *check_oom_killers(root)]
+    try:
+        configured = crash_dir or _config.get_optional_path("worker.crash-dir")
+        checks.append(check_crash_dir(configured or default_crash_dir(), bool(configured)))
+    except ConfigError as e:
+        checks.append(Check("crash-dir", "no", str(e), FIX["crash-dir"]))
+    path = host_path(info.path, root) if info.path else None
+    return Diagnosis(layout, info.version, path, tuple(checks), versions())
