@@ -165,21 +165,27 @@ def test_a_memory_kill_of_a_two_thread_worker_whose_shards_fit_alone_finishes(
     assert "retried alone" in status.summary, status.summary
 
 
-def nap(seconds: float) -> float:
+def nap(seconds: float, flag: str) -> float:
+    open(flag, "w").close()  # running now: the test starts the hog only then
     time.sleep(seconds)
     return seconds
 
 
 def test_a_memory_kill_names_the_task_that_grew_and_spares_the_pipeline_beside_it(
-        two_thread_worker):
+        two_thread_worker, tmp_path):
     # Issue 11's report: a sleeping task under "healthy" beside one under "buggy" that
     # allocates past the worker's limit; "healthy" was aborted for a kill it did not cause.
+    # The sleeper outlasts the hog's growth even on a loaded machine (~3 s quiet).
     client = two_thread_worker
+    flag = tmp_path / "sleeper-running"
     with distributed.span("healthy"):
-        sleeper = client.submit(nap, 6.0, pure=False)
+        sleeper = client.submit(nap, 20.0, str(flag), pure=False)
+    deadline = time.monotonic() + 60
+    while not flag.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
     with distributed.span("buggy"):
         hog = client.submit(grow, 1200 * MiB, 0.0, pure=False)
-    assert sleeper.result() == 6.0
+    assert sleeper.result() == 20.0
     with pytest.raises(oomguard.PipelineAborted) as info:
         hog.result()
     assert "ran out of memory" in str(info.value), str(info.value)

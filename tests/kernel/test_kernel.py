@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import vm  # noqa: E402
 from conftest import ARTIFACTS, KERNEL_TIMINGS  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3000)]
 MiB = 2**20
 
 

@@ -51,7 +51,7 @@ def run(
     scenarios: list[str] | None = None,
     *,
     pythonpath: str | None = None,
-    timeout: float = 1500,
+    timeout: float = 2700,
     log_path: pathlib.Path | None = None,
 ) -> tuple[dict[str, dict], float]:
     """Boot once, run the scenarios; ({name: result}, seconds). Raises when the VM fails."""

@@ -352,7 +352,7 @@ def test_the_terminal_width_is_used_without_columns(wide, tmp_path):
             break
         chunks.append(chunk)
     os.close(leader)
-    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    assert proc.wait(timeout=180) == 0, proc.stderr.read()
     lines = b"".join(chunks).decode().replace("\r\n", "\n").splitlines()
     assert lines and max(map(len, lines)) <= 80
     assert _keys_whole(lines, [r[2] for r in WIDE_ROWS] + [r[5] for r in WIDE_ROWS]) == []
@@ -438,7 +438,7 @@ def test_the_docs_show_what_the_report_prints(tmp_path, columns, argv):
     env = {**os.environ, "COLUMNS": str(columns), "TZ": "UTC", "PYTHONIOENCODING": "utf-8"}
     proc = subprocess.run([sys.executable, "-m", "oomguard._cli", "report", "--store",
                            "oomguard.sqlite3", *argv], cwd=tmp_path, env=env, check=False,
-                          capture_output=True, text=True, encoding="utf-8", timeout=60)  # fmt: skip
+                          capture_output=True, text=True, encoding="utf-8", timeout=180)  # fmt: skip
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     doc = (pathlib.Path(__file__).parents[2] / "docs" / "reading-a-report.md").read_text()
     assert proc.stdout.rstrip("\n") + "\n```" in doc
@@ -659,7 +659,7 @@ def test_the_installed_script_prints_one_line_and_no_traceback(tmp_path):
     require(OOMGUARD.exists(), f"no {OOMGUARD} (package not installed as a script)")
     for argv, code in ((["--store", tmp_path / "nope"], 1), (["--store", "x", "--limit", "-1"], 2)):
         proc = subprocess.run([str(OOMGUARD), "report", *map(str, argv)], capture_output=True,
-                              text=True, timeout=60)  # fmt: skip
+                              text=True, timeout=180)  # fmt: skip
         assert proc.returncode == code and proc.stdout == ""
         assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("oomguard report: ")
 
@@ -687,7 +687,7 @@ def test_commits_only_in_the_wal_are_read_and_nothing_is_checkpointed(tmp_path, 
     path = tmp_path / "store.sqlite3"
     here = str(pathlib.Path(__file__).parent)
     code = _CRASHING_WRITER.format(paths=[here, *sys.path], path=str(path))
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=180)
     wal = pathlib.Path(f"{path}-wal")
     assert wal.stat().st_size > 0
     main_before, wal_before = sha256(path), sha256(wal)
