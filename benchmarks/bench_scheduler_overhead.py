@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+from types import SimpleNamespace
 
 from distributed import Client, LocalCluster
 
@@ -159,8 +160,10 @@ def hook_costs(leaves: int, passes: int = 3) -> list[tuple[str, str]]:
         dsk, out = fan_in(leaves, f"hook-{i}")
         keys = list(dsk)
         t = time.perf_counter()
-        plugin.update_graph(None, client="c", keys={out}, tasks=keys, annotations={},
-                            stimulus_id="s")  # fmt: skip
+        # A stand-in scheduler without tasks: update_graph reads `scheduler.tasks` to name
+        # the pipeline; with None it raised (caught) and no key was tracked.
+        plugin.update_graph(SimpleNamespace(tasks={}), client="c", keys={out}, tasks=keys,
+                            annotations={}, stimulus_id="s")  # fmt: skip
         got = {"update_graph": (time.perf_counter() - t) / len(keys)}
         for start, finish in steps:
             t = time.perf_counter()

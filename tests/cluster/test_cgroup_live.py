@@ -250,7 +250,7 @@ def test_worker_group_counts_what_the_worker_held_at_start_up(info, tmp_path):
         cluster.scheduler.handlers[REPORT_HANDLER] = lambda report: reports.append(
             _report.decode(report)
         )
-        cluster.scheduler.handlers[CLEAN_EXIT_HANDLER] = lambda worker: {"status": "ok"}
+        cluster.scheduler.handlers[CLEAN_EXIT_HANDLER] = lambda worker, **kw: {"status": "ok"}
         client.wait_for_workers(1, timeout=120)
         (pid,) = client.run(os.getpid).values()
         path = os.path.join(info.path, f"oomguard-worker-{pid}")

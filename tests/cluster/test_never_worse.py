@@ -37,6 +37,13 @@ def abort_myself(log: str, i: int = 0) -> int:
     return i
 
 
+def exit_zero(log: str) -> int:
+    with open(log, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    time.sleep(0.3)  # let the sampler see this frame
+    os._exit(0)  # no signal, status 0: what a clean exit looks like to the nanny
+
+
 def secede_and_kill(log: str) -> int:
     distributed.secede()  # executing -> long-running on the worker: it still runs
     time.sleep(0.3)
@@ -81,6 +88,26 @@ def test_a_killer_that_seceded_is_still_blamed_and_bounded(cluster, tmp_path):
     assert 1 <= deaths(log) <= allowed + 1, deaths(log)
     events = oomguard.Failures(client).events(cause="sigkill")
     assert events and all(e.shard == fut.key for e in events), events
+
+
+def test_a_task_that_ends_its_worker_with_status_0_is_bounded(cluster, tmp_path):
+    """Status 0 without its nanny asking is no clean exit: each is a death (cause `exit`)
+    and the shard stops within Dask's bound. (Forgiven as clean, it killed 259 workers in
+    90 s; Dask alone stops it at allowed-failures + 1.)"""
+    cl, client = cluster
+    allowed = dask.config.get("distributed.scheduler.allowed-failures")
+    oomguard.install(client, store=str(tmp_path / "f.sqlite3"))
+    wait_installed(client, 2)
+    log = tmp_path / "deaths"
+    with distributed.span("exits"):
+        fut = client.submit(exit_zero, str(log), pure=False)
+    with pytest.raises(oomguard.PipelineAborted) as e:
+        fut.result(timeout=180)
+    assert "exit status 0" in str(e.value), e.value
+    assert 1 <= deaths(log) <= allowed + 1, deaths(log)
+    events = oomguard.Failures(client).events()
+    assert events and {(ev.cause, ev.shard) for ev in events} == {("exit", fut.key)}, events
+    assert len(events) == deaths(log)
 
 
 def test_no_death_after_the_abort_and_a_reused_span_name_is_judged_again(cluster, tmp_path):

@@ -108,8 +108,8 @@ def _cluster(n_workers):
         def receive(report: bytes) -> None:
             reports.append(_report.decode(report))
 
-        def clean_exit(worker: str) -> dict:
-            reports.clean_exits.append(worker)
+        def clean_exit(worker: str, requested: bool = False, pid: int | None = None) -> dict:
+            reports.clean_exits.append((worker, requested))
             return {"status": "ok"}
 
         cluster.scheduler.handlers[REPORT_HANDLER] = receive
@@ -118,8 +118,8 @@ def _cluster(n_workers):
 
 
 class _Received(list):
-    """The death reports the nannies sent; `clean_exits`: the workers whose exit their
-    nanny declared requested or clean (no report for those)."""
+    """The death reports the nannies sent; `clean_exits`: (worker, requested) of each exit
+    that their nanny declared requested or clean (no report for those)."""
 
     def __init__(self):
         super().__init__()
@@ -301,8 +301,8 @@ def test_clean_close_and_retirement_send_nothing(cluster):
     # those decisions, not a fixed time (a sleep can end first on a slow machine and see
     # nothing). The retired nanny closes after its worker process stopped.
     assert _wait_for(lambda: nanny.status.name == "closed", 60), nanny.status
-    assert _wait_for(lambda: addr in reports.clean_exits, 60), reports.clean_exits
+    assert _wait_for(lambda: (addr, True) in reports.clean_exits, 60), reports.clean_exits
     client.restart()  # a requested restart of every worker is not a failure either
     # A restart's kill has no teardown: this clean exit is the nanny's decision itself.
-    assert _wait_for(lambda: other in reports.clean_exits, 60), reports.clean_exits
+    assert _wait_for(lambda: (other, True) in reports.clean_exits, 60), reports.clean_exits
     assert reports[before:] == []

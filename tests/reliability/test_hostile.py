@@ -31,7 +31,7 @@ import oomguard
 from oomguard import ReportError
 from oomguard._report import EXAMPLE_ARGS, REASONS, build_report, decode, encode, validate
 from oomguard._signature import Signature, fingerprint, fingerprint_dask
-from oomguard.worker_plugin import REPORT_HANDLER
+from oomguard.worker_plugin import CLEAN_EXIT_HANDLER, REPORT_HANDLER
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -294,6 +294,36 @@ def test_hostile_reports_over_the_wire(scheduler, tmp_path, record_figures):
     assert snapshot()["reports"] == 1
     assert snapshot()["rejected"].get("unknown_sender") == 1
     record_figures("hostile-wire", payloads=len(cases), rejected=stats["rejected"])
+
+
+async def _notices(address, notices):
+    async with rpc(address) as s:
+        return [await getattr(s, CLEAN_EXIT_HANDLER)(**n) for n in notices]
+
+
+def test_hostile_exit_notices_over_the_wire(scheduler):
+    """A clean-exit notice decides a removal at once (a requested stop forgives it): each
+    field is checked and named, and only the worker's own host may send one."""
+    cl, client = scheduler
+    worker = "tcp://127.0.0.1:40002"
+    answers = client.sync(_notices, cl.scheduler_address, [
+        {"worker": 7, "requested": True},
+        {"worker": worker, "requested": "yes"},
+        {"worker": worker, "requested": 1},
+        {"worker": worker, "requested": True, "pid": -3},
+        {"worker": worker, "requested": True, "pid": "12"},
+        {"worker": "tcp://10.0.0.5:40002", "requested": True, "pid": 12},
+        {"worker": worker, "requested": True, "pid": 12},
+        {"worker": worker},  # no `requested`: not requested, the safe side
+    ])  # fmt: skip
+    fields = [a.get("field") for a in answers]
+    assert fields == ["worker", "requested", "requested", "pid", "pid", "worker", None, None]
+    assert [a["status"] for a in answers[-2:]] == ["ok", "ok"]
+    stats = client.run_on_scheduler(
+        lambda dask_scheduler: dask_scheduler.plugins["oomguard"].metrics_snapshot())
+    assert stats["rejected"].get("wrong_type") == 5
+    assert stats["rejected"].get("unknown_sender") == 1
+    assert stats["internal_errors"] == 0
 
 
 def test_html_and_user_names_in_a_trace(scheduler):

@@ -21,7 +21,17 @@ from hypothesis.stateful import (
     rule,
 )
 
-from oomguard._decide import DecisionCore, Forgive, Hold, Record, Release, Removal, Restrict, Stop
+from oomguard._decide import (
+    DecisionCore,
+    Forgive,
+    Hold,
+    Record,
+    Release,
+    Removal,
+    Restrict,
+    Stop,
+    Widen,
+)
 
 ALLOWED = 2
 GRACE = 5.0
@@ -79,7 +89,7 @@ class CoreModel(RuleBasedStateMachine):
                 if d.death and d.amends is None:
                     self.death_records += 1
             else:
-                assert isinstance(d, Forgive | Restrict)
+                assert isinstance(d, Forgive | Restrict | Widen)
 
     def on_worker(self, key):
         return next((w for w in WORKERS if key in self.running[w]), None)
@@ -187,6 +197,38 @@ class CoreModel(RuleBasedStateMachine):
         # The nanny restarts it under the same address.
         self.apply(self.core.worker_added(worker, self.limits[worker]))
         return rep if report == "after" else None
+
+    @rule(worker=st.sampled_from(WORKERS), requested=st.booleans(),
+          notice=st.sampled_from(["before", "after", "never"]), guess=st.booleans())
+    def exit_zero(self, worker, requested, notice, guess):
+        """The worker ends with status 0: its nanny was asked to stop it (`requested`: a
+        SIGTERM, a restart) or it ended itself (a task called `os._exit(0)`), and Dask
+        removed it unexpectedly. A lost notice leaves a removal to decide as worker_lost."""
+        if worker not in self.alive:
+            return
+        tasks = self.running[worker]
+        executing = [k for k, ex in tasks.items() if ex]
+        death = not (requested and notice != "never")
+        if death:  # a requested stop is not one: nothing a task did
+            for k in executing:
+                self.deaths_while_executing[k] += 1
+            self.removals += 1
+        removal = Removal(
+            worker=worker, host="h", time=self.now, processing={k: k for k in tasks},
+            executing_guess={k: k for k in executing[:1]} if guess else {},
+            nthreads=2, pid=self.pid[worker], memory_limit=self.limits[worker] or None,
+            nanny=f"{worker}-nanny",
+        )
+        pid = self.pid[worker]
+        if notice == "before":
+            self.apply(self.core.clean_exit(worker, self.now, requested, pid))
+        self.apply(self.core.removed(removal, self.now))
+        if notice == "after":
+            self.now += 0.1
+            self.apply(self.core.clean_exit(worker, self.now, requested, pid))
+        self.running[worker] = {}
+        self.pid[worker] += 1
+        self.apply(self.core.worker_added(worker, self.limits[worker]))
 
     @rule(rep=pending, delay=st.sampled_from([0.0, 1.0, 30.0]), copies=st.integers(1, 2))
     def deliver(self, rep, delay, copies):

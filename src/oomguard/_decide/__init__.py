@@ -2,13 +2,13 @@
 
 `DecisionCore` takes plain events (graphs submitted, task transitions, workers added and
 removed, death reports, task exceptions, clock ticks) and returns plain decisions
-(`Hold`, `Release`, `Restrict`, `Stop`, `Forgive`, `Record`) that the scheduler plugin
-applies to Dask.
+(`Hold`, `Release`, `Restrict`, `Widen`, `Stop`, `Forgive`, `Record`) that the scheduler
+plugin applies to Dask.
 """
 
 from .core import DecisionCore
 from .deaths import Death, DeathPairing, Removal
-from .decisions import Decision, Forgive, Hold, Record, Release, Restrict, Stop
+from .decisions import Decision, Forgive, Hold, Record, Release, Restrict, Stop, Widen
 from .runs import ANNOTATION, Run, Runs
 
 __all__ = [
@@ -26,4 +26,5 @@ __all__ = [
     "Run",
     "Runs",
     "Stop",
+    "Widen",
 ]

@@ -36,7 +36,7 @@ from . import memory
 from .blame import FLIGHT_RECORD, blame, culprit
 from .budget import DeathBudget
 from .deaths import Death, DeathPairing, Removal
-from .decisions import Decision, Forgive, Hold, Record, Release, Restrict, Stop
+from .decisions import Decision, Forgive, Hold, Record, Release, Restrict, Stop, Widen
 from .runs import Run, Runs, collection_name
 
 _RUNNABLE = ("waiting", "processing", "queued", "no-worker")
@@ -81,8 +81,9 @@ class DecisionCore:
         self.stopped: dict[Any, Stop] = {}  # key -> the Stop that erred it
         self.suspects: deque = deque()  # held after a shared memory kill, run one at a time
         self.isolating: Any = None
-        # key -> (the memory limit it died under, the larger workers it may run on, and
-        # while there are none: until when it waits for one, and the event to abort with)
+        # key -> (the memory limit it died under,) and, while no larger worker is here:
+        # (limit, until when it waits for one, the event to abort with). Which workers it
+        # may run on is Dask's restriction, widened one worker at a time (`Widen`).
         self.resized: dict[Any, tuple] = {}
         self._gone: dict[str, tuple[int | None, float]] = {}  # address -> (limit, removed)
         self._now = 0.0
@@ -155,13 +156,16 @@ class DecisionCore:
 
     def worker_added(self, address: str, memory_limit: int | None) -> list[Decision]:
         self.workers[address] = memory_limit
-        out: list[Decision] = []
         self._gone.pop(address, None)
-        for key, (limit, workers, *_) in list(self.resized.items()):
-            if not memory_limit or memory_limit > limit:
-                self.resized[key] = (limit, workers | {address})
-                out.append(Restrict(key, workers | {address}, limit))
-        return out
+        # One decision naming the keys, not each key's whole new set of workers: a worker
+        # added costs O(keys), not O(keys x workers), when thousands of workers come and go.
+        widened = []
+        for key, (limit, *wait) in list(self.resized.items()):
+            if (not memory_limit or memory_limit > limit) and key not in self.stopped:
+                if wait:
+                    self.resized[key] = (limit,)  # it waited for this one
+                widened.append(key)
+        return [Widen(tuple(widened), address)] if widened else []
 
     def removed(self, removal: Removal, now: float) -> list[Decision]:
         """An unexpected removal, seen before Dask reschedules the worker's tasks."""
@@ -187,8 +191,14 @@ class DecisionCore:
         death = self.pairing.reported(report, now)
         return self._decide(death) if death is not None else []
 
-    def clean_exit(self, worker: str, now: float) -> None:
-        self.pairing.clean(worker, now)
+    def clean_exit(self, worker: str, now: float, requested: bool,
+                   pid: int | None = None) -> list[Decision]:
+        """The worker's nanny says it ended with status 0: `requested` (a stopped `dask
+        worker`, a closed nanny, a restart) is no death, before or after its removal; unasked
+        (a task called `os._exit(0)`) is a death of cause `exit`, as Dask counts it."""
+        self._now = now
+        death = self.pairing.clean(worker, now, requested, pid)
+        return self._decide(death) if death is not None else []
 
     def tick(self, now: float, limit: int | None = None) -> list[Decision]:
         """Decide deaths whose grace ran out, at most `limit` (more on the next call)."""
@@ -196,7 +206,7 @@ class DecisionCore:
         while self._gone and now - next(iter(self._gone.values()))[1] >= RETURN_WINDOW:
             self._gone.pop(next(iter(self._gone)))  # oldest first: insertion order
         out: list[Decision] = []
-        for key, (limit_, workers, *wait) in list(self.resized.items()):
+        for key, (limit_, *wait) in list(self.resized.items()):
             if wait and now >= wait[0] and key not in self.stopped:
                 # No larger worker came back in time: the shard needs more than there is.
                 run = self.runs.of(key)
@@ -227,9 +237,14 @@ class DecisionCore:
     def _decide(self, death: Death) -> list[Decision]:
         if death.late:
             return self._amend(death)
+        if death.clean:
+            return self._not_a_death(death.removal)
         self.deaths += 1
         report, removal = death.report, death.removal
-        cause = Cause(report["cause"]) if report is not None else Cause.WORKER_LOST
+        if report is not None:
+            cause = Cause(report["cause"])
+        else:
+            cause = Cause.EXIT if death.exited else Cause.WORKER_LOST
         b = blame(death)
         out: list[Decision] = []
         forgiven = []
@@ -307,6 +322,25 @@ class DecisionCore:
         out += self._release_decided(removal)
         return out + self._next_isolated()
 
+    def _not_a_death(self, removal: Removal) -> list[Decision]:
+        """A removal that was a requested stop: its tasks were only displaced.
+        Take back Dask's count and ours, and let them run elsewhere (held until now, as the
+        tasks of every removal are until it is decided)."""
+        forgiven = []
+        for s, key in removal.processing.items():
+            if key in self.stopped:  # never charged nor held at the removal
+                continue
+            self.displaced += 1
+            self.budget.settle(key, blamed=False)
+            forgiven.append(key)
+            if (run := self.runs.of(key)) is not None:
+                self.policy.displaced(run.label, s)
+            if key == self.isolating:  # it was running alone: it goes first again
+                self.isolating = None
+                self.suspects.appendleft(key)
+        out: list[Decision] = [Forgive(tuple(forgiven))] if forgiven else []
+        return out + self._release_decided(removal) + self._next_isolated()
+
     def _release_decided(self, removal: Removal | None) -> list[Decision]:
         # Keys held for this death run again, unless they wait for isolation, were stopped,
         # or still wait for another undecided death.
@@ -347,6 +381,10 @@ class DecisionCore:
         report = death.report
         if report is not None:
             evidence = dict(report["evidence"])
+        elif death.exited:
+            evidence = {"source": "the nanny's notice: exit status 0, not requested",
+                        "exitcode": 0, "summary": "exit status 0, not requested: the worker "
+                        "process ended itself (os._exit or sys.exit in a task?)"}
         else:
             evidence = {"source": "no death report within the grace timeout"}
         evidence["blame"] = source
@@ -399,9 +437,9 @@ class DecisionCore:
             return d, []
         now = frozenset(a for a in r.workers if a in self.workers)
         if now:
-            self.resized[key] = (r.limit, now)
+            self.resized[key] = (r.limit,)
         else:
-            self.resized[key] = (r.limit, now, self._now + RETURN_WINDOW, event)
+            self.resized[key] = (r.limit, self._now + RETURN_WINDOW, event)
         return None, [Restrict(key, now, r.limit)]
 
     # --- stopping --------------------------------------------------------------------

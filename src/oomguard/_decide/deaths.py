@@ -17,7 +17,7 @@ its new address, and the report then names the address of the previous process.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
@@ -40,13 +40,18 @@ class Removal:
 @dataclass(frozen=True)
 class Death:
     """One death to decide: a removal, a report, or both. `late`: a report for a death
-    already decided without one."""
+    already decided without one. `clean`: not a death at all, a removal whose nanny said it
+    was asked to stop the worker (its tasks run elsewhere, nothing is blamed). `exited`: its
+    nanny said the worker ended with status 0 unasked (a task called `os._exit(0)`): a death
+    with no report, counted as Dask counts it."""
 
     worker: str
     removal: Removal | None
     report: dict | None
     late: bool = False
     lost_at: float | None = None  # with `late`: the time of the worker_lost decision it amends
+    clean: bool = False
+    exited: bool = False
 
 
 #: Why a report was refused (a metric label each).
@@ -70,7 +75,8 @@ class DeathPairing:
         self.remember = remember
         self._removals: OrderedDict[str, tuple[float, Removal]] = OrderedDict()
         self._reports: OrderedDict[str, tuple[float, dict]] = OrderedDict()
-        self._clean: OrderedDict[str, float] = OrderedDict()  # nannies said: not a death
+        # worker -> (when, requested, pid) of nannies' exit notices waiting for a removal
+        self._clean: OrderedDict[str, tuple[float, bool, int | None]] = OrderedDict()
         # worker -> {pid: [had a report, removal time]} of its decided deaths (a worker
         # restarted under the same address dies again; an unknown pid gets a key of its
         # own): a later report of that process amends its death (decided worker_lost) or
@@ -106,20 +112,35 @@ class DeathPairing:
             self._decided.popitem(last=False)
         return death
 
-    def clean(self, worker: str, now: float) -> None:
-        """The worker's nanny says its exit was requested or clean: its removal, before or
-        after this, is not a death."""
-        if self._removals.pop(worker, None) is not None:
-            self.clean_exits += 1
-            return
-        self._clean[worker] = now
+    def clean(self, worker: str, now: float, requested: bool,
+              pid: int | None = None) -> Death | None:
+        """The worker's nanny says its worker (process `pid`) ended with status 0 or was
+        stopped by request. Its removal, before or after this, is then decided at once: not a
+        death when the stop was `requested` (a closed nanny, a restart, SIGTERM to `dask
+        worker`), else a death without a report (`exited`: the process ended itself; Dask
+        counts that too, so a task that keeps doing it stays bounded). A removal of another
+        process at the same address (one that died before a restart) is not this one's."""
+        waiting = self._removals.get(worker)
+        if waiting is not None and _same(waiting[1].pid, pid):
+            del self._removals[worker]
+            return self._exit(Death(worker, waiting[1], None), requested)
+        self._clean.pop(worker, None)
+        self._clean[worker] = (now, requested, pid)
         while len(self._clean) > self.max_reports:
             self._clean.popitem(last=False)
+        return None
+
+    def _exit(self, death: Death, requested: bool) -> Death:
+        if requested:
+            self.clean_exits += 1
+            return replace(death, clean=True)
+        return self._done(replace(death, exited=True))
 
     def removed(self, removal: Removal, now: float) -> Death | None:
-        if self._clean.pop(removal.worker, None) is not None:
-            self.clean_exits += 1
-            return None
+        notice = self._clean.get(removal.worker)
+        if notice is not None and _same(notice[2], removal.pid):
+            del self._clean[removal.worker]
+            return self._exit(Death(removal.worker, removal, None), notice[1])
         waiting = self._reports.pop(removal.worker, None)
         if waiting is not None:
             return self._done(Death(removal.worker, removal, waiting[1]))
@@ -184,7 +205,7 @@ class DeathPairing:
         `limit` of them (the rest on the next call)."""
         out: list[Death] = []
         room = limit if limit is not None else float("inf")
-        while self._clean and now - next(iter(self._clean.values())) >= self.grace:
+        while self._clean and now - next(iter(self._clean.values()))[0] >= self.grace:
             self._clean.popitem(last=False)
         for pending, as_death in ((self._removals, lambda w, r: Death(w, r, None)),
                                   (self._reports, lambda w, r: Death(w, None, r))):

@@ -34,6 +34,15 @@ class Restrict:
 
 
 @dataclass(frozen=True)
+class Widen:
+    """`worker` joined, larger than what these restricted keys died under: they may run on
+    it too (one value per worker added, whatever the number of keys or workers)."""
+
+    keys: tuple
+    worker: str
+
+
+@dataclass(frozen=True)
 class Stop:
     """Err these keys with `exception` for good: running ones are released on their
     workers first, the rest never start again."""
@@ -61,4 +70,4 @@ class Record:
     amends: float | None = None  # a late report: replaces the worker_lost events of that time
 
 
-Decision = Hold | Release | Restrict | Stop | Forgive | Record
+Decision = Hold | Release | Restrict | Widen | Stop | Forgive | Record

@@ -9,7 +9,7 @@ import pickle
 import time
 from typing import TYPE_CHECKING, Any
 
-from .._decide import Forgive, Hold, Record, Release, Restrict, Stop
+from .._decide import Forgive, Hold, Record, Release, Restrict, Stop, Widen
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -54,6 +54,8 @@ class DaskActions:
                         ts.suspicious -= 1
             elif isinstance(d, Restrict):
                 self._restrict(d)
+            elif isinstance(d, Widen):
+                self._widen(d)
             elif isinstance(d, Stop):
                 self._stop(d)
 
@@ -112,13 +114,16 @@ class DaskActions:
     def _restrict(self, d: Restrict) -> None:
         self.scheduler.log_event("oomguard", {"action": "retry-resize", "shard": str(d.key),
                                               "limit": d.limit, "workers": sorted(d.workers)})
+        # No larger worker yet (one is restarting): wait for it. An empty restriction would
+        # be none at all to Dask (`valid_workers`): the shard would run on any worker.
+        workers = set(d.workers) or {HOLD}
         if d.key in self._saved:  # held: the restriction applies when it is released
-            self._saved[d.key] = (set(d.workers), False)
+            self._saved[d.key] = (workers, False)
             return
         ts = self.scheduler.tasks.get(d.key)
         if ts is None:
             return
-        ts.worker_restrictions = set(d.workers)
+        ts.worker_restrictions = workers
         ts.loose_restrictions = False
         on = ts.processing_on.address if ts.processing_on is not None else None
         if ts.state in ("queued", "no-worker") or (ts.state == "processing" and on not in d.workers):
@@ -126,6 +131,26 @@ class DaskActions:
             # consulted): schedule it again under the restriction.
             self.scheduler.transitions({d.key: "released"},
                                        stimulus_id=f"oomguard-resize-{time.time()}")
+
+    def _widen(self, d: Widen) -> None:
+        """Add one worker to the restrictions of keys retried on larger workers: O(1) per key.
+        Called from the add_worker hook, before Dask looks for no-worker tasks that the new
+        worker can run."""
+        tasks = self.scheduler.tasks
+        for key in d.keys:
+            saved = self._saved.get(key)
+            if saved is not None:  # held: the restriction applies when it is released
+                restrictions = saved[0]
+            else:
+                ts = tasks.get(key)
+                restrictions = ts.worker_restrictions if ts is not None else None
+            if restrictions:  # ours, set by _restrict; {HOLD} while it waited
+                restrictions.discard(HOLD)
+                restrictions.add(d.worker)
+        self.scheduler.log_event("oomguard", {
+            "action": "retry-resize-widened", "worker": d.worker, "count": len(d.keys),
+            "shards": [str(k) for k in d.keys[:10]],  # the first ten
+        })
 
     def _stop(self, d: Stop) -> None:
         scheduler = self.scheduler

@@ -128,15 +128,26 @@ class Handlers:
             return {"status": "queued"}
         return {"status": "error"}
 
-    async def clean_exit(self, comm=None, worker: Any = None, **extra: Any) -> dict:
-        """RPC from a nanny: its worker's exit was requested (close, restart) or clean."""
+    async def clean_exit(self, comm=None, worker: Any = None, requested: Any = False,
+                         pid: Any = None, **extra: Any) -> dict:
+        """RPC from a nanny: its worker (process `pid`) ended with status 0, `requested`
+        (close, restart, SIGTERM) or not (it ended itself). Without the field: not
+        requested, the safe side (a death, counted as Dask counts it)."""
         if not isinstance(worker, str) or not 0 < len(worker) <= 256:
             self.reject(ReportError("worker", "expected a worker address", "wrong_type"))
-            return {"status": "rejected"}
+            return {"status": "rejected", "field": "worker"}
+        if not isinstance(requested, bool):
+            self.reject(ReportError("requested", "expected true or false", "wrong_type"))
+            return {"status": "rejected", "field": "requested"}
+        if pid is not None and (type(pid) is not int or pid <= 0):
+            self.reject(ReportError("pid", "expected a positive integer", "wrong_type"))
+            return {"status": "rejected", "field": "pid"}
         if not self.trusted(getattr(comm, "peer_address", None), worker):
-            return {"status": "rejected"}
+            return {"status": "rejected", "field": "worker"}
         with self.plugin.guard("report"):
-            self.plugin.core.clean_exit(worker, time.monotonic())
+            # A removal that waited for this is decided now (its held tasks go back to Dask).
+            core = self.plugin.core
+            self.plugin._apply(core.clean_exit(worker, time.monotonic(), requested, pid))
         return {"status": "ok"}
 
     async def unguarded(self, comm=None, nanny: Any = None, reason: Any = "", **extra: Any):

@@ -44,14 +44,12 @@ def register_metrics(plugin: Any) -> None:
 
 async def install_worker_side(scheduler: Scheduler) -> None:
     from ..worker_plugin import OomguardNannyPlugin, OomguardWorkerPlugin
-    from ..worker_plugin._paths import default_crash_dir
 
     await _broadcast(scheduler.register_nanny_plugin, OomguardNannyPlugin())
-    # Workers already running get the worker plugin now; restarted ones get it from
-    # their nanny. The crash dir must agree with the nanny's, so read the same config.
-    crash_dir = _config.get_optional_path("worker.crash-dir") or default_crash_dir()
-    interval = _config.get_seconds("worker.sample-interval")
-    await _broadcast(scheduler.register_worker_plugin, OomguardWorkerPlugin(crash_dir, interval))
+    # Workers already running get the worker plugin now, and Dask gives it to every worker
+    # that registers later (replacing its nanny's). Its crash dir must be the nanny's, not
+    # this scheduler's: sent without one, each worker reads its own config.
+    await _broadcast(scheduler.register_worker_plugin, OomguardWorkerPlugin())
 
 
 async def _broadcast(register, plugin) -> None:

@@ -42,7 +42,7 @@ logger = logging.getLogger("oomguard.nanny")
 
 #: Handler the scheduler plugin registers; without it the nanny falls back to log_event.
 REPORT_HANDLER = "oomguard_death_report"
-#: Handler for "this worker's exit was requested or clean": its removal is not a death.
+#: Handler for "this worker ended with status 0, requested or not": decided at once.
 CLEAN_EXIT_HANDLER = "oomguard_clean_exit"
 #: Scheduler RPC: this nanny runs its worker without oomguard (on-setup-error: warn).
 UNGUARDED_HANDLER = "oomguard_unguarded"
@@ -318,7 +318,9 @@ class OomguardNannyPlugin(NannyPlugin):
             self._watcher.cancel()
         if nanny.process is not None and nanny.process.worker_address:
             # Nanny.close kills the worker right after this: tell the scheduler first.
-            await self._send_clean_exit(nanny.process.worker_address)
+            process = getattr(nanny.process, "process", None)
+            await self._send_clean_exit(nanny.process.worker_address, True,
+                                        getattr(process, "pid", None))
         if getattr(nanny, "_oomguard_nanny_plugin", None) is self:
             # Back to Dask's own methods (the wraps live on the instance only).
             for attr in ("instantiate", "log_event"):
@@ -526,7 +528,7 @@ class OomguardNannyPlugin(NannyPlugin):
         requested = stopping or self._closing or (nanny is not None and nanny.status in _CLOSING)
         death_time = time.time()
         if requested or exitcode == 0:
-            coro = self._send_clean_exit(address)
+            coro = self._send_clean_exit(address, requested, pid)
             if life is not None and life.group is not None:
                 life.group.remove()
             for path in (crash_path(self.crash_dir, pid), flight_path(self.crash_dir, pid)):
@@ -545,7 +547,7 @@ class OomguardNannyPlugin(NannyPlugin):
             if report is not None and report.get("cause") is not None:
                 await self._send(report)
             else:
-                await self._send_clean_exit(address)
+                await self._send_clean_exit(address, requested, pid)
         except Exception:
             self._internal_error("report")
 
@@ -626,14 +628,18 @@ class OomguardNannyPlugin(NannyPlugin):
         nanny.log_event(EVENT_TOPIC, {"report": data})
         self.reports_sent += 1
 
-    async def _send_clean_exit(self, address: str | None) -> None:
+    async def _send_clean_exit(self, address: str | None, requested: bool,
+                               pid: int | None) -> None:
+        """No report: the worker (process `pid`) ended with status 0 or its stop was
+        `requested` (the scheduler decides its removal at once, not after the grace
+        timeout)."""
         nanny = self._nanny
         if nanny is None or not address:
             return
         try:
-            await asyncio.wait_for(
-                getattr(nanny.scheduler, CLEAN_EXIT_HANDLER)(worker=address), 2
-            )
+            await asyncio.wait_for(getattr(nanny.scheduler, CLEAN_EXIT_HANDLER)(
+                worker=address, requested=bool(requested),
+                pid=pid if isinstance(pid, int) and pid > 0 else None), 2)
         except Exception:
             pass  # no scheduler plugin, or the scheduler is gone: nothing to correct
 

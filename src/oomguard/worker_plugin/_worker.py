@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 import psutil
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from .. import _cgroup
+from .. import _cgroup, _config
 from .._flight import FlightRecorder
 from .._growth import GrowthSplit, thread_system_time
 from .._guard import Guard
 from .._log import follow_dask_logging
 from ._admission import install_admission
-from ._paths import crash_path, flight_path
+from ._paths import crash_path, default_crash_dir, flight_path
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -38,15 +38,22 @@ class OomguardWorkerPlugin(WorkerPlugin):
     Dumps every thread's stack to a crash file on SIGSEGV/SIGABRT/SIGBUS/SIGFPE/SIGILL and
     SIGTERM, and keeps a flight record of the executing tasks and their last sampled stacks,
     which the nanny reads when the process dies (even by SIGKILL, when nothing can run).
+
+    `crash_dir` and `sample_interval` left None are read in `setup`, from the worker's own
+    config (`oomguard.worker.crash-dir`, `.sample-interval`), as its nanny reads them: so the
+    scheduler sends it without them. Dask gives the scheduler's plugin to every worker that
+    registers, replacing its nanny's; with the scheduler's crash dir in it, a worker on a
+    host with a crash dir of its own wrote its crash file and flight record where its nanny
+    never looked (found by the multi-host lab, tests/hosts).
     """
 
     name = "oomguard-worker"
     idempotent = True
 
-    crash_dir: str
-    sample_interval: float
+    crash_dir: str | None
+    sample_interval: float | None
 
-    def __init__(self, crash_dir: str, sample_interval: float = 0.5):
+    def __init__(self, crash_dir: str | None = None, sample_interval: float | None = None):
         self.crash_dir = crash_dir
         self.sample_interval = sample_interval
         self._worker: Worker | None = None
@@ -71,6 +78,10 @@ class OomguardWorkerPlugin(WorkerPlugin):
     def setup(self, worker: Worker) -> None:
         follow_dask_logging()
         self._worker = worker
+        if self.crash_dir is None:
+            self.crash_dir = _config.get_optional_path("worker.crash-dir") or default_crash_dir()
+        if self.sample_interval is None:
+            self.sample_interval = _config.get_seconds("worker.sample-interval") or 0.5
         pid = os.getpid()
         os.makedirs(self.crash_dir, mode=0o700, exist_ok=True)
         self._crash_file = open(crash_path(self.crash_dir, pid), "w")
