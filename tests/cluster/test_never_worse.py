@@ -75,17 +75,24 @@ def test_a_killer_submitted_before_install_stops_within_dasks_bound(cluster, tmp
     assert 1 <= deaths(log) <= allowed + 1, (deaths(log), allowed)
 
 
-def test_a_killer_that_seceded_is_still_blamed_and_bounded(cluster, tmp_path):
-    cl, client = cluster
-    allowed = dask.config.get("distributed.scheduler.allowed-failures")
+def aborted_within_dasks_bound(client, tmp_path, fn, span: str):
+    """Install oomguard, run `fn(log)` in `span` until oomguard aborts it, and check that it
+    killed at most as many workers as Dask allows: (its future, the abort, the deaths)."""
     oomguard.install(client, store=str(tmp_path / "f.sqlite3"))
     wait_installed(client, 2)
     log = tmp_path / "deaths"
-    with distributed.span("seceded"):
-        fut = client.submit(secede_and_kill, str(log), pure=False)
-    with pytest.raises(oomguard.PipelineAborted):
+    with distributed.span(span):
+        fut = client.submit(fn, str(log), pure=False)
+    with pytest.raises(oomguard.PipelineAborted) as e:
         fut.result(timeout=180)
-    assert 1 <= deaths(log) <= allowed + 1, deaths(log)
+    n = deaths(log)
+    assert 1 <= n <= dask.config.get("distributed.scheduler.allowed-failures") + 1, n
+    return fut, e.value, n
+
+
+def test_a_killer_that_seceded_is_still_blamed_and_bounded(cluster, tmp_path):
+    cl, client = cluster
+    fut, _, _ = aborted_within_dasks_bound(client, tmp_path, secede_and_kill, "seceded")
     events = oomguard.Failures(client).events(cause="sigkill")
     assert events and all(e.shard == fut.key for e in events), events
 
@@ -95,19 +102,11 @@ def test_a_task_that_ends_its_worker_with_status_0_is_bounded(cluster, tmp_path)
     and the shard stops within Dask's bound. (Forgiven as clean, it killed 259 workers in
     90 s; Dask alone stops it at allowed-failures + 1.)"""
     cl, client = cluster
-    allowed = dask.config.get("distributed.scheduler.allowed-failures")
-    oomguard.install(client, store=str(tmp_path / "f.sqlite3"))
-    wait_installed(client, 2)
-    log = tmp_path / "deaths"
-    with distributed.span("exits"):
-        fut = client.submit(exit_zero, str(log), pure=False)
-    with pytest.raises(oomguard.PipelineAborted) as e:
-        fut.result(timeout=180)
-    assert "exit status 0" in str(e.value), e.value
-    assert 1 <= deaths(log) <= allowed + 1, deaths(log)
+    fut, aborted, n = aborted_within_dasks_bound(client, tmp_path, exit_zero, "exits")
+    assert "exit status 0" in str(aborted), aborted
     events = oomguard.Failures(client).events()
     assert events and {(ev.cause, ev.shard) for ev in events} == {("exit", fut.key)}, events
-    assert len(events) == deaths(log)
+    assert len(events) == n
 
 
 def test_no_death_after_the_abort_and_a_reused_span_name_is_judged_again(cluster, tmp_path):

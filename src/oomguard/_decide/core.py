@@ -247,13 +247,7 @@ class DecisionCore:
             cause = Cause.EXIT if death.exited else Cause.WORKER_LOST
         b = blame(death)
         out: list[Decision] = []
-        forgiven = []
-        for s, key in b.displaced.items():
-            self.displaced += 1
-            self.budget.settle(key, blamed=False)
-            forgiven.append(key)
-            if (run := self.runs.of(key)) is not None:
-                self.policy.displaced(run.label, s)
+        forgiven = self._displace(b.displaced)
         if forgiven:
             out.append(Forgive(tuple(forgiven)))
         keys = {s: (k if k is not None else self.runs.key(s)) for s, k in b.executing.items()}
@@ -326,20 +320,24 @@ class DecisionCore:
         """A removal that was a requested stop: its tasks were only displaced.
         Take back Dask's count and ours, and let them run elsewhere (held until now, as the
         tasks of every removal are until it is decided)."""
-        forgiven = []
-        for s, key in removal.processing.items():
-            if key in self.stopped:  # never charged nor held at the removal
-                continue
-            self.displaced += 1
-            self.budget.settle(key, blamed=False)
-            forgiven.append(key)
-            if (run := self.runs.of(key)) is not None:
-                self.policy.displaced(run.label, s)
-            if key == self.isolating:  # it was running alone: it goes first again
-                self.isolating = None
-                self.suspects.appendleft(key)
+        # Stopped keys were never charged nor held at the removal.
+        forgiven = self._displace({s: k for s, k in removal.processing.items()
+                                   if k not in self.stopped})
+        if self.isolating is not None and self.isolating in forgiven:
+            self.suspects.appendleft(self.isolating)  # it ran alone: it goes first again
+            self.isolating = None
         out: list[Decision] = [Forgive(tuple(forgiven))] if forgiven else []
         return out + self._release_decided(removal) + self._next_isolated()
+
+    def _displace(self, tasks: dict) -> list:
+        """{str: key} of tasks that were on a dead worker but are not to blame: take back
+        their charge and count them displaced. The keys, in order."""
+        for s, key in tasks.items():
+            self.displaced += 1
+            self.budget.settle(key, blamed=False)
+            if (run := self.runs.of(key)) is not None:
+                self.policy.displaced(run.label, s)
+        return list(tasks.values())
 
     def _release_decided(self, removal: Removal | None) -> list[Decision]:
         # Keys held for this death run again, unless they wait for isolation, were stopped,

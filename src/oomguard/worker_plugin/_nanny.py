@@ -32,7 +32,7 @@ from .._flight import read_flight_record
 from .._log import follow_dask_logging
 from .._guard import Guard
 from .._units import format_bytes
-from ._paths import crash_path, default_crash_dir, flight_path
+from ._paths import configured_crash_dir, crash_path, flight_path
 from ._worker import OomguardWorkerPlugin
 
 if TYPE_CHECKING:
@@ -187,7 +187,7 @@ class OomguardNannyPlugin(NannyPlugin):
 
     def _resolve_config(self) -> None:
         if self.crash_dir is None:
-            self.crash_dir = _config.get_optional_path("worker.crash-dir") or default_crash_dir()
+            self.crash_dir = configured_crash_dir()
         if self.cgroup_limit is None:
             self.cgroup_limit = _config.get_choice(
                 "worker.cgroup-limit", ("auto", "true", "false")

@@ -20,7 +20,7 @@ from .._growth import GrowthSplit, thread_system_time
 from .._guard import Guard
 from .._log import follow_dask_logging
 from ._admission import install_admission
-from ._paths import crash_path, default_crash_dir, flight_path
+from ._paths import configured_crash_dir, crash_path, flight_path
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -79,7 +79,7 @@ class OomguardWorkerPlugin(WorkerPlugin):
         follow_dask_logging()
         self._worker = worker
         if self.crash_dir is None:
-            self.crash_dir = _config.get_optional_path("worker.crash-dir") or default_crash_dir()
+            self.crash_dir = configured_crash_dir()
         if self.sample_interval is None:
             self.sample_interval = _config.get_seconds("worker.sample-interval") or 0.5
         pid = os.getpid()
