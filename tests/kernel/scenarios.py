@@ -7,8 +7,11 @@ workers for real, and prints one line ``OOMGUARD-KERNEL {json}`` with what
 (`test_kernel.py`) asserts on those lines; nothing is asserted here.
 
 The VM runs under software emulation (~20x slower than the host), so the nanny's workers
-are forked (``multiprocessing-method: fork``: no second import of Dask per worker) and
-memory limits are small.
+come from a fork server (``multiprocessing-method: forkserver``: Dask is imported once per
+nanny process, in the server, not once per worker) and memory limits are small. Not plain
+``fork``: it forks the nanny's threaded process, and once in four runs a worker forked
+beside a second nanny of the same ``dask worker`` hung before it started (a lock held by
+another thread at the fork); the fork server is single-threaded.
 
 Layouts (what users run):
 
@@ -35,7 +38,7 @@ PY = sys.executable
 TIMEOUT = 420  # seconds for anything to happen under emulation
 
 NANNY_ENV = {
-    "DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD": "fork",
+    "DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD": "forkserver",
     # The kernel must do the killing, not the nanny's own memory monitor.
     "DASK_DISTRIBUTED__WORKER__MEMORY__TERMINATE": "False",
     "DASK_DISTRIBUTED__WORKER__MEMORY__PAUSE": "False",

@@ -16,7 +16,7 @@ from oomguard import FailureEvent, PipelineStatus, _filters
 from oomguard._cli import main
 from oomguard._results import EventList, PipelineList, SignatureList
 
-NOW = time.time()
+NOW = time.time()  # reset when the history is stored (the `cluster` fixture)
 
 #: (cause, shard, pipeline, signature, hours ago)
 HISTORY = [
@@ -30,6 +30,10 @@ HISTORY = [
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
+    # "Hours ago" from when the history is stored, not from when this module was imported: a
+    # busy suite reaches these tests half an hour later, and `since="1h"` then lost one.
+    global NOW
+    NOW = time.time()
     store = tmp_path_factory.mktemp("api") / "failures.sqlite3"
     with LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as cluster, \
             Client(cluster) as client:  # fmt: skip
