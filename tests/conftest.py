@@ -11,19 +11,29 @@ import pathlib
 
 import pytest
 
-ARTIFACTS = pathlib.Path(__file__).resolve().parent.parent / "artifacts"
+#: `./dev test-matrix` gives each Dask release its own (artifacts/matrix/distributed-<version>).
+ARTIFACTS = pathlib.Path(
+    os.environ.get("OOMGUARD_ARTIFACTS")
+    or pathlib.Path(__file__).resolve().parent.parent / "artifacts"
+)
 
 
 @pytest.fixture
 def artifacts_dir() -> pathlib.Path:
     """Where tests leave files worth looking at (screenshots, reports); CI keeps them."""
-    ARTIFACTS.mkdir(exist_ok=True)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     return ARTIFACTS
 
 
 def pytest_report_header(config):
+    import dask
+    import distributed
+
     strict = os.environ.get("OOMGUARD_STRICT", "") not in ("", "0")
-    return f"oomguard strict mode: {'on (missing capabilities fail)' if strict else 'off'}"
+    return [
+        f"oomguard strict mode: {'on (missing capabilities fail)' if strict else 'off'}",
+        f"dask {dask.__version__}, distributed {distributed.__version__}",
+    ]
 
 
 #: Lines tests add to the end-of-run summary, printed pass or fail (CI keeps the log).

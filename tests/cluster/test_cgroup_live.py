@@ -323,7 +323,9 @@ def test_a_worker_too_big_for_its_limit_at_start_up_is_explained(info, tmp_path,
         "oomguard.worker.cgroup-limit": "true",
         "distributed.worker.memory.terminate": False,
     }
-    with dask.config.set(config), caplog.at_level(logging.ERROR, logger="oomguard"):
+    # distributed 2026.7.0 and later fail the nanny's start; earlier releases would restart
+    # the worker (racing the first start's wait for it), and oomguard refuses that restart.
+    with dask.config.set(config), caplog.at_level(logging.WARNING, logger="oomguard"):
         with pytest.raises(RuntimeError, match="failed to start"), LocalCluster(
             n_workers=1, threads_per_worker=1, processes=True, memory_limit=150 * MiB,
             dashboard_address=":0",
@@ -336,3 +338,74 @@ def test_a_worker_too_big_for_its_limit_at_start_up_is_explained(info, tmp_path,
     assert "150 MiB" in message and "memory_limit" in message
     pid = said[0].args[0]
     assert not os.path.exists(os.path.join(info.path, f"oomguard-worker-{pid}"))
+    unlimited = [r for r in caplog.records if "without oomguard's memory cgroup limit"
+                 in r.getMessage()]
+    assert len(unlimited) == 1 and len(said) == 1, caplog.text
+
+
+# Holds 200 MiB from the worker's second process on: the restart after a death. (Dask runs
+# a preload file twice in a process: imported, then reloaded.)
+HOLD_FROM_THE_SECOND_START = """
+import os
+MARK = {mark!r}
+if not os.path.exists(MARK):
+    with open(MARK, "w") as f:
+        f.write(str(os.getpid()))
+with open(MARK) as f:
+    if f.read() != str(os.getpid()):
+        HELD = globals().get('HELD') or bytearray(b'x') * (200 << 20)
+"""
+
+
+def kill_myself():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.timeout(300)
+def test_a_restart_too_big_for_its_limit_does_not_loop(info, tmp_path, caplog):
+    """A running nanny restarts a worker that died; on any Dask release it restarts it again
+    if the restart dies while starting. Under the same group limit each restart would be
+    killed the same way, for ever: after the first such kill the next start has no limit."""
+    import logging
+
+    import dask
+    from distributed import Client, LocalCluster
+
+    ok, reason = can_create_child(info)
+    require(ok, f"per-worker memory cgroups cannot be made here: {reason}")
+    preload = tmp_path / "hold_from_the_second_start.py"
+    preload.write_text(HOLD_FROM_THE_SECOND_START.format(mark=str(tmp_path / "started")))
+    config = {
+        "distributed.scheduler.preload": ["oomguard.scheduler_plugin"],
+        "distributed.nanny.preload": ["oomguard.worker_plugin"],
+        "distributed.worker.preload": [str(preload)],
+        "oomguard.worker.cgroup-limit": "true",
+        "oomguard.scheduler.store": str(tmp_path / "s.sqlite3"),
+        "distributed.worker.memory.terminate": False,
+        "distributed.worker.memory.pause": False,
+    }
+    with dask.config.set(config), caplog.at_level(logging.WARNING, logger="oomguard"):
+        with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                          memory_limit=150 * MiB, dashboard_address=":0") as cluster, \
+                Client(cluster) as client:  # fmt: skip
+            [first] = client.run(os.getpid).values()
+            client.submit(kill_myself, pure=False)
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline:
+                try:
+                    pids = list(client.run(os.getpid).values())
+                except (OSError, KeyError):  # a worker left between the listing and the call
+                    pids = []
+                if pids and pids != [first]:
+                    break
+                time.sleep(0.5)
+            else:
+                raise AssertionError(f"no worker came back: {caplog.text}")
+            [now] = pids
+            with open(os.path.join(info.path, f"oomguard-worker-{now}",
+                                   "memory.limit_in_bytes")) as f:
+                assert int(f.read()) > 150 * MiB  # no limit: the kernel's maximum
+    said = [r for r in caplog.records if "OOM-killed while starting" in r.getMessage()]
+    unlimited = [r for r in caplog.records if "without oomguard's memory cgroup limit"
+                 in r.getMessage()]
+    assert len(said) == 1 and len(unlimited) == 1, caplog.text

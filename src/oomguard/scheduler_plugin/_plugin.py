@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from .. import _config
+from .. import _compat, _config
 from .._decide import DecisionCore, Hold, Record, Removal
 from .._metrics import OomguardMetrics
 from .._guard import Guard
@@ -94,6 +94,9 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
 
     async def start(self, scheduler: Scheduler) -> None:
         follow_dask_logging()
+        if any(i.essential for i in _compat.check("scheduler", _compat.SCHEDULER, scheduler,
+                                                   logger)):
+            return  # stays off: every hook below returns while `core` is None
         self.settings = settings = _config.scheduler_settings(self.config)
         grace = settings["report-grace-timeout"]
         allowed = scheduler.allowed_failures
@@ -119,10 +122,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         scheduler.allowed_failures = allowed + 1
         self.handlers.register(scheduler)
         original = scheduler.stream_handlers.get("task-erred")
-        if original is None:
-            logger.error("oomguard: this Dask version has no 'task-erred' stream handler; task "
-                         "exceptions will not be recorded.")
-        else:
+        if original is not None:  # else logged by _compat.check
             self._original_task_erred = original
             scheduler.stream_handlers["task-erred"] = self._task_erred
         for addr, ws in scheduler.workers.items():
@@ -190,13 +190,18 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
     # --- Dask's hooks -> events (hot path: O(1), no I/O) ------------------------------
 
     def update_graph(self, scheduler, *, client, keys, tasks, annotations, stimulus_id, **kw):
+        if self.core is None:
+            return
         with self.guard("update_graph"):
             self.core.submitted(tasks, keys, annotations, time.time(),
                                 _prefix_path(scheduler, keys))
 
     def transition(self, key, start, finish, *args, stimulus_id, **kwargs):
+        core = self.core
+        if core is None:
+            return
         try:  # the guard's work without its context object: this runs per transition
-            out = self.core.transition(key, start, finish)
+            out = core.transition(key, start, finish)
             if out:  # never transition from inside a transition: after Dask's are done
                 asyncio.get_running_loop().call_soon(self._apply_guarded, out)
         except Exception:
@@ -204,7 +209,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
 
     def add_worker(self, scheduler, worker):
         ws = scheduler.workers.get(worker)
-        if ws is None:
+        if ws is None or self.core is None:
             return
         self._workers[worker] = ws
         with self.guard("add_worker"):

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from distributed.core import Status
 from distributed.diagnostics.plugin import NannyPlugin
 
-from .. import _cgroup, _config, _report
+from .. import _cgroup, _compat, _config, _report
 from .._exceptions import CgroupError
 from .._flight import read_flight_record
 from .._log import follow_dask_logging
@@ -165,6 +165,9 @@ class OomguardNannyPlugin(NannyPlugin):
         self._placed: _Placement | None = None  # moved at spawn, not yet up
         self._memory_kills: dict[int, dict] = {}
         self._use_cgroups = False
+        self._connecting = 0  # Dask's waits for a spawned worker still running
+        self._start_kills = 0  # workers OOM-killed by their own group's limit while starting
+        self._unlimited = False  # set by the first of those: no group limit from then on
         self._closing = False
         self._tasks: set[asyncio.Task] = set()
         self._watcher: asyncio.Task | None = None
@@ -220,18 +223,8 @@ class OomguardNannyPlugin(NannyPlugin):
         self._decide_cgroups()
         assert self.crash_dir is not None
         os.makedirs(self.crash_dir, mode=0o700, exist_ok=True)
-        missing = [
-            attr
-            for attr in ("instantiate", "log_event", "worker_kwargs", "process")
-            if not hasattr(nanny, attr)
-        ]
-        if missing:
-            logger.error(
-                "oomguard cannot watch worker deaths on this Dask version: the nanny has "
-                "no %s. Worker deaths will not be reported.",
-                ", ".join(missing),
-            )
-            return
+        if any(i.essential for i in _compat.check("nanny", _compat.NANNY, nanny, logger)):
+            return  # no reports from here: the scheduler sees this nanny's deaths as lost
         active = getattr(nanny, "_oomguard_nanny_plugin", None)
         if active is not None and active is not self and not active._closing:
             # Loaded twice (preload, then again by the scheduler): the first one keeps
@@ -249,6 +242,12 @@ class OomguardNannyPlugin(NannyPlugin):
         original_log_event = nanny.log_event
 
         async def instantiate(*args, **kwargs):
+            await self._after_the_previous_start()
+            if self._guard(self._killed_while_starting, "instantiate", nanny):
+                # Dask's _on_worker_exit logs this ("Failed to restart worker"), and the
+                # nanny's start fails as on distributed 2026.7.0 and later.
+                raise RuntimeError("oomguard: not restarting a worker OOM-killed by its own "
+                                   "memory cgroup's limit while its nanny starts")
             return await self._instantiate(nanny, original_instantiate(*args, **kwargs))
 
         def log_event(topic, msg):
@@ -392,12 +391,7 @@ class OomguardNannyPlugin(NannyPlugin):
         `WorkerProcess.start` awaits `_wait_until_connected` right after the spawn."""
         if not self._use_cgroups or getattr(wp, "_oomguard_placing", False):
             return
-        if not hasattr(wp, "_wait_until_connected"):
-            logger.warning(
-                "oomguard: this Dask version's WorkerProcess has no _wait_until_connected; "
-                "each worker joins its memory cgroup only once it is up, and what it "
-                "charged while starting stays outside the group's peak and limit."
-            )
+        if not hasattr(wp, "_wait_until_connected"):  # logged at setup by _compat.check
             wp._oomguard_placing = True
             return
         original = wp._wait_until_connected
@@ -407,7 +401,11 @@ class OomguardNannyPlugin(NannyPlugin):
             pid = getattr(process, "pid", None)
             if isinstance(pid, int) and not self._closing:
                 self._guard(self._place_at_spawn, "spawn", pid)
-            return await original(*args, **kwargs)
+            self._connecting += 1
+            try:
+                return await original(*args, **kwargs)
+            finally:
+                self._connecting -= 1
 
         wp._wait_until_connected = _wait_until_connected
         wp._oomguard_placing = True
@@ -416,14 +414,18 @@ class OomguardNannyPlugin(NannyPlugin):
         nanny = self._nanny
         if nanny is None or (self._placed is not None and self._placed.pid == pid):
             return
-        if self._placed is not None and self._placed.group is not None:
-            self._placed.group.remove()  # the previous spawn never came up
+        if self._placed is not None:
+            # The previous spawn never came up, and Dask spawns again (distributed before
+            # 2026.7.0 restarts a worker that dies while its nanny starts).
+            self._discard(self._placed)
         self._placed = self._place(pid, nanny.memory_manager.memory_limit)
 
     def _place(self, pid: int, limit: int | None) -> _Placement:
         """Make the worker's own group and move it in, its charges too where the kernel can."""
         placed = _Placement(pid)
         group = None
+        if self._unlimited:
+            limit = None
         try:
             group = _cgroup.ChildGroup.create(f"{_GROUP_PREFIX}{pid}", limit)
             # Set before the move: the kernel reads it when the process joins.
@@ -449,6 +451,31 @@ class OomguardNannyPlugin(NannyPlugin):
         placed.before = group.counters().to_dict()
         return placed
 
+    async def _after_the_previous_start(self, timeout: float = 10.0) -> None:
+        """A restart waits until the previous start stopped waiting for its worker.
+
+        Dask restarts a worker that died while starting from its exit callback, at once.
+        Before 2026.7.0 the previous start's `_wait_until_connected` can still be polling
+        then: it takes the new worker's message off the queue, drops it (another uid), and
+        the new start waits for ever, and `Nanny.close` with it. Seen when a worker killed
+        by its own group's limit at start-up was restarted (tests/cluster/test_cgroup_live.py).
+        The previous wait ends within one poll (0.1 s) once its process is gone."""
+        deadline = time.monotonic() + timeout
+        while self._connecting and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+
+    def _killed_while_starting(self, nanny: Nanny) -> bool:
+        """Is this a restart of a worker that its own group's limit killed while the nanny
+        was starting? distributed before 2026.7.0 restarts it there, and that restart races
+        the first start's wait for its worker (which can then wait forever); 2026.7.0 and
+        later fail the nanny's start instead, which is what oomguard makes of it here."""
+        if nanny.status not in (Status.init, Status.starting):
+            return False
+        if self._placed is not None:  # not yet seen by _on_exit
+            placed, self._placed = self._placed, None
+            self._discard(placed)
+        return self._start_kills > 0
+
     def _on_failed_start(self) -> None:
         """The worker process died or hung before it was up: say so when its own group's
         limit killed it (the limit now holds its start-up memory too), and remove the group."""
@@ -457,10 +484,22 @@ class OomguardNannyPlugin(NannyPlugin):
         if placed is None or (process is not None and process.pid == placed.pid):
             return  # nothing placed, or it is alive after all: its group stays
         self._placed = None
+        self._discard(placed)
+
+    def _discard(self, placed: _Placement) -> None:
+        """Remove the group of a worker process that never came up, saying so when its own
+        limit killed it."""
         if placed.group is None:
             return
+        self._killed_by_its_limit(placed)
+        placed.group.remove()
+
+    def _killed_by_its_limit(self, placed: _Placement) -> None:
+        """A worker process that never came up: say so when its own group's limit killed it
+        (the limit holds its start-up memory too)."""
         counters = placed.group.counters()
         if counters.oom_kill:
+            self._start_kills += 1
             logger.error(
                 "oomguard: worker process %d was OOM-killed while starting: its memory "
                 "cgroup's limit (%s, Dask's memory_limit) is below what it needs to start "
@@ -470,16 +509,22 @@ class OomguardNannyPlugin(NannyPlugin):
                 format_bytes(counters.limit) if counters.limit else "none",
                 format_bytes(counters.peak) if counters.peak is not None else "unknown",
             )
-        placed.group.remove()
+            if not self._unlimited:
+                # distributed before 2026.7.0 restarts a worker that dies while its nanny
+                # starts (later releases fail the start), and the same limit would kill each
+                # one: the loop never ends. Restarts of any release meet the same limit.
+                # Said once; the spawns after it run without a limit.
+                self._unlimited = True
+                logger.warning(
+                    "oomguard: the next workers of this nanny start without oomguard's "
+                    "memory cgroup limit (as without oomguard), so a restart cannot be "
+                    "killed the same way again; their groups still count OOM kills."
+                )
 
     def _wrap_mark_stopped(self, wp: Any) -> None:
         if getattr(wp, "_oomguard_wrapped", False):
             return
-        if not hasattr(wp, "mark_stopped"):
-            logger.error(
-                "oomguard cannot read worker exit codes on this Dask version: "
-                "WorkerProcess has no mark_stopped. Worker deaths will not be reported."
-            )
+        if not hasattr(wp, "mark_stopped"):  # setup found it missing and stopped there
             return
         original = wp.mark_stopped
 
@@ -515,6 +560,8 @@ class OomguardNannyPlugin(NannyPlugin):
         if self._placed is not None and self._placed.pid == pid:
             # Died before it was up: the report reads its group's counters all the same.
             placed, self._placed = self._placed, None
+            if placed.group is not None:
+                self._guard(self._killed_by_its_limit, "exit", placed)
             if life is None and placed.group is not None:
                 life = _Life(
                     pid=pid, started=placed.at, address=address,
@@ -645,9 +692,11 @@ class OomguardNannyPlugin(NannyPlugin):
 
     # --- never take the nanny down ----------------------------------------------------
 
-    def _guard(self, fn, where: str, *args) -> None:
+    def _guard(self, fn, where: str, *args) -> Any:
+        """fn(*args), or None when it raised (logged once per site, counted)."""
         with self.guard(where):
-            fn(*args)
+            return fn(*args)
+        return None
 
     def _internal_error(self, where: str) -> None:
         self.guard.error(where)
