@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/bench_admission.py
 
 Cases (each: take a lease, then release it, as one task does):
-- cold: no other lease on the host (the common case; MemAvailable is not even read);
-- 3 others: three other live processes hold leases, so MemAvailable and their RSS are read;
+- no other lease on the host (the common case): MemAvailable is read, as for every grant;
+- in a shared cgroup (`admission.cgroup`): its limit and usage are read instead;
+- 3 others: three other live processes hold leases, so their RSS is read too;
 - no need: a task with no annotation and no learned peak (annotation lookup + RSS reads).
 Target: <= 50 us per task for the lease paths.
 """
@@ -18,7 +19,8 @@ import sys
 import tempfile
 import time
 
-from oomguard._ledger import HostLedger
+from oomguard import _cgroup
+from oomguard._ledger import HostLedger, cgroup_available
 from oomguard._memory import ANNOTATION, PeakEstimator, need_of
 
 N = 2000
@@ -42,7 +44,17 @@ def main() -> None:
         ledger.try_acquire(f"task-{i}", 2**30)
         ledger.release(f"task-{i}")
 
-    rows = [("cold (no other lease)", _time(lease))]
+    rows = [("no other lease", _time(lease))]
+    info = _cgroup.detect(os.getpid())
+    if info.path is not None and info.version is not None:
+        grouped = HostLedger(os.path.join(directory, "grouped.json"), floor=256 * 2**20,
+                             available=cgroup_available(info.path, info.version))
+
+        def grouped_lease(i):
+            grouped.try_acquire(f"task-{i}", 2**20)
+            grouped.release(f"task-{i}")
+
+        rows.append(("in a shared cgroup", _time(grouped_lease)))
     others = [
         subprocess.Popen([sys.executable, "-c", "import time; print(1, flush=True); time.sleep(600)"],
                          stdout=subprocess.PIPE)

@@ -2,17 +2,24 @@
 oomguard worker process on a host, whatever cluster it belongs to.
 
 Pure (no Dask). One small JSON file, read and rewritten under an exclusive `fcntl.flock`
-(held for tens of microseconds). A lease is keyed by (pid, key) and records the holder's
-RSS when it was granted, so memory a running task has already allocated is not counted
-twice (once in `available`, once in its lease): a lease claims only
-``max(0, nbytes - (rss_now - rss_at_grant))``. Leases of dead processes (a SIGKILLed or
-OOM-killed worker) are dropped on the next access; a PID is compared with its start time
-so a reused PID does not keep a dead lease alive.
+(held for tens of microseconds) and, within a process, a thread lock (`flock` on one shared
+descriptor does not exclude threads). A lease is keyed by (pid, key) and records the
+holder's RSS when it was granted (its base), so memory a running task has already
+allocated is not counted twice (once in `available`, once in its lease). Per process: its
+leases still claim ``max(0, sum(nbytes) - (rss_now - min(base)))``. Per process, not per
+lease: two leases of one process (threads) would otherwise each count the other's memory as
+their own. When a lease is released, the process's other leases are rebased to its RSS then
+(what the finished task left behind, a kept result, is not theirs). Leases of dead
+processes (a SIGKILLed or OOM-killed worker) are dropped on the next access; a PID is
+compared with its start time so a reused PID does not keep a dead lease alive.
 
-Admission rule for a need N: free = available - claims of other leases - floor; granted
-when N <= free, or when no other live lease exists on the host (a cold start: waiting
-could never end). `available` is MemAvailable (/proc/meminfo) by default, or
-limit - usage of a memory cgroup the workers share (`cgroup_available`).
+Admission rule for a need N, every reading taken under the lock: free = available - claims
+of live leases - floor; granted when N <= free, or, with no other live lease on the host
+(a cold start), when N <= available: a cold start may borrow the floor, never memory that
+is not there. So at every instant, for tasks that stay within their needs,
+claims + usage + floor <= limit, and claims + usage <= limit during a cold start
+(tests/unit/test_ledger_model.py). `available` is MemAvailable (/proc/meminfo) by default,
+or limit - usage of a memory cgroup the workers share (`cgroup_available`).
 
 The file must be shared only by processes in one PID namespace (one container, or the
 host): PIDs from elsewhere cannot be checked for liveness.
@@ -27,6 +34,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -68,10 +76,11 @@ class Admission:
     need: int
     free: int
     available: int
-    claimed: int  # what other live leases still claim
+    claimed: int  # what other live leases still claim (not yet spent)
     floor: int
     others: int  # other live leases
-    cold: bool = False
+    cold: bool = False  # granted only by borrowing the floor: no other lease was held
+    spent: int = 0  # what other live leases have already spent (in `available` already)
 
     def detail(self) -> str:
         return (
@@ -118,25 +127,56 @@ def _alive(pid: int, start: int | None) -> tuple[bool, int | None]:
     return (state not in ("Z", "X") and (start is None or now == start)), rss
 
 
-def host_available() -> int:
-    """MemAvailable of the host, bytes (0 when unreadable: then only cold starts pass)."""
-    return _cgroup.host_memory().get("available") or 0
+class _Kept:
+    """A small file kept open and re-read with pread: every grant reads `available` now,
+    and an open() per reading would cost more than the decision."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.fd = path, None
+
+    def read(self, size: int = 64) -> bytes:
+        if self.fd is None:
+            self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        return os.pread(self.fd, size, 0)
 
 
-def cgroup_available(path: str, version: int | None = None) -> Callable[[], int]:
-    """`available` for workers sharing one memory cgroup: limit - usage of that group.
+_MEMINFO = _Kept("/proc/meminfo")
+
+
+def host_available() -> int | None:
+    """MemAvailable of the host, bytes; None when unreadable (then a lease is granted only
+    when no other is held)."""
+    try:
+        text = _MEMINFO.read(4096)
+        at = text.index(b"MemAvailable:")
+        return int(text[at + 13:text.index(b"kB", at)]) * 1024
+    except (OSError, ValueError):
+        return _cgroup.host_memory().get("available")
+
+
+def cgroup_available(path: str, version: int | None = None) -> Callable[[], int | None]:
+    """`available` for workers sharing one memory cgroup: limit - usage of that group
+    (the host's MemAvailable when the group has no limit or cannot be read).
 
     >>> avail = cgroup_available("/sys/fs/cgroup/memory/workers")  # doctest: +SKIP
     """
 
     if version is None:
         version = 2 if os.path.exists(os.path.join(path, "memory.max")) else 1
+    names = ("memory.max", "memory.current") if version == 2 else (
+        "memory.limit_in_bytes", "memory.usage_in_bytes")
+    limit_file, usage_file = (_Kept(os.path.join(path, n)) for n in names)
 
-    def available() -> int:
-        c = _cgroup.read_memory_counters(path, version)
-        if c.limit is None or c.usage is None:
+    def available() -> int | None:
+        try:
+            raw = limit_file.read().strip()
+            usage = int(usage_file.read())
+            limit = None if raw == b"max" else int(raw)
+        except (OSError, ValueError):
             return host_available()
-        return max(0, c.limit - c.usage)
+        if limit is None or limit >= _cgroup.V1_UNLIMITED:
+            return host_available()
+        return max(0, limit - usage)
 
     return available
 
@@ -156,7 +196,9 @@ class HostLedger:
     """
 
     def __init__(
-        self, path: str, *, floor: int = 0, available: Callable[[], int] | None = None
+        self, path: str, *, floor: int = 0, available: Callable[[], int | None] | None = None,
+        _process: tuple[int, Callable[[], int | None],
+                        Callable[[int, int | None], tuple[bool, int | None]]] | None = None,
     ) -> None:
         if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
             raise ValueError(f"floor is {floor!r}; expected a number of bytes >= 0.")
@@ -164,7 +206,11 @@ class HostLedger:
         self.floor = floor
         self.available = available or host_available
         self.pid = os.getpid()
-        self._start = _proc_start(self.pid)
+        self._probe = _alive
+        if _process is not None:  # tests: (pid, own RSS, probe of another process)
+            self.pid, self._own_rss, self._probe = _process
+        self._start = _proc_start(self.pid) if _process is None else None
+        self._tlock = threading.Lock()
         self.peaks: dict[str, int] = {}  # prefix -> observed peak, refreshed on each access
         self._fd: int | None = None  # kept open: an open() per access doubles its cost
         self._statm: int | None = None
@@ -178,6 +224,10 @@ class HostLedger:
     def _locked(self, mutate: Callable[[dict], bool], reclaim: bool = True) -> dict:
         """Read the file under an exclusive lock, let `mutate` change it, write it back
         if it says so. Dead leases are dropped on the way."""
+        with self._tlock:
+            return self._flocked(mutate, reclaim)
+
+    def _flocked(self, mutate: Callable[[dict], bool], reclaim: bool) -> dict:
         if self._fd is None:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         fd = self._fd
@@ -197,7 +247,7 @@ class HostLedger:
                     if le[0] == me:  # our own leases: we are alive
                         kept.append(le)
                         continue
-                    alive, rss = self._rss_of.get(le[0]) or _alive(le[0], le[4])
+                    alive, rss = self._rss_of.get(le[0]) or self._probe(le[0], le[4])
                     self._rss_of[le[0]] = (alive, rss)
                     if alive:
                         kept.append(le)
@@ -240,18 +290,17 @@ class HostLedger:
         def mutate(state: dict) -> bool:
             leases = state["leases"]
             others = [le for le in leases if not (le[0] == pid and le[1] == key)]
-            claimed = 0
-            for p, _, n, base, _ in others:
-                rss = self._own_rss() if p == self.pid else self._rss_of.get(p, (True, None))[1]
-                grown = (rss - base) if rss is not None and base is not None else 0
-                claimed += max(0, n - max(0, grown))
-            available = self.available() if others else 0
-            free = available - claimed - self.floor
-            cold = not others
-            granted = cold or nbytes <= free
-            result.append(
-                Admission(granted, nbytes, free, available, claimed, self.floor, len(others), cold)
-            )
+            claimed, spent = self._claims(others)
+            available = self.available()
+            if available is None:  # unknown: one lease at a time
+                available, free = 0, -claimed - self.floor
+                granted = cold = not others
+            else:
+                free = available - claimed - self.floor
+                granted = nbytes <= free or (not others and nbytes <= available)
+                cold = granted and nbytes > free
+            result.append(Admission(granted, nbytes, free, available, claimed, self.floor,
+                                    len(others), cold, spent))
             if granted:
                 rss = self._own_rss() if pid == self.pid else _rss(pid)
                 others.append([pid, key, nbytes, rss, start])
@@ -260,6 +309,23 @@ class HostLedger:
 
         self._locked(mutate)
         return result[0]
+
+    def _claims(self, leases: list) -> tuple[int, int]:
+        """(what `leases` still claim, what they have spent), per holding process: a
+        process's growth since its earliest base counts against the sum of its leases."""
+        per: dict[int, list[int]] = {}  # pid -> [sum of needs, min base or -1 (unknown)]
+        for p, _, n, base, _ in leases:
+            entry = per.setdefault(p, [0, base if isinstance(base, int) else -1])
+            entry[0] += n
+            if entry[1] >= 0:
+                entry[1] = min(entry[1], base) if isinstance(base, int) else -1
+        claimed = spent = 0
+        for p, (need, base) in per.items():
+            rss = self._own_rss() if p == self.pid else self._rss_of.get(p, (True, None))[1]
+            used = min(need, max(0, rss - base)) if rss is not None and base >= 0 else 0
+            claimed += need - used
+            spent += used
+        return claimed, spent
 
     def release(self, key: str, *, pid: int | None = None, peak: tuple[str, int] | None = None) -> bool:
         """Drop the lease of `key`; optionally record `peak` = (prefix, bytes) in the same
@@ -271,6 +337,13 @@ class HostLedger:
             before = len(state["leases"])
             state["leases"] = [le for le in state["leases"] if not (le[0] == pid and le[1] == key)]
             found.append(len(state["leases"]) != before)
+            mine = [le for le in state["leases"] if le[0] == pid]
+            if found[0] and mine:
+                # What the finished task left (a kept result) is not the others' spending.
+                rss = self._own_rss() if pid == self.pid else _rss(pid)
+                if rss is not None:
+                    for le in mine:
+                        le[3] = max(le[3], rss) if isinstance(le[3], int) else rss
             return _record_peak(state, peak) or found[0]
 
         # Reclaiming others' dead leases is left to acquisitions: a release stays cheap.

@@ -62,6 +62,7 @@ INTERNAL_ERROR_SITES = frozenset(
         "metrics",
         "dashboard",
         "pod_lookup",
+        "admission",
     }
 )
 

@@ -113,6 +113,10 @@ def _was(n: int) -> str:
     return "was" if n == 1 else "were"
 
 
+def _seconds(t: float) -> str:
+    return f"{t:.1f} s" if t < 10 else f"{t:.0f} s"
+
+
 def _shard_name(shard: str) -> str:
     # Tuple keys already read as themselves; bare names get quotes so they stand out.
     return shard if shard.startswith(("(", "[")) else repr(shard)
@@ -225,6 +229,8 @@ class _Pipeline:
     infra: int = 0
     user: int = 0
     memory_errors: int = 0
+    memory_waits: int = 0  # tasks that waited for host memory (admission) before running
+    memory_waited: float = 0.0  # seconds, all those waits together
     deaths: Counter[str] = field(default_factory=Counter)  # by cause, one per worker death
     # worker -> time of its last death: one death that took several shards counts once.
     last_death: dict[str, float] = field(default_factory=dict)
@@ -358,6 +364,12 @@ class FailurePolicy:
         """A shard of `pipeline` is retried alone after a memory kill of a worker that was
         executing several tasks (which proves no single shard too big)."""
         self._pipeline(pipeline).isolated += 1
+
+    def memory_waited(self, pipeline: str, seconds: float) -> None:
+        """A task of `pipeline` waited `seconds` for host memory before it ran."""
+        p = self._pipeline(pipeline)
+        p.memory_waits += 1
+        p.memory_waited += seconds
 
     def adopt(self, pipeline: str, decision: AbortDecision) -> None:
         """Take a decision made outside the shard counters (no larger worker, the death
@@ -644,6 +656,13 @@ class FailurePolicy:
         return f"shard {name} failed {_times(rec.infra)} ({_breakdown(rec.causes)})"
 
     def _summary(self, status: str, p: _Pipeline) -> str:
+        text = self._story(status, p)
+        if p.memory_waits:
+            text = (f"{text.rstrip('.')}; {_plural(p.memory_waits, 'task')} waited "
+                    f"{_seconds(p.memory_waited)} in total for memory.")
+        return text
+
+    def _story(self, status: str, p: _Pipeline) -> str:
         finished = f"{_plural(p.done, 'shard')} finished"
         if status == "aborted":
             d = p.decision

@@ -132,7 +132,7 @@ from oomguard._ledger import HostLedger
 ledger = HostLedger(sys.argv[1], available=lambda: 2**30)
 print("waiting", flush=True)
 adm, waited = ledger.acquire("waiter", 2**29, timeout=60, poll=0.05)
-print(json.dumps({"waited": waited, "cold": adm.cold, "at": time.time()}), flush=True)
+print(json.dumps({"waited": waited, "others": adm.others, "at": time.time()}), flush=True)
 """
 
 
@@ -152,7 +152,7 @@ def test_a_sigkilled_holders_lease_is_reclaimed(tmp_path):
         got = json.loads(out)
         assert got["waited"] >= 1.0
         assert got["at"] - killed_at < 2.0  # proceeded as soon as the lease was reclaimed
-        assert got["cold"]  # the dead holder's lease is gone: nothing else holds one
+        assert got["others"] == 0  # the dead holder's lease is gone: nothing else holds one
         assert waiter.returncode == 0
     finally:
         for p in (holder, waiter):
@@ -198,17 +198,21 @@ def _wait_plugin(client):
 
 
 def _hold_everything(ledger_path):
-    # This test process holds a lease, so a worker's task needing all of the host's
-    # available memory cannot start until it is released.
+    # This test process holds a lease of 1 GiB it has not spent, so a worker's task needing
+    # all of the host's available memory but 512 MiB cannot start until it is released.
     ledger = HostLedger(ledger_path)
     assert ledger.try_acquire("test-holder", 2**30).granted
     return ledger
 
 
+def _nearly_everything() -> int:
+    return oomguard._ledger.host_available() - 2**29
+
+
 def test_a_dask_task_waits_for_memory_and_the_wait_is_visible(dask_cluster):
     client, ledger_path = dask_cluster
     ledger = _hold_everything(ledger_path)
-    everything = oomguard._ledger.host_available()
+    everything = _nearly_everything()
     try:
         with oomguard.memory(everything):
             fut = client.submit(needs_a_lot, 1, key="needs-a-lot-1")
@@ -240,7 +244,7 @@ def test_a_dask_task_waits_for_memory_and_the_wait_is_visible(dask_cluster):
 def test_a_wait_past_max_wait_errs_naming_need_and_free(dask_cluster):
     client, ledger_path = dask_cluster
     ledger = _hold_everything(ledger_path)
-    everything = oomguard._ledger.host_available()
+    everything = _nearly_everything()
     try:
         with oomguard.memory(everything):
             fut = client.submit(needs_a_lot, 2, key="needs-a-lot-2")

@@ -351,3 +351,22 @@ def test_a_thousand_tasks_erring_with_one_bug_are_parsed_once(monkeypatch):
     assert len(ids) == 1 and len(parsed) == 1
     out, _ = c.task_erred("other", "ValueError('x')", tb, "tcp://w:1", "w", 0, now=1.0)
     assert len(parsed) == 2  # another exception class is another signature
+
+
+def test_memory_waits_are_told_in_the_pipeline_summary():
+    """A worker's admission events (a task waited for host memory, then ran) add up in its
+    pipeline run's summary; keys the core does not track are ignored."""
+    from oomguard._decide import DecisionCore
+
+    c = DecisionCore(allowed_failures=1, grace=5.0)
+    span = {"span": {k: {"name": ("etl",), "ids": ("id1",)} for k in ("x-1", "x-2", "x-3")}}
+    c.submitted(["x-1", "x-2", "x-3"], ["x-1", "x-2", "x-3"], span, now=0.0)
+    c.memory_waited("x-1", 4.25)
+    c.memory_waited("x-2", 7.75)
+    c.memory_waited("not-a-task", 100.0)
+    for k in ("x-1", "x-2", "x-3"):
+        c.transition(k, "processing", "memory")
+    [status] = [c.policy.status(p) for p in c.policy.pipelines()]
+    assert status.status == "succeeded"
+    assert status.summary == ("all 3 shards finished; 2 tasks waited 12 s in total for "
+                              "memory."), status.summary

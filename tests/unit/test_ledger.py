@@ -30,10 +30,16 @@ def _sleeper():
     return proc
 
 
-def test_cold_start_is_granted_even_when_memory_is_short(tmp_path):
-    ledger = _ledger(tmp_path, available=1 * GiB)
-    adm = ledger.try_acquire("big", 8 * GiB)
-    assert adm.granted and adm.cold
+def test_a_cold_start_borrows_the_floor_but_not_memory_that_is_not_there(tmp_path):
+    ledger = _ledger(tmp_path, available=4 * GiB, floor=1 * GiB)
+    adm = ledger.try_acquire("big", 4 * GiB)  # 3 GiB free above the floor; nothing else held
+    assert adm.granted and adm.cold and adm.free == 3 * GiB
+    ledger.release("big")
+    short = ledger.try_acquire("bigger", 5 * GiB)  # more than there is: it waits
+    assert not short.granted and not short.cold
+    assert (short.available, short.others) == (4 * GiB, 0)
+    assert ledger.try_acquire("fits", 3 * GiB).granted and not ledger.try_acquire(
+        "fits", 3 * GiB).cold  # fmt: skip
 
 
 def test_other_leases_and_floor_are_subtracted(tmp_path):
@@ -54,7 +60,7 @@ def test_other_leases_and_floor_are_subtracted(tmp_path):
 
 
 def test_leases_of_dead_pids_are_reclaimed(tmp_path):
-    ledger = _ledger(tmp_path, available=1 * GiB)
+    ledger = _ledger(tmp_path, available=5 * GiB)
     other = _sleeper()
     assert ledger.try_acquire("held", 4 * GiB, pid=other.pid).granted
     assert not ledger.try_acquire("mine", 4 * GiB).granted
@@ -65,7 +71,7 @@ def test_leases_of_dead_pids_are_reclaimed(tmp_path):
 
 
 def test_a_zombie_holder_does_not_keep_its_lease(tmp_path):
-    ledger = _ledger(tmp_path, available=1 * GiB)
+    ledger = _ledger(tmp_path, available=5 * GiB)
     other = _sleeper()
     try:
         assert ledger.try_acquire("held", 4 * GiB, pid=other.pid).granted
@@ -141,3 +147,38 @@ def test_need_prefers_the_annotation_then_the_estimate():
     assert need_of("load-1", {ANNOTATION: 7}, est) == 7
     assert need_of("load-1", {}, est) == 1500
     assert need_of("other-1", None, est) is None
+
+
+def test_unknown_available_memory_grants_one_lease_at_a_time(tmp_path):
+    ledger = HostLedger(str(tmp_path / "ledger.json"), available=lambda: None)
+    other = _sleeper()
+    try:
+        first = ledger.try_acquire("a", 4 * GiB, pid=other.pid)
+        assert first.granted and first.cold
+        second = ledger.try_acquire("b", 1 * MiB_)
+        assert not second.granted and second.others == 1
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_two_leases_of_one_process_do_not_count_each_others_memory(tmp_path):
+    """Per process: a worker with two threads holds two leases; what one task allocated is
+    not the other's spending (it was, per lease: both looked spent)."""
+    rss = [100 * MiB_]
+    ledger = HostLedger(str(tmp_path / "ledger.json"), available=lambda: 2 * GiB - rss[0],
+                        _process=(4242, lambda: rss[0], lambda pid, start: (True, None)))
+    assert ledger.try_acquire("a", 600 * MiB_).granted
+    assert ledger.try_acquire("b", 600 * MiB_).granted
+    rss[0] += 600 * MiB_  # task a allocates its whole need; b has not started
+    adm = ledger.try_acquire("c", 800 * MiB_)
+    # 2048 - 700 MiB used = 1348 MiB available; a and b still claim 600 MiB between them, so
+    # 748 MiB is free (per lease, both looked spent: 1348 free, and b's 600 MiB to come
+    # would not have fitted beside c).
+    assert (adm.claimed, adm.spent, adm.free) == (600 * MiB_, 600 * MiB_, 748 * MiB_)
+    assert not adm.granted
+    ledger.release("a")  # a's result stays in memory: b is rebased, its claim stays whole
+    assert ledger.try_acquire("c", 800 * MiB_).claimed == 600 * MiB_
+
+
+MiB_ = 2**20

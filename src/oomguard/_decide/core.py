@@ -472,6 +472,16 @@ class DecisionCore:
             out += self._next_isolated()
         return out
 
+    # --- memory admission ------------------------------------------------------------
+
+    def memory_waited(self, shard: str, seconds: float) -> None:
+        """A task (its str key) waited `seconds` for host memory before it ran (a worker's
+        admission event); counted in its pipeline run's summary."""
+        key = self.runs.key(shard)
+        run = self.runs.of(key) if key is not None else None
+        if run is not None:
+            self.policy.memory_waited(run.label, seconds)
+
     # --- task exceptions -------------------------------------------------------------
 
     def task_erred(self, key: Any, exception_text: str, traceback_text: str, worker: str,

@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("oomguard.scheduler")
 
+#: The workers' event topic for memory admission waits (worker_plugin/_admission.py).
+ADMISSION_TOPIC = "oomguard-admission"
+
 
 
 class OomguardSchedulerPlugin(SchedulerPlugin):
@@ -216,6 +219,9 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             self._apply(self.core.worker_added(worker, ws.memory_limit))
 
     def log_event(self, topic, msg):
+        if topic == ADMISSION_TOPIC:
+            self._admission_event(msg)
+            return
         # Dask publishes this after counting the dead worker's tasks and before it
         # reschedules them: holds apply now, everything else once Dask's transitions ran.
         if topic != "all" or not isinstance(msg, dict) or msg.get("action") != "remove-worker":
@@ -232,6 +238,17 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             self._apply(now)
             if later:
                 asyncio.get_running_loop().call_soon(self._apply_guarded, later)
+
+    def _admission_event(self, msg) -> None:
+        """A worker's task waited for host memory and then ran: its pipeline's summary
+        says how long its tasks waited. Sent by workers: checked, never trusted."""
+        if self.core is None or not isinstance(msg, dict) or msg.get("outcome") != "granted":
+            return
+        key, waited = msg.get("key"), msg.get("waited")
+        if isinstance(key, str) and isinstance(waited, (int, float)) \
+                and not isinstance(waited, bool) and 0 <= waited < 1e7:
+            with self.guard("admission"):
+                self.core.memory_waited(key, float(waited))
 
     def _removal(self, msg: dict, ws) -> Removal:
         tasks = self.scheduler.tasks

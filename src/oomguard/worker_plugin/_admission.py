@@ -109,7 +109,7 @@ class AdmissionMetrics(Collector):
         )
         self.cold_starts = Counter(
             "oomguard_admission_cold_starts_total",
-            "Tasks started without enough free memory because no other lease was held.",
+            "Tasks granted memory kept as the floor, allowed because no other lease was held.",
             registry=None,
         )
         self.leased = Gauge(
@@ -257,11 +257,9 @@ class WorkerAdmission:
 
     def _granted(self, need: int, adm: Admission) -> None:
         self.stats["leases"] += 1
-        if adm.cold and adm.others == 0:
-            # Count only cold starts that free memory alone would have refused.
-            if adm.available and need > adm.available - adm.floor:
-                self.stats["cold"] += 1
-                self.metrics.cold_starts.inc()
+        if adm.cold:  # granted into the floor: no other lease was held
+            self.stats["cold"] += 1
+            self.metrics.cold_starts.inc()
 
     def _waited(self, key: str, need: int, adm: Admission, waited: float, outcome: str) -> None:
         self.stats["waits"] += 1
