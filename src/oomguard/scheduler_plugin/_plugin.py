@@ -37,7 +37,6 @@ logger = logging.getLogger("oomguard.scheduler")
 ADMISSION_TOPIC = "oomguard-admission"
 
 
-
 class OomguardSchedulerPlugin(SchedulerPlugin):
     """Classifies every failure as INFRA or USER, blames only executing shards, aborts a
     pipeline run whose shard is a deterministic crasher, and keeps the history.
