@@ -39,12 +39,20 @@ def pytest_report_header(config):
 #: Lines tests add to the end-of-run summary, printed pass or fail (CI keeps the log).
 KERNEL_TIMINGS: list[str] = []  # tests/kernel: the VM's boot and scenario times
 HOSTS_TIMINGS: list[str] = []  # tests/hosts: the multi-host lab's times
+ADMISSION_FIGURES: list[str] = []  # memory admission: leases, waits, kernel OOM kills
+
+
+@pytest.fixture
+def admission_figures() -> list[str]:
+    """Append a line to the end-of-run summary's memory admission section."""
+    return ADMISSION_FIGURES
 
 
 def pytest_terminal_summary(terminalreporter):
     for heading, lines in (
         ("cgroup v2 VM (tests/kernel)", KERNEL_TIMINGS),
         ("multi-host lab (tests/hosts)", HOSTS_TIMINGS),
+        ("memory admission (tests/cluster)", ADMISSION_FIGURES),
     ):
         if lines:
             terminalreporter.write_sep("-", heading)

@@ -1,14 +1,18 @@
-"""`oomguard report`: the failure history, from a running scheduler or from a store file.
+"""`oomguard report`: the failure history, from a running scheduler or from a store file,
+and the memory peaks the workers learned.
 
-Three sections: events (one failure of one shard each), signatures (deduplicated crashes
-across hosts) and pipelines (where each stands). Tables fit the terminal (COLUMNS when set)
-and never cut a shard, a signature id or a pipeline name: narrower layouts move them to
-lines of their own; piped to a file, nothing is shortened. `--json` prints the rows as
-`to_dict()` of `FailureEvent`, `SignatureRow` and `PipelineStatus`, so
-`FailureEvent.from_dict(row)` gives back what `oomguard.Failures` returns.
+Three history sections: events (one failure of one shard each), signatures (deduplicated
+crashes across hosts) and pipelines (where each stands); and, on request (`--peaks`), the
+peaks: per task prefix, the largest memory growth admission learned, read from the workers'
+ledger files through `client.run` (or from one ledger file on this host; `_peaks.py`).
+Tables fit the terminal (COLUMNS when set) and never cut a shard, a signature id, a pipeline
+name or a task prefix: narrower layouts move them to lines of their own; piped to a file,
+nothing is shortened. `--json` prints the rows as `to_dict()` of `FailureEvent`,
+`SignatureRow`, `PipelineStatus` and `PeakRow`, so `FailureEvent.from_dict(row)` gives back
+what `oomguard.Failures` returns.
 
 Errors are one line on stderr, ``oomguard report: ...``; exit 2 for bad arguments, 1 for a
-scheduler that cannot be reached or a store file that cannot be read.
+scheduler that cannot be reached or a store or ledger file that cannot be read.
 
 The store file is only read. `FailureStore.start()` on an up-to-date WAL-mode store writes
 nothing; it would write (migrate, or switch the journal mode) on an older or non-WAL file,
@@ -31,15 +35,18 @@ import sqlite3
 import sys
 import tempfile
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
-from . import _filters
+from . import _filters, _peaks
 from ._causes import Cause, Kind
 from ._display import clock, one_line, utc_offset
+from ._units import format_bytes
 from ._layout import PROSE_WIDTH, Column, Layout, key_line, lay_out, output_width, wrap
 
 PROG = "oomguard report"
-SECTIONS = ("events", "signatures", "pipelines")
+#: The failure history: printed when no section is asked for.
+HISTORY = ("events", "signatures", "pipelines")
+SECTIONS = (*HISTORY, "peaks")
 #: The Python API's defaults, so `--json` without `--limit` equals `Failures(client).events()`.
 DEFAULT_LIMITS = {"events": 1000, "signatures": 100, "pipelines": 100}
 
@@ -50,22 +57,36 @@ examples:
   oomguard report --scheduler tcp://scheduler:8786 --shard "('load-0a1b', 17)"
   oomguard report --store history.sqlite3 --pipelines --pipeline etl
   oomguard report --store history.sqlite3 --events --json | jq '.events[].evidence'
+  oomguard report --scheduler tcp://scheduler:8786 --peaks
+  oomguard report --ledger /tmp/oomguard-1000/memory-ledger.json
 
-Filters narrow each section they apply to: --kind, --cause and --since the events (and
+Filters narrow each section they apply to (never the peaks): --kind, --cause and --since the events (and
 --cause, --since the signatures); --pipeline all three; --shard and --signature the events,
 and the signatures and pipelines to those the shown events name. --shard alone prints the
 shard's whole history oldest first, with evidence; with other filters or --limit, its
 newest events. --limit applies to each section (defaults: 1000 events, 100 signatures,
 100 pipelines). Times are local unless an ISO time carries an offset.
 
-Tables fit the terminal's width (or COLUMNS); a shard, signature id or pipeline name is
-never cut: in a narrow terminal it moves to a line of its own under its row. Piped to a
+Tables fit the terminal's width (or COLUMNS); a shard, signature id, pipeline name or task
+prefix is never cut: in a narrow terminal it moves to a line of its own. Piped to a
 file or another program, nothing is shortened or moved (COLUMNS=N sets a width).
 
---json prints one document {"events": [...], "signatures": [...], "pipelines": [...]} (the
-sections asked for) whose rows are FailureEvent / SignatureRow / PipelineStatus.to_dict().
+Without a section flag the report prints events, signatures and pipelines; the peaks only
+when asked for (--peaks, or --ledger). --peaks prints the memory peaks admission
+learned per task prefix, with an oomguard.memory(...) annotation to size from each: with a
+scheduler (--scheduler, or the scheduler-address setting), from the ledger file of every
+worker host (read only, through client.run; a host's workers share one file); with --ledger
+PATH, from that file; with neither, from this host's ledger, where oomguard's settings here
+put it (oomguard.worker.admission.ledger, else <crash-dir>/memory-ledger.json). A failure
+store holds no peaks: with --store, --peaks needs --ledger. --ledger alone prints only the
+peaks.
 
-exit status: 0 success; 1 the scheduler or the store could not be read; 2 bad arguments.
+--json prints one document {"events": [...], "signatures": [...], "pipelines": [...],
+"peaks": [...]} (the sections asked for) whose rows are FailureEvent / SignatureRow /
+PipelineStatus.to_dict() and {"prefix", "peak" (bytes), "hosts", "suggested"}.
+
+exit status: 0 success; 1 the scheduler, the store or the ledger could not be read; 2 bad
+arguments.
 """
 
 
@@ -147,9 +168,10 @@ def _usage_error(message: str) -> None:
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "report",
-        help="print the failure history: events, signatures, pipelines",
+        help="print the failure history (events, signatures, pipelines) and learned peaks",
         description="Print the failure history a scheduler keeps: failure events, crash\n"
-        "signatures and pipeline statuses, from a running scheduler or a store file.",
+        "signatures and pipeline statuses, from a running scheduler or a store file; and\n"
+        "the memory peaks the workers learned per task prefix (--peaks).",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -162,8 +184,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--timeout", type=_seconds, default=5.0, metavar="SECONDS",
         help="for the connection to the scheduler and each query (default 5)",
     )  # fmt: skip
-    for name in SECTIONS:
+    for name in HISTORY:
         p.add_argument(f"--{name}", action="store_true", help=f"print the {name} section")
+    p.add_argument("--peaks", action="store_true", help="print the memory peaks learned per "
+                   "task prefix, with a suggested oomguard.memory(...) for each")  # fmt: skip
+    p.add_argument("--ledger", metavar="PATH", help="read the peaks from this memory ledger "
+                   "file (read only; implies --peaks)")  # fmt: skip
     p.add_argument("--kind", choices=[k.value for k in Kind], help="infra or user")
     causes = [c.value for c in Cause]
     p.add_argument("--cause", choices=causes, metavar="CAUSE", help=", ".join(causes))
@@ -223,7 +249,8 @@ class _SchedulerSource:
 
 
 @contextlib.contextmanager
-def _scheduler_source(address: str, timeout: float) -> Iterator[_SchedulerSource]:
+def _connected(address: str, timeout: float) -> Iterator[Any]:
+    """A Client of the scheduler at `address`, closed on the way out."""
     from distributed import Client
     from distributed.comm import resolve_address
 
@@ -239,26 +266,30 @@ def _scheduler_source(address: str, timeout: float) -> Iterator[_SchedulerSource
             client = Client(address, timeout=timeout, set_as_default=False)
         except Exception as e:
             raise ReportFailed(f"cannot reach the scheduler at {address}: {one_line(e)}") from e
-        source = _SchedulerSource(client, timeout)
-        try:
-            # Without the handler Dask logs a warning and answers nothing, or None.
-            stats = source.failures._query("stats")
-        except TimeoutError:
-            stats = None
-        if not isinstance(stats, dict):
-            raise ReportFailed(
-                f"the scheduler at {address} did not answer oomguard's query within "
-                f"{timeout:g} s: is oomguard loaded there (dask scheduler --preload "
-                "oomguard.scheduler_plugin, or oomguard.install(client))? A busy scheduler "
-                "may need a larger --timeout."
-            )
-        yield source
+        yield client
     finally:
         if client is not None:
             with contextlib.suppress(Exception):
                 client.close(timeout=timeout)
         for name, log in quiet.items():
             log.setLevel(levels[name])
+
+
+def _scheduler_source(client: Any, address: str, timeout: float) -> _SchedulerSource:
+    source = _SchedulerSource(client, timeout)
+    try:
+        # Without the handler Dask logs a warning and answers nothing, or None.
+        stats = source.failures._query("stats")
+    except TimeoutError:
+        stats = None
+    if not isinstance(stats, dict):
+        raise ReportFailed(
+            f"the scheduler at {address} did not answer oomguard's query within "
+            f"{timeout:g} s: is oomguard loaded there (dask scheduler --preload "
+            "oomguard.scheduler_plugin, or oomguard.install(client))? A busy scheduler "
+            "may need a larger --timeout."
+        )
+    return source
 
 
 @contextlib.contextmanager
@@ -408,6 +439,39 @@ def collect(source: Any, args: argparse.Namespace, sections: tuple[str, ...]) ->
     return out
 
 
+class PeaksRead(NamedTuple):
+    """The peaks section: its rows (`_peaks.PeakRow`), where they were read (a ledger path,
+    or the scheduler whose workers were asked), the ledgers read, and notes on what was not."""
+
+    rows: list
+    source: str
+    ledgers: list
+    notes: list[str]
+    from_workers: bool
+
+
+def peaks_from_file(path: str) -> PeaksRead:
+    """The peaks of one ledger file on this host; ReportFailed when it cannot be read."""
+    try:
+        ledger = _peaks.read_ledger(path)
+    except OSError as e:
+        raise ReportFailed(f"cannot read the memory ledger {path}: "
+                           f"{e.strerror or one_line(e)}") from e  # fmt: skip
+    return PeaksRead(_peaks.merge([ledger]), path, [ledger], _peaks.notes([ledger]), False)
+
+
+def peaks_from_workers(client: Any, address: str, timeout: float) -> PeaksRead:
+    """The peaks of every worker host's ledger, each file read once (`client.run`)."""
+    try:
+        results = client.run(_peaks.worker_ledger_peaks, on_error="return",
+                             callback_timeout=timeout)  # fmt: skip
+    except TimeoutError as e:
+        raise ReportFailed(f"the workers of the scheduler at {address} did not answer within "
+                           f"{timeout:g} s (try a larger --timeout)") from e  # fmt: skip
+    ledgers = _peaks.from_workers(results)
+    return PeaksRead(_peaks.merge(ledgers), address, ledgers, _peaks.notes(ledgers), True)
+
+
 # --------------------------------------------------------------------------- rendering
 #
 # Tables fit the terminal without cutting what a user copies (a shard, a signature id, a
@@ -526,6 +590,50 @@ def render_pipelines(rows: list, *, width: int | None = None,
     return lines
 
 
+_PEAK_COLUMNS = [Column("PREFIX"), Column("PEAK", right=True), Column("HOSTS", "hosts"),
+                 Column("SUGGESTED", "suggested")]  # fmt: skip
+#: A long prefix keeps its place in the row longest; the suggestion and hosts move under it.
+_PEAK_LAYOUTS = [
+    Layout(("PREFIX", "PEAK", "HOSTS", "SUGGESTED")),
+    Layout(("PREFIX", "PEAK", "SUGGESTED"), below=("HOSTS",)),
+    Layout(("PREFIX", "PEAK"), below=("SUGGESTED", "HOSTS")),
+    Layout(("PEAK", "SUGGESTED"), above=("PREFIX",), below=("HOSTS",)),
+    Layout(("PEAK",), above=("PREFIX",), below=("SUGGESTED", "HOSTS")),
+]
+
+
+def render_peaks(read: PeaksRead, *, width: int | None = None) -> list[str]:
+    """The peaks section: the start-up peak first, then the largest first; notes under it."""
+    if read.from_workers:
+        hosts = len({lg.host for lg in read.ledgers if lg.path != "?"})
+        lines = [f"PEAKS: {len(read.rows)}, largest first, from the memory ledgers of {hosts} "
+                 f"worker host{'s' if hosts != 1 else ''}"]  # fmt: skip
+    else:
+        lines = key_line(f"PEAKS: {len(read.rows)}, largest first, from", read.source, width)
+    if read.rows:
+        body = [[r.label, format_bytes(r.peak), ",".join(r.hosts), r.suggested]
+                for r in read.rows]  # fmt: skip
+        _, header, blocks = lay_out(_PEAK_COLUMNS, body, _PEAK_LAYOUTS, width)
+        lines += [*header, *(line for block in blocks for line in block)]
+        if any(r.suggested for r in read.rows):
+            lines += wrap("(SUGGESTED: the peak rounded up to 16 MiB; add a margin for "
+                          "larger inputs)", width, "  ")  # fmt: skip
+    elif not read.ledgers:
+        lines.append("  no workers to ask")
+    elif all(lg.missing for lg in read.ledgers):
+        where = "no worker host has a memory ledger" if read.from_workers else "no such file"
+        lines += wrap(f"no peaks learned yet: {where}", width, "  ")
+    elif all(lg.missing or lg.note for lg in read.ledgers):
+        lines.append("  no peaks read: see the notes")
+    else:
+        lines += wrap("no peaks learned yet: a peak is learned from a task that ran alone in its "
+                      "worker and grew its memory by at least "
+                      "oomguard.worker.admission.min-estimate", width, "  ")  # fmt: skip
+    for note in read.notes:
+        lines += wrap(f"note: {note}", width, "  ")
+    return lines
+
+
 def _empty(what: str, args: argparse.Namespace, width: int | None) -> list[str]:
     """Why a section has no rows, in words: never a bare "none"."""
     narrowed = any(v is not None for v in (args.kind, args.cause, args.pipeline,
@@ -539,50 +647,90 @@ def _empty(what: str, args: argparse.Namespace, width: int | None) -> list[str]:
 # --------------------------------------------------------------------------- the command
 
 
+def _sections(args: argparse.Namespace) -> tuple[str, ...]:
+    """The sections asked for: the history by default; --ledger adds the peaks, and alone
+    (no --scheduler, no --store) asks for the peaks only."""
+    asked = [s for s in SECTIONS if getattr(args, s)]
+    if not asked and (args.ledger is None or args.scheduler or args.store):
+        asked = list(HISTORY)
+    if args.ledger is not None and "peaks" not in asked:
+        asked.append("peaks")
+    return tuple(asked)
+
+
 def run(args: argparse.Namespace) -> int:
-    sections = tuple(s for s in SECTIONS if getattr(args, s)) or SECTIONS
-    if args.scheduler is None and args.store is None:
+    sections = _sections(args)
+    history = tuple(s for s in sections if s != "peaks")
+    # Where the peaks come from: the --ledger file, the scheduler's workers, or this host.
+    workers = "peaks" in sections and args.ledger is None
+    if args.scheduler is None and args.store is None and (history or workers):
         import dask
 
-        args.scheduler = dask.config.get("scheduler-address", None)
-        if not args.scheduler:
+        args.scheduler = dask.config.get("scheduler-address", None) or None
+        if args.scheduler is None and history:
             print(f"{PROG}: give --scheduler ADDRESS or --store PATH (or set "
                   "DASK_SCHEDULER_ADDRESS)", file=sys.stderr)  # fmt: skip
             return 2
+    ledger = args.ledger
+    if workers and args.scheduler is None:
+        if args.store is not None:
+            _usage_error("--peaks: a failure store holds no memory peaks; give --ledger PATH "
+                         "(a memory ledger file on this host) or --scheduler ADDRESS")  # fmt: skip
+        workers = False
+        try:
+            ledger = _peaks.configured_ledger()
+        except Exception as e:  # ConfigError: a bad oomguard setting here
+            print(f"{PROG}: cannot tell where this host's memory ledger is: {one_line(e)}",
+                  file=sys.stderr)  # fmt: skip
+            return 1
+    data: dict[str, Any] = {}
     try:
-        opened = (
-            _scheduler_source(args.scheduler, args.timeout)
-            if args.scheduler is not None
-            else _store_source(args.store)
-        )
-        with opened as source:
-            try:
-                data = collect(source, args, sections)
-            except ReportFailed:
-                raise
-            except TimeoutError as e:
-                raise ReportFailed(
-                    f"the scheduler at {args.scheduler} did not answer within "
-                    f"{args.timeout:g} s (try a larger --timeout)"
-                ) from e
-            except sqlite3.Error as e:
-                raise ReportFailed(f"cannot read the failure store {args.store}: "
-                                   f"{one_line(e)}") from e  # fmt: skip
+        if args.scheduler is not None and (history or workers):
+            with _connected(args.scheduler, args.timeout) as client:
+                if history:
+                    data = _collect(_scheduler_source(client, args.scheduler, args.timeout),
+                                    args, history)  # fmt: skip
+                if workers:
+                    data["peaks"] = peaks_from_workers(client, args.scheduler, args.timeout)
+        elif history:
+            with _store_source(args.store) as source:
+                data = _collect(source, args, history)
+        if ledger is not None:
+            data["peaks"] = peaks_from_file(ledger)
     except ReportFailed as e:
         print(f"{PROG}: {one_line(e)}", file=sys.stderr)
         return 1
     except Exception as e:  # anything else is still one line, never a traceback
-        where = f"the scheduler at {args.scheduler}" if args.scheduler else args.store
+        where = f"the scheduler at {args.scheduler}" if args.scheduler else args.store or ledger
         print(f"{PROG}: reading {where} failed: {type(e).__name__}: {one_line(e)}",
               file=sys.stderr)  # fmt: skip
         return 1
     return _print(data, sections, args)
 
 
-def _print(data: dict[str, list], sections: tuple[str, ...], args: argparse.Namespace) -> int:
+def _collect(source: Any, args: argparse.Namespace, sections: tuple[str, ...]) -> dict[str, Any]:
+    try:
+        return collect(source, args, sections)
+    except ReportFailed:
+        raise
+    except TimeoutError as e:
+        raise ReportFailed(
+            f"the scheduler at {args.scheduler} did not answer within "
+            f"{args.timeout:g} s (try a larger --timeout)"
+        ) from e
+    except sqlite3.Error as e:
+        raise ReportFailed(f"cannot read the failure store {args.store}: "
+                           f"{one_line(e)}") from e  # fmt: skip
+
+
+def _print(data: dict[str, Any], sections: tuple[str, ...], args: argparse.Namespace) -> int:
     if args.json:
-        doc = {name: [row.to_dict() for row in data[name]] for name in sections}
+        doc = {name: [row.to_dict() for row in
+                      (data[name].rows if name == "peaks" else data[name])]
+               for name in sections}  # fmt: skip
         text = json.dumps(doc, indent=2)
+        for note in data["peaks"].notes if "peaks" in data else ():  # the document has rows only
+            print(f"{PROG}: note: {one_line(note)}", file=sys.stderr)
     else:
         width = output_width()
         blocks = []
@@ -599,6 +747,8 @@ def _print(data: dict[str, list], sections: tuple[str, ...], args: argparse.Name
         if "pipelines" in data:
             blocks.append(render_pipelines(data["pipelines"], width=width,
                                            empty=_empty("pipelines", args, width)))  # fmt: skip
+        if "peaks" in data:
+            blocks.append(render_peaks(data["peaks"], width=width))
         text = "\n\n".join("\n".join(b) for b in blocks)
     try:
         with contextlib.suppress(AttributeError, ValueError):

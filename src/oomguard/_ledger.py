@@ -21,6 +21,13 @@ claims + usage + floor <= limit, and claims + usage <= limit during a cold start
 (tests/unit/test_ledger_model.py). `available` is MemAvailable (/proc/meminfo) by default,
 or limit - usage of a memory cgroup the workers share (`cgroup_available`).
 
+In turn: a refused request is queued in the file while it keeps asking (until `withdraw`,
+its process's death, or `QUEUE_STALE` seconds without asking). A request must also fit
+beside the needs of every earlier waiter that could fit once the current leases end, so a
+worker that has just released cannot take the memory back ahead of one that waited for it.
+A nanny's start-up lease is spent by the worker it starts, not by the nanny: its base is
+`ELSEWHERE` and it claims its whole need until released.
+
 The file must be shared only by processes in one PID namespace (one container, or the
 host): PIDs from elsewhere cannot be checked for liveness.
 
@@ -43,11 +50,21 @@ from . import _cgroup
 from ._exceptions import OomguardError
 from ._units import format_bytes
 
-__all__ = ["Admission", "AdmissionTimeout", "HostLedger", "cgroup_available", "format_bytes"]
+__all__ = [
+    "STARTUP_PEAK", "Admission", "AdmissionTimeout", "HostLedger", "cgroup_available",
+    "format_bytes",
+]
 
 _VERSION = 1
 #: Per-prefix peaks kept in the file; the least recently seen beyond this are dropped.
 MAX_PEAKS = 512
+#: The peaks entry for worker start-ups (nannies' start-up leases), beside task prefixes.
+STARTUP_PEAK = "oomguard:worker-start-up"
+#: A refused request that has not asked again for this long has given up (seconds).
+QUEUE_STALE = 10.0
+#: The base of a lease whose memory another process spends (a nanny's start-up lease: its
+#: worker does): it claims its whole need until released, whatever its holder's RSS does.
+ELSEWHERE = -1
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -81,11 +98,13 @@ class Admission:
     others: int  # other live leases
     cold: bool = False  # granted only by borrowing the floor: no other lease was held
     spent: int = 0  # what other live leases have already spent (in `available` already)
+    ahead: int = 0  # earlier requests still waiting, that this one may not overtake
 
     def detail(self) -> str:
+        queued = f", {self.ahead} earlier request(s) waiting" if self.ahead else ""
         return (
             f" (available {format_bytes(self.available)}, claimed by {self.others} other "
-            f"lease(s) {format_bytes(self.claimed)}, floor {format_bytes(self.floor)})"
+            f"lease(s) {format_bytes(self.claimed)}, floor {format_bytes(self.floor)}{queued})"
         )
 
 
@@ -281,8 +300,10 @@ class HostLedger:
 
     # -- leases ------------------------------------------------------------------------
 
-    def try_acquire(self, key: str, nbytes: int, *, pid: int | None = None) -> Admission:
-        """One attempt: grant a lease of `nbytes` for `key` now, or say why not."""
+    def try_acquire(self, key: str, nbytes: int, *, pid: int | None = None,
+                    elsewhere: bool = False) -> Admission:
+        """One attempt: grant a lease of `nbytes` for `key` now, or say why not (and
+        queue it: see `withdraw`). `elsewhere`: another process will spend it."""
         pid = self.pid if pid is None else pid
         start = self._start if pid == self.pid else _proc_start(pid)
         result: list[Admission] = []
@@ -292,28 +313,72 @@ class HostLedger:
             others = [le for le in leases if not (le[0] == pid and le[1] == key)]
             claimed, spent = self._claims(others)
             available = self.available()
-            if available is None:  # unknown: one lease at a time
+            now = time.time()
+            queue = self._waiting(state, now)
+            mine = next((q for q in queue if q[0] == pid and q[1] == key), None)
+            since = mine[3] if mine is not None else now
+            if available is None:  # unknown: one lease at a time, in order
                 available, free = 0, -claimed - self.floor
-                granted = cold = not others
+                ahead = [q for q in queue if (q[3], q[0], q[1]) < (since, pid, key)]
+                granted = cold = not others and not ahead
             else:
                 free = available - claimed - self.floor
-                granted = nbytes <= free or (not others and nbytes <= available)
+                # Waiters asking since before this request, whose need fits once the
+                # leases held now have ended, go first: fits only beside all of them.
+                ahead = [q for q in queue if (q[3], q[0], q[1]) < (since, pid, key)
+                         and q[2] <= available + spent]
+                before = sum(q[2] for q in ahead)
+                granted = nbytes + before <= free or (
+                    not others and not ahead and nbytes <= available)
                 cold = granted and nbytes > free
             result.append(Admission(granted, nbytes, free, available, claimed, self.floor,
-                                    len(others), cold, spent))
+                                    len(others), cold, spent, len(ahead)))
+            if mine is not None:
+                queue.remove(mine)
             if granted:
-                rss = self._own_rss() if pid == self.pid else _rss(pid)
+                rss = ELSEWHERE if elsewhere else self._own_rss() if pid == self.pid else _rss(pid)
                 others.append([pid, key, nbytes, rss, start])
                 state["leases"] = others
-            return granted
+            else:
+                queue.append([pid, key, nbytes, since, now])
+            state["queue"] = queue
+            return True
 
         self._locked(mutate)
         return result[0]
 
+    def _waiting(self, state: dict, now: float) -> list:
+        """The queue of refused requests still asking: a waiter that has not asked again
+        within `QUEUE_STALE` seconds, or whose process is gone, has given up."""
+        queue = []
+        for q in state["queue"]:
+            if now - q[4] > QUEUE_STALE:
+                continue
+            if q[0] != self.pid:
+                if q[0] not in self._rss_of:
+                    self._rss_of[q[0]] = self._probe(q[0], None)
+                if not self._rss_of[q[0]][0]:
+                    continue
+            queue.append(q)
+        return queue
+
+    def withdraw(self, key: str, *, pid: int | None = None) -> None:
+        """Stop waiting for `key` (timed out, cancelled): later requests no longer queue
+        behind it."""
+        pid = self.pid if pid is None else pid
+
+        def mutate(state: dict) -> bool:
+            before = len(state["queue"])
+            state["queue"] = [q for q in state["queue"] if not (q[0] == pid and q[1] == key)]
+            return len(state["queue"]) != before
+
+        self._locked(mutate, reclaim=False)
+
     def _claims(self, leases: list) -> tuple[int, int]:
         """(what `leases` still claim, what they have spent), per holding process: a
         process's growth since its earliest base counts against the sum of its leases."""
-        per: dict[int, list[int]] = {}  # pid -> [sum of needs, min base or -1 (unknown)]
+        # pid -> [sum of needs, min base, or -1 (unknown, or ELSEWHERE): all of it claimed]
+        per: dict[int, list[int]] = {}
         for p, _, n, base, _ in leases:
             entry = per.setdefault(p, [0, base if isinstance(base, int) else -1])
             entry[0] += n
@@ -337,13 +402,17 @@ class HostLedger:
             before = len(state["leases"])
             state["leases"] = [le for le in state["leases"] if not (le[0] == pid and le[1] == key)]
             found.append(len(state["leases"]) != before)
+            state["queue"] = [q for q in state["queue"] if not (q[0] == pid and q[1] == key)]
             mine = [le for le in state["leases"] if le[0] == pid]
             if found[0] and mine:
                 # What the finished task left (a kept result) is not the others' spending.
                 rss = self._own_rss() if pid == self.pid else _rss(pid)
                 if rss is not None:
                     for le in mine:
-                        le[3] = max(le[3], rss) if isinstance(le[3], int) else rss
+                        if not isinstance(le[3], int):
+                            le[3] = rss
+                        elif le[3] != ELSEWHERE:
+                            le[3] = max(le[3], rss)
             return _record_peak(state, peak) or found[0]
 
         # Reclaiming others' dead leases is left to acquisitions: a release stays cheap.
@@ -387,6 +456,7 @@ class HostLedger:
                 on_wait(adm)
             first = False
             if waited >= timeout:
+                self.withdraw(key)
                 raise AdmissionTimeout(key, nbytes, adm.free, waited, adm.detail())
             time.sleep(min(delay, max(0.0, timeout - waited)))
             delay = min(delay * 2, poll)
@@ -402,20 +472,25 @@ def _parse(raw: bytes) -> dict:
         state = {}
     leases = state.get("leases")
     peaks = state.get("peaks")
+    queue = state.get("queue")
     return {
         "version": _VERSION,
-        "leases": [le for le in leases if _lease_ok(le)] if isinstance(leases, list) else [],
+        "leases": [le for le in leases if _entry_ok(le)] if isinstance(leases, list) else [],
         "peaks": peaks if isinstance(peaks, dict) else {},
+        "queue": [q for q in queue if _entry_ok(q, timed=True)] if isinstance(queue, list) else [],
     }
 
 
-def _lease_ok(le) -> bool:
+def _entry_ok(entry, timed: bool = False) -> bool:
+    """A lease [pid, key, need, base, start], or (`timed`) a waiting request
+    [pid, key, need, asking since, asked last] (times from time.time())."""
     return (
-        isinstance(le, list)
-        and len(le) == 5
-        and isinstance(le[0], int)
-        and isinstance(le[1], str)
-        and isinstance(le[2], int)
+        isinstance(entry, list)
+        and len(entry) == 5
+        and isinstance(entry[0], int)
+        and isinstance(entry[1], str)
+        and isinstance(entry[2], int)
+        and (not timed or all(isinstance(t, (int, float)) for t in entry[3:]))
     )
 
 

@@ -195,16 +195,19 @@ def _line(got: dict) -> str:
     return line + f"; pipeline {got['pipeline_status']}: {got['summary']!r}"
 
 
-def test_without_annotations_the_kernel_kills_workers(tmp_path):
+def test_without_annotations_the_kernel_kills_workers(tmp_path, admission_figures):
     got = _run(tmp_path, annotate=False)
     print(_line(got))
+    admission_figures.append(_line(got))
     assert got["kills"] >= 1, _line(got)
 
 
-def test_annotated_tasks_take_turns_and_all_finish(tmp_path, artifacts_dir, record_property):
+def test_annotated_tasks_take_turns_and_all_finish(tmp_path, artifacts_dir, record_property,
+                                                   admission_figures):
     got = _run(tmp_path, annotate=True)
     line = _line(got)
     print(line)
+    admission_figures.append(line)
     (artifacts_dir / "admission-scenario.json").write_text(json.dumps(got, indent=1, default=str))
     for name in ("kills", "leases", "waits", "waited_s", "peak"):
         record_property(f"admission_scenario_{name}", got[name])

@@ -108,7 +108,8 @@ def _most_at_once(leases: list[dict]) -> int:
 
 
 def test_concurrent_leases_never_overcommit_a_real_memory_group(tmp_path, artifacts_dir,
-                                                                record_property):
+                                                                record_property,
+                                                                admission_figures):
     ledger_path = str(tmp_path / "ledger.json")
     with memory_group("admission-stress", LIMIT) as group:
         procs: list[subprocess.Popen] = []
@@ -167,6 +168,7 @@ def test_concurrent_leases_never_overcommit_a_real_memory_group(tmp_path, artifa
         f"kernel OOM kills {figures['oom_kill']}"
     )
     print(line)
+    admission_figures.append(line)
     for name in ("leases_granted", "waits", "longest_wait_s", "peak_usage", "oom_kill"):
         record_property(f"admission_stress_{name}", figures[name])
     (artifacts_dir / "admission-stress.json").write_text(json.dumps(figures, indent=1))

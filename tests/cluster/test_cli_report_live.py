@@ -9,14 +9,18 @@ import subprocess
 import sys
 import time
 
+import dask
+import dask.utils
 import distributed
 import pytest
+from cluster_helpers import wait_installed
 from distributed import Client, LocalCluster
 
 import oomguard
 from oomguard import FailureEvent
 
 pytestmark = pytest.mark.timeout(180)
+MiB = 2**20
 
 
 def bad_parse(x):
@@ -103,3 +107,59 @@ def test_report_fails_fast_with_nothing_listening():
 def test_report_refuses_a_malformed_address():
     err = _one_line_error(oomguard_report("--scheduler", "nonsense::"))
     assert "nonsense::" in err
+
+
+def hold_memory(nbytes: int) -> int:
+    block = bytearray(b"x") * nbytes  # touched, so resident: RSS grows by nbytes
+    time.sleep(1.5)  # the worker samples its RSS every 0.5 s
+    return len(block)
+
+
+def test_report_peaks_shows_what_the_workers_learned(tmp_path):
+    """A task that ran alone under admission leaves its prefix's peak in the workers' ledger
+    (a path only their config names); `--peaks` reads it back through the scheduler, once for
+    the host's two workers, with an annotation no smaller than the peak."""
+    import socket
+
+    from oomguard._peaks import suggested
+
+    ledger = tmp_path / "memory-ledger.json"
+    with dask.config.set({
+        "distributed.nanny.preload": ["oomguard.worker_plugin"],
+        "oomguard.worker.cgroup-limit": "false",
+        "oomguard.worker.admission.ledger": str(ledger),
+        "oomguard.worker.admission.min-estimate": "16 MiB",
+    }), LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as cluster, Client(cluster) as client:  # fmt: skip
+        wait_installed(client, 2)
+        address = cluster.scheduler_address
+        assert client.submit(hold_memory, 100 * MiB, key="peaks-probe-1").result(60) == 100 * MiB
+        learned = json.loads(ledger.read_text())["peaks"]["peaks-probe"]
+        assert 95 * MiB <= learned <= 200 * MiB, learned
+
+        proc = oomguard_report("--scheduler", address, "--peaks", "--json")
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+        doc = json.loads(proc.stdout)
+        assert list(doc) == ["peaks"]
+        (row,) = [r for r in doc["peaks"] if r["prefix"] == "peaks-probe"]
+        assert row == {"prefix": "peaks-probe", "peak": learned, "hosts": [socket.gethostname()],
+                       "suggested": suggested(learned)}  # fmt: skip
+        size = row["suggested"].split('"')[1]
+        assert learned <= dask.utils.parse_bytes(size) < learned + 16 * MiB
+
+        proc = oomguard_report("--scheduler", address, "--peaks", columns=80)
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+        lines = proc.stdout.splitlines()
+        assert lines[0] == (f"PEAKS: {len(doc['peaks'])}, largest first, from the memory "
+                            "ledgers of 1 worker host")  # fmt: skip
+        (line,) = [ln for ln in lines if ln.startswith("peaks-probe ")]
+        assert oomguard._units.format_bytes(learned) in line
+        assert row["suggested"] in proc.stdout
+        assert max(map(len, lines)) <= 80
+
+        # The history sections stay the default: no peaks unless asked for.
+        oomguard.install(client, store=str(tmp_path / "failures.sqlite3"))
+        proc = oomguard_report("--scheduler", address, "--json")
+        assert proc.returncode == 0, proc.stderr
+        assert list(json.loads(proc.stdout)) == ["events", "signatures", "pipelines"]

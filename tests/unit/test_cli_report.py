@@ -16,10 +16,10 @@ import textwrap
 import time
 
 import pytest
+from _cli_run import report
 from capabilities import require
 
 from oomguard import FailureEvent, PipelineStatus, SignatureRow
-from oomguard._cli import main
 from oomguard._cli_report import parse_since
 from oomguard._layout import table
 from oomguard._store import FailureStore
@@ -107,16 +107,6 @@ def history(tmp_path_factory) -> pathlib.Path:
 
 def sha256(path) -> str:
     return hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()
-
-
-def report(capsys, *argv):
-    """(exit status, stdout, stderr) of `oomguard report ...`, run in this process."""
-    try:
-        rc = main(["report", *map(str, argv)])
-    except SystemExit as e:
-        rc = e.code
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def store_api(path, method, **kw):

@@ -370,3 +370,20 @@ def test_memory_waits_are_told_in_the_pipeline_summary():
     assert status.status == "succeeded"
     assert status.summary == ("all 3 shards finished; 2 tasks waited 12 s in total for "
                               "memory."), status.summary
+
+
+def test_workers_killed_again_before_they_registered_are_each_one_death():
+    """A nanny restarts its worker, and the kernel kills the new process while it starts,
+    again and again (a start-up stampede): each report names the predecessor's address
+    (Dask sets the new one only once the worker is up) and no removal ever comes. They were
+    refused as duplicates: two thirds of the kernel's kills were lost."""
+    pairing = DeathPairing(grace=5.0)
+    assert pairing.reported(report(pid=7), now=0.0) is None
+    first = pairing.reported(report(pid=8), now=0.5)  # another process: decide the first
+    assert (first.worker, first.removal, first.report["pid"]) == ("tcp://a:1", None, 7)
+    assert pairing.reported(report(pid=8), now=0.6) is None  # the same one again: refused
+    assert pairing.refused == {"duplicate": 1}
+    second = pairing.reported(report(pid=9), now=1.0)
+    assert second.report["pid"] == 8
+    [third] = pairing.expired(now=6.0)
+    assert third.report["pid"] == 9 and len(pairing) == 0

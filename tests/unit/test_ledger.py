@@ -182,3 +182,94 @@ def test_two_leases_of_one_process_do_not_count_each_others_memory(tmp_path):
 
 
 MiB_ = 2**20
+
+
+def test_a_lease_spent_elsewhere_claims_its_whole_need_until_released(tmp_path):
+    """A nanny's start-up lease: its worker spends it, so the nanny's own growth (here, the
+    scheduler and client in the same process) is not that lease being spent, not even after
+    a release rebases the process's other leases."""
+    rss = [100 * MiB_]
+    ledger = HostLedger(str(tmp_path / "ledger.json"), available=lambda: 2 * GiB - rss[0],
+                        _process=(4242, lambda: rss[0], lambda pid, start: (True, None)))
+    assert ledger.try_acquire("start-a", 300 * MiB_, elsewhere=True).granted
+    assert ledger.try_acquire("start-b", 300 * MiB_, elsewhere=True).granted
+    rss[0] += 250 * MiB_  # the process grows for other reasons
+    adm = ledger.try_acquire("c", 1 * MiB_)
+    assert (adm.claimed, adm.spent) == (600 * MiB_, 0)
+    ledger.release("start-a")
+    rss[0] += 100 * MiB_
+    adm = ledger.try_acquire("d", 1 * MiB_)
+    assert (adm.claimed, adm.spent) == (301 * MiB_, 0)  # start-b whole, and c
+
+
+# -- waiting in turn: a refused request queues; later ones may not overtake it ------------
+
+
+def test_a_later_request_does_not_overtake_a_waiting_one(tmp_path):
+    """The worker that just released its lease asks again at once; it used to win over the
+    task that had been waiting (15-19 s waits in the issue's scenario)."""
+    ledger = _ledger(tmp_path, available=1 * GiB)
+    assert ledger.try_acquire("a", 500 * MiB_).granted
+    assert not ledger.try_acquire("w", 600 * MiB_).granted  # waits for a
+    n = ledger.try_acquire("n", 300 * MiB_)  # fits beside a, but not beside w too
+    assert not n.granted and n.ahead == 1 and n.free >= 300 * MiB_
+    assert "1 earlier request(s) waiting" in n.detail()
+    ledger.release("a")
+    assert ledger.try_acquire("w", 600 * MiB_).granted  # w first
+    assert ledger.try_acquire("n", 300 * MiB_).granted  # then n, beside it
+
+
+def test_a_later_request_that_fits_beside_the_waiting_ones_goes_ahead(tmp_path):
+    ledger = _ledger(tmp_path, available=1 * GiB)
+    assert ledger.try_acquire("a", 500 * MiB_).granted
+    assert not ledger.try_acquire("w", 600 * MiB_).granted
+    assert not ledger.try_acquire("v", 400 * MiB_).granted  # 400 + 600 > 524: behind w
+    ledger.release("a")
+    small = ledger.try_acquire("s", 20 * MiB_)  # 20 + 600 + 400 <= 1024: no one waits longer
+    assert small.granted and small.ahead == 2
+
+
+def test_a_withdrawn_stale_or_dead_waiter_no_longer_holds_others_back(tmp_path, monkeypatch):
+    ledger = _ledger(tmp_path, available=1 * GiB)
+    assert ledger.try_acquire("a", 500 * MiB_).granted
+    assert not ledger.try_acquire("w", 600 * MiB_).granted
+    ledger.withdraw("w")  # timed out, or cancelled
+    assert ledger.try_acquire("n", 300 * MiB_).granted
+    ledger.release("n")
+
+    monkeypatch.setattr("oomguard._ledger.QUEUE_STALE", 0.2)
+    assert not ledger.try_acquire("w2", 600 * MiB_).granted
+    assert not ledger.try_acquire("n", 300 * MiB_).granted
+    time.sleep(0.3)  # w2 stopped asking
+    assert ledger.try_acquire("n", 300 * MiB_).granted
+    ledger.release("n")
+
+    other = _sleeper()
+    assert not ledger.try_acquire("w3", 600 * MiB_, pid=other.pid).granted
+    assert not ledger.try_acquire("n", 300 * MiB_).granted
+    other.kill()
+    other.wait()  # its worker died while waiting
+    assert ledger.try_acquire("n", 300 * MiB_).granted
+
+
+def test_a_waiter_that_cannot_fit_even_after_every_lease_ends_holds_no_one_back(tmp_path):
+    ledger = _ledger(tmp_path, available=1 * GiB)
+    assert ledger.try_acquire("a", 500 * MiB_).granted
+    assert not ledger.try_acquire("huge", 2 * GiB).granted  # waits for its AdmissionTimeout
+    assert ledger.try_acquire("n", 300 * MiB_).granted
+
+
+def test_acquire_withdraws_at_its_timeout(tmp_path):
+    ledger = _ledger(tmp_path, available=1 * GiB)
+    assert ledger.try_acquire("a", 500 * MiB_).granted
+    with pytest.raises(AdmissionTimeout):
+        ledger.acquire("w", 600 * MiB_, timeout=0.2, poll=0.05)
+    assert ledger.try_acquire("n", 300 * MiB_).granted
+
+
+def test_junk_in_the_queue_is_dropped(tmp_path):
+    path = tmp_path / "ledger.json"
+    path.write_text('{"version":1,"leases":[],"peaks":{},"queue":[[1,"x"],"y",[2,"k",5,"t",1]]}')
+    ledger = HostLedger(str(path), available=lambda: 1 * GiB)
+    assert ledger.try_acquire("n", 300 * MiB_).granted
+    assert '"queue":[]' in path.read_text()

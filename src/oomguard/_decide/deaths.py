@@ -189,15 +189,23 @@ class DeathPairing:
             # Decided as worker_lost; this report says what really happened.
             mine[0] = True
             return Death(worker, None, report, late=True, lost_at=mine[1])
-        if worker in self._reports:
+        earlier = self._reports.get(worker)
+        if earlier is not None and _same(earlier[1].get("pid"), pid):
             self._refuse(DUPLICATE)
             return None
-        if len(self._reports) >= self.max_reports:
+        if earlier is None and len(self._reports) >= self.max_reports:
             self._refuse(OVERFLOW)
             return None
+        self._reports.pop(worker, None)
         self._reports[worker] = (now, report)
         if known:
             self._report_of[process] = worker
+        if earlier is not None:
+            # Another process at this address died first: a worker restarted by its nanny
+            # and killed again before it registered keeps its predecessor's address (Dask
+            # sets it only once the new worker is up). Neither will see a removal: decide
+            # the first now, as a removal at one address twice is.
+            return self._done(Death(worker, None, earlier[1]))
         return None
 
     def expired(self, now: float, limit: int | None = None) -> list[Death]:

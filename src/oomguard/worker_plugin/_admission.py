@@ -62,6 +62,9 @@ class AdmissionConfig:
     poll: float
     min_estimate: int
     cgroup: str | None  # a memory cgroup the workers share; None: the host's MemAvailable
+    startup: bool = False  # nannies take a start-up lease before starting a worker
+    startup_initial: int = 0  # that lease before any start-up peak is known on the host
+    startup_max_wait: float = 0.0  # then the worker starts anyway
 
     @classmethod
     def from_dask(cls, crash_dir: str) -> AdmissionConfig:
@@ -76,7 +79,15 @@ class AdmissionConfig:
             poll=_config.get_seconds(p + "poll-interval"),
             min_estimate=_config.get_bytes(p + "min-estimate"),
             cgroup=_config.get_optional_path(p + "cgroup"),
+            startup=_config.get_bool(p + "startup.enabled"),
+            startup_initial=_config.get_bytes(p + "startup.initial"),
+            startup_max_wait=_config.get_seconds(p + "startup.max-wait"),
         )
+
+    def open_ledger(self) -> HostLedger:
+        """The host ledger these settings describe (one per process that uses it)."""
+        available = cgroup_available(self.cgroup) if self.cgroup else None
+        return HostLedger(self.ledger, floor=self.floor, available=available)
 
 
 def _floor() -> int:
@@ -137,8 +148,7 @@ class WorkerAdmission:
 
     def __init__(self, config: AdmissionConfig) -> None:
         self.config = config
-        available = cgroup_available(config.cgroup) if config.cgroup else None
-        self.ledger = HostLedger(config.ledger, floor=config.floor, available=available)
+        self.ledger = config.open_ledger()
         self.estimator = PeakEstimator(min_bytes=config.min_estimate)
         self.metrics = AdmissionMetrics()
         self.stats = {"leases": 0, "waits": 0, "waited_s": 0.0, "timeouts": 0, "cold": 0,
@@ -236,10 +246,18 @@ class WorkerAdmission:
         began = time.monotonic()
         logger.info("oomguard: task %s waits for %s of host memory%s", skey,
                     format_bytes(need), adm.detail())
+        try:
+            return await self._wait(key, skey, need, began)
+        except BaseException:  # timed out, or the worker closes: stop queueing
+            self.ledger.withdraw(skey)
+            raise
+
+    async def _wait(self, key, skey: str, need: int, began: float) -> bool:
         delay = 0.01
         while True:
             ts = self._worker.state.tasks.get(key)
             if ts is None or ts.state not in _RUNNING:
+                self.ledger.withdraw(skey)
                 return False  # cancelled while waiting
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.config.poll)

@@ -3,10 +3,12 @@
 Dask's nanny reads the exit code in `WorkerProcess.mark_stopped` and drops it; `NannyPlugin`
 has no worker-exit hook (dask/distributed#5465). So, on this nanny instance only, we wrap:
 
-- `nanny.instantiate` and `nanny.process._wait_until_connected`: right after each worker
+- `nanny.instantiate` and `nanny.process._wait_until_connected`: before each worker start,
+  take a start-up lease from the host's memory ledger (`_startup`); right after the worker
   process is spawned, before it has imported anything, put it in its own memory cgroup
   (charges stay where they were made, so a later move would leave its start-up memory out
-  of the group's peak and limit); once it is up, remember its PID and snapshot the counters;
+  of the group's peak and limit); once it is up, remember its PID and snapshot the counters,
+  and release the lease with the start-up peak;
 - `nanny.process.mark_stopped`: read the PID and exit code before Dask forgets them;
 - `nanny.log_event`: notice `worker-restart-memory`, the nanny's own memory kill.
 
@@ -32,7 +34,10 @@ from .._flight import read_flight_record
 from .._log import follow_dask_logging
 from .._guard import Guard
 from .._units import format_bytes
+from ._admission import AdmissionConfig
 from ._paths import configured_crash_dir, crash_path, flight_path
+from ._startup import EVENT_TOPIC as STARTUP_TOPIC
+from ._startup import Start, StartupReservations, startup_peak
 from ._worker import OomguardWorkerPlugin
 
 if TYPE_CHECKING:
@@ -172,6 +177,7 @@ class OomguardNannyPlugin(NannyPlugin):
         self._tasks: set[asyncio.Task] = set()
         self._watcher: asyncio.Task | None = None
         self._delegate: OomguardNannyPlugin | None = None
+        self._startup: StartupReservations | None = None
         self.reports_sent = 0
         self.guard = Guard(None, logger)  # never take the nanny down
 
@@ -223,6 +229,7 @@ class OomguardNannyPlugin(NannyPlugin):
         self._decide_cgroups()
         assert self.crash_dir is not None
         os.makedirs(self.crash_dir, mode=0o700, exist_ok=True)
+        admission = AdmissionConfig.from_dask(self.crash_dir)  # ConfigError names a bad key
         if any(i.essential for i in _compat.check("nanny", _compat.NANNY, nanny, logger)):
             return  # no reports from here: the scheduler sees this nanny's deaths as lost
         active = getattr(nanny, "_oomguard_nanny_plugin", None)
@@ -233,6 +240,8 @@ class OomguardNannyPlugin(NannyPlugin):
             return
         nanny._oomguard_nanny_plugin = self
         self._nanny = nanny
+        if admission.enabled and admission.startup:
+            self._startup = StartupReservations(admission, f"{os.getpid()}-{id(self):x}")
         worker_plugin = OomguardWorkerPlugin(self.crash_dir, self.sample_interval or 0.5)
         self._add_worker_plugin(nanny.worker_kwargs, worker_plugin)
         if nanny.process is not None:
@@ -248,7 +257,12 @@ class OomguardNannyPlugin(NannyPlugin):
                 # nanny's start fails as on distributed 2026.7.0 and later.
                 raise RuntimeError("oomguard: not restarting a worker OOM-killed by its own "
                                    "memory cgroup's limit while its nanny starts")
-            return await self._instantiate(nanny, original_instantiate(*args, **kwargs))
+            start = await self._reserve(nanny)
+            try:
+                return await self._instantiate(nanny, original_instantiate(*args, **kwargs))
+            finally:
+                if start is not None:
+                    self._guard(self._started_up, "startup", nanny, start)
 
         def log_event(topic, msg):
             if topic == "worker-restart-memory" and isinstance(msg, dict):
@@ -333,12 +347,40 @@ class OomguardNannyPlugin(NannyPlugin):
                 await asyncio.wait_for(asyncio.shield(task), 5)
             except Exception:
                 pass
+        if self._startup is not None:
+            self._guard(self._startup.close, "startup")
         life, self._life = self._life, None
         placed, self._placed = self._placed, None
         for group in (life.group if life else None, placed.group if placed else None):
             if group is not None:
                 # The worker may still be in it; remove() moves it to the parent first.
                 await asyncio.to_thread(group.remove)
+
+    # --- start-up reservations -----------------------------------------------------------
+
+    async def _reserve(self, nanny: Nanny) -> Start | None:
+        """Wait for this start's lease of host memory (None: no reservation)."""
+        if self._startup is None:
+            return None
+        try:
+            return await self._startup.reserve(
+                getattr(nanny, "death_timeout", None),
+                lambda: self._closing or nanny.status in _CLOSING)
+        except Exception:
+            self._internal_error("startup")
+            return None
+
+    def _started_up(self, nanny: Nanny, start: Start) -> None:
+        """Release the start's lease, with the worker's start-up peak when it is up."""
+        process = nanny.process
+        pid = process.pid if process is not None else None
+        life = self._life if self._life is not None and self._life.pid == pid else None
+        peak = None
+        if life is not None:
+            peak = startup_peak(life.pid, life.group.counters().peak if life.group else None)
+        self._startup.release(start, peak)
+        if nanny.status not in _CLOSING:
+            nanny.log_event(STARTUP_TOPIC, start.event(life and life.pid, time.time(), peak))
 
     # --- the worker process's life ----------------------------------------------------
 
