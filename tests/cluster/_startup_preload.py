@@ -21,14 +21,6 @@ FILL_S = 0.5
 HOLD_S = 0.5
 
 
-# The scheduler, client and nannies share the group in the test's own process: the kernel
-# once picked it over a starting worker (pytest SIGKILLed, one "without" run in four). A
-# process may always raise its own oom_score_adj (lowering the test's needs a capability
-# this sandbox lacks): the workers volunteer.
-with open("/proc/self/oom_score_adj", "w") as _f:
-    _f.write("500")
-
-
 def _vm_hwm() -> int | None:
     with open("/proc/self/status") as f:
         for line in f:
@@ -40,6 +32,12 @@ def _vm_hwm() -> int | None:
 def dask_setup(worker) -> None:
     import numpy as np
 
+    # The scheduler, client and nannies share the group in the test's child process: the
+    # kernel must pick a worker. A process may always raise its own oom_score_adj (lowering
+    # the others' needs a capability this sandbox lacks), so the workers volunteer. Here,
+    # not at import: the test imports this module for SPIKE.
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write("1000")
     began = time.time()
     a = np.empty(SPIKE // 8)
     step = len(a) // 10
