@@ -37,10 +37,10 @@ def test_the_first_start_is_granted_and_its_peak_is_learned(tmp_path):
     start = asyncio.run(r.reserve(None, lambda: False))
     assert (start.outcome, start.need) == ("granted", 100 * MiB)
     assert r.ledger.leases() == [(os.getpid(), start.key, 100 * MiB)]
-    r.release(start, 70 * MiB)
+    r.release(70 * MiB)
     assert r.ledger.leases() == []
     assert r.need() == 70 * MiB  # learned, now smaller than the initial guess
-    r.release(start, None)  # a start that never came up teaches nothing
+    r.release(None)  # a start that never came up teaches nothing
     assert HostLedger(r.ledger.path).refresh()[STARTUP_PEAK] == 70 * MiB
 
 
@@ -53,7 +53,7 @@ def test_a_second_start_that_does_not_fit_waits_for_the_first(tmp_path):
         waiting = asyncio.ensure_future(b.reserve(None, lambda: False))
         await asyncio.sleep(0.3)
         assert not waiting.done()  # 100 + 100 > 150: one after another
-        a.release(first, 90 * MiB)
+        a.release(90 * MiB)
         second = await asyncio.wait_for(waiting, 5)
         return first, second
 

@@ -378,7 +378,7 @@ class OomguardNannyPlugin(NannyPlugin):
         peak = None
         if life is not None:
             peak = startup_peak(life.pid, life.group.counters().peak if life.group else None)
-        self._startup.release(start, peak)
+        self._startup.release(peak)
         if nanny.status not in _CLOSING:
             nanny.log_event(STARTUP_TOPIC, start.event(life and life.pid, time.time(), peak))
 

@@ -110,7 +110,7 @@ class StartupReservations:
                     format_bytes(start.need), format_bytes(max(adm.free, 0)), adm.detail())
                 return "timeout"
 
-    def release(self, start: Start, peak: int | None) -> None:
+    def release(self, peak: int | None) -> None:
         """The worker is up (peak: its start-up peak) or never came up (None)."""
         self.ledger.release(self.key, peak=(STARTUP_PEAK, peak) if peak else None)
 
