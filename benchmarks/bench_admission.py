@@ -19,9 +19,9 @@ import sys
 import tempfile
 import time
 
-from oomguard import _cgroup
-from oomguard._ledger import HostLedger, cgroup_available
-from oomguard._memory import ANNOTATION, PeakEstimator, need_of
+from oomguard._evidence import cgroup as _cgroup
+from oomguard._admission.ledger import HostLedger, cgroup_available
+from oomguard._admission.needs import ANNOTATION, PeakEstimator, need_of
 
 N = 2000
 

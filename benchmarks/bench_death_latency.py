@@ -38,7 +38,7 @@ import dask
 from distributed import Client, LocalCluster
 
 import oomguard
-from oomguard import _report
+from oomguard._evidence import report as _report
 from oomguard.worker_plugin import REPORT_HANDLER, OomguardWorkerPlugin
 
 TARGET_P95 = 1.0

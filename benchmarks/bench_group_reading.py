@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from oomguard import _cgroup
+from oomguard._evidence import cgroup as _cgroup
 from oomguard.worker_plugin._nanny import _Life, _Reading
 
 

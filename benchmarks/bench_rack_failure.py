@@ -28,7 +28,7 @@ from types import SimpleNamespace
 import psutil
 from distributed import Client, LocalCluster
 
-from oomguard._report import EXAMPLE_ARGS, build_report, encode
+from oomguard._evidence.report import EXAMPLE_ARGS, build_report, encode
 from oomguard.scheduler_plugin import OomguardSchedulerPlugin
 
 

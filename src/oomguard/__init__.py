@@ -4,7 +4,7 @@ The public surface; everything else is private (`oomguard._*`).
 """
 
 from . import _config  # noqa: F401  (registers oomguard's Dask config defaults)
-from ._api import Failures, install, uninstall
+from ._client.api import Failures, install, uninstall
 from ._causes import Cause, Kind
 from ._exceptions import (
     CgroupError,
@@ -14,7 +14,7 @@ from ._exceptions import (
     ReportError,
     TraceParseError,
 )
-from ._memory import memory
+from ._admission.needs import memory
 from ._models import FailureEvent, PipelineStatus, SignatureRow
 
 __version__ = "0.1.0.dev0"

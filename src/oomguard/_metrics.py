@@ -38,7 +38,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
 
 from ._causes import DEATH_CAUSES, Cause, Kind, kind_of
-from ._report import REASONS
+from ._evidence.report import REASONS
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric

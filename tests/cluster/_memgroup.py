@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from capabilities import require
 
-from oomguard._cgroup import ChildGroup, can_create_child, detect, group_pids
+from oomguard._evidence.cgroup import ChildGroup, can_create_child, detect, group_pids
 
 MiB = 2**20
 

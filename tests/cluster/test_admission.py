@@ -21,8 +21,8 @@ from capabilities import require
 from distributed import Client, LocalCluster
 
 import oomguard
-from oomguard._cgroup import ChildGroup, can_create_child
-from oomguard._ledger import HostLedger
+from oomguard._evidence.cgroup import ChildGroup, can_create_child
+from oomguard._admission.ledger import HostLedger
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -36,7 +36,7 @@ TASK = """
 import json, sys, time
 ledger_path, cgroup, need, admit, hold, key = sys.argv[1:7]
 need, admit, hold = int(need), admit == "1", float(hold)
-from oomguard._ledger import HostLedger, cgroup_available
+from oomguard._admission.ledger import HostLedger, cgroup_available
 ledger = HostLedger(ledger_path, floor=64 * 2**20, available=cgroup_available(cgroup))
 sys.stdout.write("ready\\n"); sys.stdout.flush()
 sys.stdin.buffer.read(1)
@@ -119,7 +119,7 @@ def test_with_admission_all_finish_and_the_waits_are_recorded(group, tmp_path):
 
 HOLDER = """
 import sys, time
-from oomguard._ledger import HostLedger
+from oomguard._admission.ledger import HostLedger
 ledger = HostLedger(sys.argv[1], available=lambda: 2**30)
 assert ledger.try_acquire("holder", 2**30).granted
 print("held", flush=True)
@@ -128,7 +128,7 @@ time.sleep(120)
 
 WAITER = """
 import json, sys, time
-from oomguard._ledger import HostLedger
+from oomguard._admission.ledger import HostLedger
 ledger = HostLedger(sys.argv[1], available=lambda: 2**30)
 print("waiting", flush=True)
 adm, waited = ledger.acquire("waiter", 2**29, timeout=60, poll=0.05)
@@ -206,7 +206,7 @@ def _hold_everything(ledger_path):
 
 
 def _nearly_everything() -> int:
-    return oomguard._ledger.host_available() - 2**29
+    return oomguard._admission.ledger.host_available() - 2**29
 
 
 def test_a_dask_task_waits_for_memory_and_the_wait_is_visible(dask_cluster):

@@ -23,7 +23,7 @@ import sys
 import pytest
 from _memgroup import MiB, memory_group, mib
 
-from oomguard._ledger import HostLedger
+from oomguard._admission.ledger import HostLedger
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -46,7 +46,7 @@ MARGIN = 8 * MiB  # a task allocates a little less than its need (Python's own o
 # freed only after the release. Waits for a go byte: it is in the group before it allocates.
 CHILD = r"""
 import json, random, sys, threading, time
-from oomguard._ledger import HostLedger, cgroup_available
+from oomguard._admission.ledger import HostLedger, cgroup_available
 
 MiB = 2**20
 cfg = json.loads(sys.argv[1])

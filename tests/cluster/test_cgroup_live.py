@@ -18,7 +18,7 @@ import time
 import pytest
 from capabilities import require
 
-from oomguard._cgroup import (
+from oomguard._evidence.cgroup import (
     ChildGroup,
     can_create_child,
     cleanup_stale,
@@ -225,8 +225,8 @@ def test_worker_group_counts_what_the_worker_held_at_start_up(info, tmp_path):
     import dask
     from distributed import Client, LocalCluster
 
-    from oomguard import _report
-    from oomguard._classify import evidence_summary
+    from oomguard._evidence import report as _report
+    from oomguard._evidence.classify import evidence_summary
     from oomguard.worker_plugin import CLEAN_EXIT_HANDLER, REPORT_HANDLER
 
     ok, reason = can_create_child(info)

@@ -121,7 +121,7 @@ def test_report_peaks_shows_what_the_workers_learned(tmp_path):
     the host's two workers, with an annotation no smaller than the peak."""
     import socket
 
-    from oomguard._peaks import suggested
+    from oomguard._admission.peaks import suggested
 
     ledger = tmp_path / "memory-ledger.json"
     with dask.config.set({

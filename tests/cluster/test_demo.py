@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from oomguard import _cgroup
+from oomguard._evidence import cgroup as _cgroup
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -28,14 +28,14 @@ def test_demo_shows_every_failure_and_the_abort(tmp_path, artifacts_dir):
     assert f"infra  {memory_cause}" in out
     assert "infra  native_crash" in out
     assert "user   exception" in out
-    assert "SIGSEGV in oomguard._demo.parse_shard" in out
-    assert f"{memory_cause} in oomguard._demo.load_shard" in out
+    assert "SIGSEGV in oomguard._cli.demo_run.parse_shard" in out
+    assert f"{memory_cause} in oomguard._cli.demo_run.load_shard" in out
     assert "Pipeline 'demo': aborted" in out
     assert "oomguard aborted pipeline 'demo' because shard ('demo', 7) failed 2 times" in out
     if memory_cause == "oom_kill":
         assert "kernel oom_kill counted" in out
     # Deduplicated: the crasher's two deaths are one signature on two workers.
-    sig_line = next(line for line in out.splitlines() if "oomguard._demo.load_shard" in line)
+    sig_line = next(line for line in out.splitlines() if "oomguard._cli.demo_run.load_shard" in line)
     assert sig_line.split()[1:3] == ["2", "2"], sig_line
     page = html.read_text()
     assert "<svg" in page and "oomguard demo report" in page

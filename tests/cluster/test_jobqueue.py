@@ -22,7 +22,7 @@ from cluster_helpers import wait_installed
 from distributed import Client
 
 import oomguard
-from oomguard import _cgroup
+from oomguard._evidence import cgroup as _cgroup
 
 try:
     from dask_jobqueue.local import LocalCluster as JobQueueLocalCluster

@@ -16,7 +16,7 @@ import pytest
 from distributed import Client, LocalCluster, rpc
 
 import oomguard
-from oomguard import _cgroup, _report
+from oomguard._evidence import cgroup as _cgroup, report as _report
 from oomguard.worker_plugin import REPORT_HANDLER
 
 pytestmark = pytest.mark.timeout(180)

@@ -13,7 +13,7 @@ from cluster_helpers import wait_installed
 from distributed import Client, LocalCluster, Nanny
 
 import oomguard
-from oomguard import _cgroup
+from oomguard._evidence import cgroup as _cgroup
 
 pytestmark = pytest.mark.timeout(300)
 

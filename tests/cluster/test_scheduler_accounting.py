@@ -20,7 +20,7 @@ from cluster_helpers import wait_installed
 from distributed import Client, LocalCluster
 
 import oomguard
-from oomguard import _cgroup
+from oomguard._evidence import cgroup as _cgroup
 
 pytestmark = pytest.mark.timeout(300)
 

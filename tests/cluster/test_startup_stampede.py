@@ -50,7 +50,7 @@ from _memgroup import MiB, memory_group, mib
 from distributed import Client, LocalCluster
 
 import oomguard
-from oomguard._cgroup import ChildGroup
+from oomguard._evidence.cgroup import ChildGroup
 
 pytestmark = pytest.mark.timeout(300)
 

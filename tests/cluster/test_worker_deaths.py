@@ -18,7 +18,7 @@ import pytest
 from capabilities import require
 from distributed import Client, LocalCluster
 
-from oomguard import _cgroup, _report
+from oomguard._evidence import cgroup as _cgroup, report as _report
 from oomguard.worker_plugin import CLEAN_EXIT_HANDLER, REPORT_HANDLER
 
 pytestmark = pytest.mark.timeout(240)

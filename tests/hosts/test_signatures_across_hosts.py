@@ -18,7 +18,7 @@ from lab import wait_for
 from lab_fixtures import lab_fixture  # noqa: F401  (the `lab` fixture)
 
 import oomguard
-from oomguard import _cgroup
+from oomguard._evidence import cgroup as _cgroup
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -34,7 +34,7 @@ from capabilities import require
 from distributed import Client, Nanny, Scheduler, SpecCluster
 
 import oomguard
-from oomguard import _cgroup
+from oomguard._evidence import cgroup as _cgroup
 
 pytestmark = pytest.mark.timeout(900)
 

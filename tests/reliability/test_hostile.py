@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 import oomguard
 from oomguard import ReportError
-from oomguard._report import EXAMPLE_ARGS, REASONS, build_report, decode, encode, validate
+from oomguard._evidence.report import EXAMPLE_ARGS, REASONS, build_report, decode, encode, validate
 from oomguard._signature import Signature, fingerprint, fingerprint_dask
 from oomguard.worker_plugin import CLEAN_EXIT_HANDLER, REPORT_HANDLER
 
@@ -343,8 +343,8 @@ def test_html_and_user_names_in_a_trace(scheduler):
     assert "decode_shard" in sig.example  # scrubbed, not emptied
 
     # Surfaces that render HTML: the demo/HTML report and the dashboard page.
-    from oomguard._cli_demo import render_html
-    from oomguard._demo import DemoResult
+    from oomguard._cli.demo import render_html
+    from oomguard._cli.demo_run import DemoResult
     from oomguard.scheduler_plugin import _dashboard
 
     page = render_html(DemoResult(memory_cause="oom_kill", kernel_oom=True, events=[event],

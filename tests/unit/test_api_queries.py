@@ -12,9 +12,10 @@ import pytest
 from distributed import Client, LocalCluster
 
 import oomguard
-from oomguard import FailureEvent, PipelineStatus, _filters
+from oomguard import FailureEvent, PipelineStatus
+from oomguard._client import filters as _filters
 from oomguard._cli import main
-from oomguard._results import EventList, PipelineList, SignatureList
+from oomguard._client.results import EventList, PipelineList, SignatureList
 
 NOW = time.time()  # reset when the history is stored (the `cluster` fixture)
 
@@ -63,7 +64,7 @@ def failures(cluster):
 
 
 def test_the_repr_names_the_scheduler_and_counts_the_history(cluster, failures):
-    # The scenario: `<oomguard._api.Failures object at 0x…>`.
+    # The scenario: `<oomguard._client.api.Failures object at 0x…>`.
     address = cluster[1].scheduler.address
     assert repr(failures) == f"<Failures {address} 5 events, 3 signatures>"
 

@@ -15,7 +15,7 @@ import pytest
 from capabilities import require
 
 from oomguard import FailureEvent, PipelineStatus, SignatureRow
-from oomguard._results import EventList, PipelineList, SignatureList
+from oomguard._client.results import EventList, PipelineList, SignatureList
 
 T = datetime.datetime(2026, 5, 1, 14, 3, 7).timestamp()  # local time, as reprs show it
 CLOCK = "2026-05-01 14:03:07"
@@ -306,7 +306,7 @@ def test_to_pandas_gives_one_row_per_item_with_real_times():
     assert len(empty) == 0 and "shard" in empty.columns
 
 
-@pytest.mark.parametrize("module", ["oomguard._display", "oomguard._filters"])
+@pytest.mark.parametrize("module", ["oomguard._display", "oomguard._client.filters"])
 def test_docstring_examples(module):
     import doctest
     import importlib

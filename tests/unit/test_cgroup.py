@@ -1,4 +1,4 @@
-"""oomguard._cgroup against fixture trees (tests/fixtures/cgroup/<layout>/ is a filesystem root)."""
+"""oomguard._evidence.cgroup against fixture trees (tests/fixtures/cgroup/<layout>/ is a filesystem root)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import msgpack
 import pytest
 from capabilities import require
 
-from oomguard import CgroupError, _cgroup
-from oomguard._cgroup import (
+from oomguard import CgroupError
+from oomguard._evidence import cgroup as _cgroup
+from oomguard._evidence.cgroup import (
     CgroupInfo,
     ChildGroup,
     _child_parent,
@@ -423,7 +424,7 @@ def test_move_charge_refusals_say_why(tmp_path):
 def test_move_charge_einval_names_the_kernel_change(tmp_path, monkeypatch):
     import errno
 
-    from oomguard import _cgroup
+    from oomguard._evidence import cgroup as _cgroup
 
     def refuse(path, value):
         raise OSError(errno.EINVAL, "Invalid argument")
@@ -436,7 +437,7 @@ def test_move_charge_einval_names_the_kernel_change(tmp_path, monkeypatch):
 
 
 def test_process_rss_from_proc_status(tmp_path):
-    from oomguard._cgroup import process_rss
+    from oomguard._evidence.cgroup import process_rss
 
     status = tmp_path / "proc" / "42" / "status"
     status.parent.mkdir(parents=True)

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from oomguard import Cause
-from oomguard._classify import (
+from oomguard._evidence.classify import (
     DeathFacts,
     classify,
     crash_signal,
@@ -526,7 +526,7 @@ def test_crash_while_terminating(facts, cause):
 
 
 def test_terminated_first_reads_the_crash_file_head():
-    from oomguard._classify import facts_from
+    from oomguard._evidence.classify import facts_from
 
     sigterm_then_segv = (
         "Current thread 0x00007f (most recent call first):\n  File \"x.py\", line 1 in f\n\n"

@@ -20,8 +20,8 @@ from _cli_run import report
 from capabilities import require
 
 from oomguard import FailureEvent, PipelineStatus, SignatureRow
-from oomguard._cli_report import parse_since
-from oomguard._layout import table
+from oomguard._cli.report import parse_since
+from oomguard._cli.layout import table
 from oomguard._store import FailureStore
 
 T0 = time.time() - 3 * 3600  # events from 3 h ago to ~1 h ago (reset when stored: _build)
@@ -550,7 +550,7 @@ def test_signature_and_pipeline_filters_narrow_their_sections(history, capsys):
 def test_the_examples_in_docstrings_hold():
     import doctest
 
-    from oomguard import _cli_report, _layout
+    from oomguard._cli import report as _cli_report, layout as _layout
 
     assert doctest.testmod(_cli_report).failed == 0
     assert doctest.testmod(_layout).attempted and doctest.testmod(_layout).failed == 0

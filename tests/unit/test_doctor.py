@@ -14,11 +14,24 @@ import dask.config
 import pytest
 from capabilities import require
 
-from oomguard import _cgroup, _cli_doctor, _doctor, _doctor_cgroup
+from oomguard._evidence import (
+    cgroup as _cgroup,
+)
+from oomguard._cli.doctor import (
+    command as _cli_doctor,
+    checks as _doctor,
+    cgroup as _doctor_cgroup,
+)
 from oomguard._cli import main
-from oomguard._doctor import Check, check_crash_dir, check_kernel_log, check_oom_killers, diagnose
-from oomguard._doctor_cgroup import check_cgroup
-from oomguard._doctor_text import FIX, KILLERS, LAYOUTS
+from oomguard._cli.doctor.checks import (
+    Check,
+    check_crash_dir,
+    check_kernel_log,
+    check_oom_killers,
+    diagnose,
+)
+from oomguard._cli.doctor.cgroup import check_cgroup
+from oomguard._cli.doctor.text import FIX, KILLERS, LAYOUTS
 from oomguard.worker_plugin._paths import default_crash_dir
 
 FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "cgroup"

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from oomguard._ledger import AdmissionTimeout, HostLedger
-from oomguard._memory import ANNOTATION, PeakEstimator, memory, need_of, parse_need
+from oomguard._admission.ledger import AdmissionTimeout, HostLedger
+from oomguard._admission.needs import ANNOTATION, PeakEstimator, memory, need_of, parse_need
 
 GiB = 2**30
 
@@ -237,7 +237,7 @@ def test_a_withdrawn_stale_or_dead_waiter_no_longer_holds_others_back(tmp_path, 
     assert ledger.try_acquire("n", 300 * MiB_).granted
     ledger.release("n")
 
-    monkeypatch.setattr("oomguard._ledger.QUEUE_STALE", 0.2)
+    monkeypatch.setattr("oomguard._admission.ledger.QUEUE_STALE", 0.2)
     assert not ledger.try_acquire("w2", 600 * MiB_).granted
     assert not ledger.try_acquire("n", 300 * MiB_).granted
     time.sleep(0.3)  # w2 stopped asking

@@ -23,7 +23,7 @@ import itertools
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from oomguard._ledger import HostLedger
+from oomguard._admission.ledger import HostLedger
 
 MiB = 2**20
 LIMIT = 1024 * MiB

@@ -310,7 +310,7 @@ def test_the_pod_lookup_finds_the_workers_pods_and_may_read_them(source):
     assert {"kind": "ServiceAccount", "name": account} in binding["subjects"]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                   "name": rbac["Role"]["metadata"]["name"]}
-    # oomguard._kubernetes.PodLookup: list_namespaced_pod (find) and read_namespaced_pod (read).
+    # oomguard._evidence.kubernetes.PodLookup: list_namespaced_pod (find) and read_namespaced_pod (read).
     (rule,) = rbac["Role"]["rules"]
     assert rule["apiGroups"] == [""] and rule["resources"] == ["pods"]
     assert {"get", "list"} <= set(rule["verbs"])

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from oomguard import ReportError
-from oomguard._report import (
+from oomguard._evidence.report import (
     EXAMPLE_ARGS,
     MAX_REPORT_BYTES,
     MIN_REPORT_BYTES,
@@ -196,7 +196,7 @@ def test_build_never_raises_on_malformed_inputs():
 
 
 def test_build_takes_memory_counters_from_the_cgroup_reader():
-    from oomguard._cgroup import MemoryCounters
+    from oomguard._evidence.cgroup import MemoryCounters
 
     before = MemoryCounters(1, "/sys/fs/cgroup/memory/w0", 0, None, None, 0, 10, 2**30, 5, ())
     after = MemoryCounters(1, "/sys/fs/cgroup/memory/w0", 1, None, None, 9, 2**30, 2**30, 0,
@@ -388,7 +388,7 @@ def test_decode_rejects_non_bytes():
 def test_docstring_examples():
     import doctest
 
-    from oomguard import _classify, _report
+    from oomguard._evidence import classify as _classify, report as _report
 
     for module in (_report, _classify):
         assert doctest.testmod(module).failed == 0

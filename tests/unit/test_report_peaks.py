@@ -14,11 +14,18 @@ import pytest
 from _cli_run import report
 from dask.utils import parse_bytes
 
-from oomguard import _ledger, _peaks
+from oomguard._admission import ledger as _ledger, peaks as _peaks
 from oomguard._cli import main
-from oomguard._cli_report import PeaksRead, render_peaks
-from oomguard._ledger import HostLedger
-from oomguard._peaks import STARTUP_LABEL, LedgerPeaks, PeakRow, merge, read_ledger, suggested
+from oomguard._cli.report import PeaksRead, render_peaks
+from oomguard._admission.ledger import HostLedger
+from oomguard._admission.peaks import (
+    STARTUP_LABEL,
+    LedgerPeaks,
+    PeakRow,
+    merge,
+    read_ledger,
+    suggested,
+)
 
 MiB, GiB = 2**20, 2**30
 LONG = "repartitiontofewer-6f2d8c1b7e4a3f5d9c0b1a2e3f4d5c6b"

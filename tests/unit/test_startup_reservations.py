@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from oomguard._ledger import STARTUP_PEAK, HostLedger
-from oomguard.worker_plugin._admission import AdmissionConfig
-from oomguard.worker_plugin._startup import StartupReservations, startup_peak
+from oomguard._admission.ledger import STARTUP_PEAK, HostLedger
+from oomguard._admission.config import AdmissionConfig
+from oomguard._admission.startup import StartupReservations, startup_peak
 
 MiB = 2**20
 

@@ -73,7 +73,7 @@ CULPRIT_MIN_SHARE = 0.65
 class Culprit:
     """The task that most likely made a worker run out of memory while it executed others.
 
-    `grew` is its estimated growth (`oomguard._growth`), `total` all executing tasks'
+    `grew` is its estimated growth (`oomguard._evidence.growth`), `total` all executing tasks'
     together; `share` says how sure: "likely" from 80%, "possibly" from 65% (below that
     there is no single culprit).
     """

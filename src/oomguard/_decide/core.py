@@ -28,9 +28,9 @@ from typing import Any
 from dask.utils import key_split
 
 from .._causes import MEMORY_CAUSES, Cause, Kind, kind_of
-from .._classify import evidence_summary
+from .._evidence.classify import evidence_summary
 from .._models import FailureEvent
-from .._policy import AbortDecision, FailurePolicy
+from .policy import AbortDecision, FailurePolicy
 from .._signature import fingerprint, fingerprint_dask, fingerprint_stack, scrub
 from . import memory
 from .blame import FLIGHT_RECORD, blame, culprit

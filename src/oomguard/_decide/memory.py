@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from .._causes import MEMORY_CAUSES, Cause
 from .._units import format_bytes
 from .._models import FailureEvent
-from .._policy import AbortDecision, _shell_arg, describe_cause
+from .policy import AbortDecision, _shell_arg, describe_cause
 
 __all__ = ["Resize", "abort_decision", "over_budget_decision", "resize"]
 

@@ -33,7 +33,7 @@ class DaskActions:
         self.store = store
         self.metrics = metrics
         self.guard = guard
-        self._pods = pods  # oomguard._kubernetes.PodLookup where enabled
+        self._pods = pods  # oomguard._evidence.kubernetes.PodLookup where enabled
         self._lookups: set[asyncio.Task] = set()
         self._saved: dict[Any, tuple] = {}  # held key -> its own restrictions, to restore
         self._logged_aborts: set[str] = set()  # runs whose abort was announced

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .. import _report
+from .._evidence import report as _report
 from .._exceptions import ReportError
 
 logger = logging.getLogger("oomguard.scheduler")

@@ -69,11 +69,11 @@ async def _broadcast(register, plugin) -> None:
 
 
 def pod_lookup(settings: dict[str, Any], guard: Guard):
-    """oomguard._kubernetes.PodLookup where `kubernetes.enabled`, else None."""
+    """oomguard._evidence.kubernetes.PodLookup where `kubernetes.enabled`, else None."""
     if not settings["kubernetes.enabled"]:
         return None
     try:
-        from .._kubernetes import PodLookup
+        from .._evidence.kubernetes import PodLookup
 
         return PodLookup.in_cluster(
             settings["kubernetes.namespace"],

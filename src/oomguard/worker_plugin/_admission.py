@@ -37,9 +37,10 @@ from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.registry import REGISTRY, Collector
 
 from .. import _config
-from .._ledger import Admission, AdmissionTimeout, HostLedger, cgroup_available
+from .._admission.config import AdmissionConfig
+from .._admission.ledger import Admission, AdmissionTimeout
 from .._units import format_bytes
-from .._memory import PeakEstimator, need_of
+from .._admission.needs import PeakEstimator, need_of
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -51,51 +52,6 @@ WAIT_METRIC = "oomguard-admission-wait"
 _WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
 _REFRESH_S = 5.0  # re-read learned peaks from the ledger at most this often
 _RUNNING = ("executing", "long-running")
-
-
-@dataclass(frozen=True)
-class AdmissionConfig:
-    enabled: bool
-    floor: int
-    max_wait: float
-    ledger: str
-    poll: float
-    min_estimate: int
-    cgroup: str | None  # a memory cgroup the workers share; None: the host's MemAvailable
-    startup: bool = False  # nannies take a start-up lease before starting a worker
-    startup_initial: int = 0  # that lease before any start-up peak is known on the host
-    startup_max_wait: float = 0.0  # then the worker starts anyway
-
-    @classmethod
-    def from_dask(cls, crash_dir: str) -> AdmissionConfig:
-        """Read ``oomguard.worker.admission.*`` (ConfigError names a bad key)."""
-        p = "worker.admission."
-        return cls(
-            enabled=_config.get_bool(p + "enabled"),
-            floor=_floor(),
-            max_wait=_config.get_seconds(p + "max-wait"),
-            ledger=_config.get_optional_path(p + "ledger")
-            or os.path.join(crash_dir, "memory-ledger.json"),
-            poll=_config.get_seconds(p + "poll-interval"),
-            min_estimate=_config.get_bytes(p + "min-estimate"),
-            cgroup=_config.get_optional_path(p + "cgroup"),
-            startup=_config.get_bool(p + "startup.enabled"),
-            startup_initial=_config.get_bytes(p + "startup.initial"),
-            startup_max_wait=_config.get_seconds(p + "startup.max-wait"),
-        )
-
-    def open_ledger(self) -> HostLedger:
-        """The host ledger these settings describe (one per process that uses it)."""
-        available = cgroup_available(self.cgroup) if self.cgroup else None
-        return HostLedger(self.ledger, floor=self.floor, available=available)
-
-
-def _floor() -> int:
-    # 0 is a valid floor; get_bytes insists on positive sizes.
-    raw = _config.get("worker.admission.floor")
-    if raw in (0, "0"):
-        return 0
-    return _config.get_bytes("worker.admission.floor")
 
 
 class AdmissionMetrics(Collector):

@@ -28,16 +28,17 @@ from typing import TYPE_CHECKING, Any
 from distributed.core import Status
 from distributed.diagnostics.plugin import NannyPlugin
 
-from .. import _cgroup, _compat, _config, _report
+from .._evidence import cgroup as _cgroup, report as _report
+from .. import _compat, _config
 from .._exceptions import CgroupError
-from .._flight import read_flight_record
+from .._evidence.flight import read_flight_record
 from .._log import follow_dask_logging
 from .._guard import Guard
 from .._units import format_bytes
-from ._admission import AdmissionConfig
+from .._admission.config import AdmissionConfig
 from ._paths import configured_crash_dir, crash_path, flight_path
-from ._startup import EVENT_TOPIC as STARTUP_TOPIC
-from ._startup import Start, StartupReservations, startup_peak
+from .._admission.startup import EVENT_TOPIC as STARTUP_TOPIC
+from .._admission.startup import Start, StartupReservations, startup_peak
 from ._worker import OomguardWorkerPlugin
 
 if TYPE_CHECKING:

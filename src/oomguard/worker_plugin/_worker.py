@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 import psutil
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from .. import _cgroup, _config
-from .._flight import FlightRecorder
-from .._growth import GrowthSplit, thread_system_time
+from .._evidence import cgroup as _cgroup
+from .. import _config
+from .._evidence.flight import FlightRecorder
+from .._evidence.growth import GrowthSplit, thread_system_time
 from .._guard import Guard
 from .._log import follow_dask_logging
 from ._admission import install_admission

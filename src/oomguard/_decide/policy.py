@@ -20,9 +20,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._causes import DEATH_CAUSES, MEMORY_CAUSES, SHARD_CAUSES, Cause, Kind, kind_of
-from ._exceptions import PipelineAborted
-from ._models import FailureEvent, PipelineStatus
+from .._causes import DEATH_CAUSES, MEMORY_CAUSES, SHARD_CAUSES, Cause, Kind, kind_of
+from .._exceptions import PipelineAborted
+from .._models import FailureEvent, PipelineStatus
 
 __all__ = ["AbortDecision", "FailurePolicy", "describe_cause"]
 

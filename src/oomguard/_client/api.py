@@ -5,10 +5,10 @@ from __future__ import annotations
 import datetime
 from typing import TYPE_CHECKING, Any
 
-from . import _filters
-from ._display import quantity, shorten
-from ._models import FailureEvent, PipelineStatus, SignatureRow
-from ._results import EventList, PipelineList, SignatureList
+from . import filters as _filters
+from .._display import quantity, shorten
+from .._models import FailureEvent, PipelineStatus, SignatureRow
+from .results import EventList, PipelineList, SignatureList
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -31,7 +31,7 @@ def install(client: Client, **config: Any) -> dict[str, tuple[Any, Any]]:
     >>> oomguard.install(client, max_shard_infra_failures=2)     # doctest: +SKIP
     {'max-shard-infra-failures': (3, 2)}
     """
-    from .scheduler_plugin import OomguardSchedulerPlugin
+    from ..scheduler_plugin import OomguardSchedulerPlugin
 
     plugin = OomguardSchedulerPlugin(**config)  # validates the given settings
     changed = client.run_on_scheduler(_apply_settings, config=plugin.config)
@@ -63,7 +63,7 @@ def uninstall(client: Client) -> None:
             await plugin.close()
 
     client.run_on_scheduler(remove)
-    from .worker_plugin import OomguardNannyPlugin, OomguardWorkerPlugin
+    from ..worker_plugin import OomguardNannyPlugin, OomguardWorkerPlugin
 
     for name, nanny in ((OomguardWorkerPlugin.name, False), (OomguardNannyPlugin.name, True)):
         try:

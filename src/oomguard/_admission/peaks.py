@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._ledger import _VERSION, STARTUP_PEAK  # STARTUP_PEAK: a worker process's start-up
+from .ledger import _VERSION, STARTUP_PEAK  # STARTUP_PEAK: a worker process's start-up
 
 STARTUP_LABEL = "worker start-up (nanny start-up lease)"
 #: Suggested annotations are the peak rounded up to a multiple of this.
@@ -137,8 +137,8 @@ def configured_ledger() -> str:
     """The ledger path this process's Dask config gives a worker, resolved as admission
     resolves it (`oomguard.worker.admission.ledger`, else `<crash-dir>/memory-ledger.json`).
     ConfigError names a bad setting."""
-    from .worker_plugin._admission import AdmissionConfig
-    from .worker_plugin._paths import configured_crash_dir
+    from .config import AdmissionConfig
+    from ..worker_plugin._paths import configured_crash_dir
 
     return AdmissionConfig.from_dask(configured_crash_dir()).ledger
 

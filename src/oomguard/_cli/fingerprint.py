@@ -37,7 +37,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ._signature import fingerprint
+    from .._signature import fingerprint
 
     status = 0
     for path in args.files:

@@ -36,7 +36,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ._doctor import diagnose
+    from .checks import diagnose
 
     d = diagnose()
     print(json.dumps(d.to_dict(), indent=2) if args.json else render_text(d))
@@ -46,7 +46,7 @@ def run(args) -> int:
 def render_text(d) -> str:
     """The report: a header, one line per check, "fix:" under each that is not ok.
 
-    >>> from oomguard._doctor import Check, Diagnosis
+    >>> from oomguard._cli.doctor.checks import Check, Diagnosis
     >>> v = dict(oomguard="1", dask="2", distributed="3", python="4", kernel="5", host="h")
     >>> d = Diagnosis("none", None, None, (Check("cgroup", "no", "why", "do this"),), v)
     >>> print(render_text(d))                                  # doctest: +ELLIPSIS
@@ -56,7 +56,7 @@ def render_text(d) -> str:
           fix: do this
     0 ok, 0 warn, 1 no
     """
-    from ._doctor_text import LAYOUTS
+    from .text import LAYOUTS
 
     v = d.versions
     lines = [

@@ -46,9 +46,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import _cgroup
-from ._exceptions import OomguardError
-from ._units import format_bytes
+from .._evidence import cgroup as _cgroup
+from .._exceptions import OomguardError
+from .._units import format_bytes
 
 __all__ = [
     "STARTUP_PEAK", "Admission", "AdmissionTimeout", "HostLedger", "cgroup_available",

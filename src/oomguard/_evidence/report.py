@@ -67,9 +67,9 @@ from typing import Any
 
 import msgpack
 
-from ._causes import DEATH_CAUSES, Cause
-from ._classify import DeathFacts, crash_signal, describe_signal, evidence, explain, facts_from
-from ._exceptions import ReportError
+from .._causes import DEATH_CAUSES, Cause
+from .classify import DeathFacts, crash_signal, describe_signal, evidence, explain, facts_from
+from .._exceptions import ReportError
 
 SCHEMA_VERSION = 1
 MAX_REPORT_BYTES = 256 * 1024

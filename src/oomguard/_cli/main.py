@@ -17,12 +17,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Why your Dask workers died, and which crashes are the same crash.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    from . import _cli_demo, _cli_doctor, _cli_fingerprint
+    from . import demo, fingerprint, report
+    from .doctor import command as doctor
 
-    _cli_demo.add_parser(sub)
-    _cli_fingerprint.add_parser(sub)
-    from . import _cli_report; _cli_report.add_parser(sub)  # noqa: E702
-    _cli_doctor.add_parser(sub)
+    demo.add_parser(sub)
+    fingerprint.add_parser(sub)
+    report.add_parser(sub)
+    doctor.add_parser(sub)
     return parser
 
 
@@ -34,7 +35,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("oomguard: interrupted", file=sys.stderr)
         return 130
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

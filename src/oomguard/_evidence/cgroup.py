@@ -47,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._exceptions import CgroupError
+from .._exceptions import CgroupError
 
 # v1 reports "no limit" as PAGE_COUNTER_MAX * PAGE_SIZE (9223372036854771712 with 4 KiB pages;
 # larger pages round differently), so anything this big means unlimited.

@@ -26,9 +26,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .._ledger import STARTUP_PEAK, HostLedger
+from .ledger import STARTUP_PEAK, HostLedger
 from .._units import format_bytes
-from ._admission import AdmissionConfig
+from .config import AdmissionConfig
 
 logger = logging.getLogger("oomguard.nanny")
 

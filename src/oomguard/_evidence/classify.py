@@ -66,8 +66,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._causes import Cause
-from ._units import format_bytes
+from .._causes import Cause
+from .._units import format_bytes
 
 #: Signals whose death means the process itself crashed in native code.
 NATIVE_SIGNALS = frozenset({"SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL"})

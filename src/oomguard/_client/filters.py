@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ._causes import Cause, Kind
+from .._causes import Cause, Kind
 
 T = TypeVar("T")
 

@@ -16,7 +16,7 @@ import sys
 import textwrap
 from typing import Any, NamedTuple
 
-from ._display import clip, one_line
+from .._display import clip, one_line
 
 
 class Column(NamedTuple):

@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from . import _cgroup
-from ._cgroup import CgroupInfo, _join, _read
-from ._doctor import Check, layout_label
-from ._doctor_text import FIX, SHARED
+from ..._evidence import cgroup as _cgroup
+from ..._evidence.cgroup import CgroupInfo, _join, _read
+from .checks import Check, layout_label
+from .text import FIX, SHARED
 
 
 def host_path(path: str, root: str) -> str:

@@ -16,8 +16,8 @@ import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, NamedTuple
 
-from ._display import cell, clock, html_table, quantity, utc_offset
-from ._models import FailureEvent, PipelineStatus, SignatureRow
+from .._display import cell, clock, html_table, quantity, utc_offset
+from .._models import FailureEvent, PipelineStatus, SignatureRow
 
 #: A REPL shows at most this many records of a list (the first and the last ones)...
 REPR_ROWS = 20

@@ -37,11 +37,12 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-from . import _filters, _peaks
-from ._causes import Cause, Kind
-from ._display import clock, one_line, utc_offset
-from ._units import format_bytes
-from ._layout import PROSE_WIDTH, Column, Layout, key_line, lay_out, output_width, wrap
+from .._client import filters as _filters
+from .._admission import peaks as _peaks
+from .._causes import Cause, Kind
+from .._display import clock, one_line, utc_offset
+from .._units import format_bytes
+from .layout import PROSE_WIDTH, Column, Layout, key_line, lay_out, output_width, wrap
 
 PROG = "oomguard report"
 #: The failure history: printed when no section is asked for.
@@ -100,7 +101,7 @@ class ReportFailed(Exception):
 
 def parse_since(text: str, now: float | None = None) -> float:
     """Seconds since the epoch for `--since`: an ISO time, or a span back from now, checked
-    as `oomguard.Failures` checks `since` (`oomguard._filters`).
+    as `oomguard.Failures` checks `since` (`oomguard._client.filters`).
 
     >>> parse_since("90m", now=10_000.0)
     4600.0
@@ -227,7 +228,7 @@ class _SchedulerSource:
     """The reads of `oomguard.Failures`, each bounded by a timeout."""
 
     def __init__(self, client: Any, timeout: float) -> None:
-        from ._api import Failures
+        from .._client.api import Failures
 
         self.failures = Failures(client, timeout=timeout)
         self.events = self.failures.events
@@ -242,7 +243,7 @@ class _SchedulerSource:
             return None
 
     def signature(self, signature_id: str) -> Any:
-        from ._models import SignatureRow
+        from .._models import SignatureRow
 
         row = self.failures._query("signature", signature_id=signature_id)
         return SignatureRow.from_dict(row) if row else None
@@ -294,7 +295,7 @@ def _scheduler_source(client: Any, address: str, timeout: float) -> _SchedulerSo
 
 @contextlib.contextmanager
 def _store_source(path: str) -> Iterator[Any]:
-    from ._store import FailureStore, StoreError
+    from .._store import FailureStore, StoreError
 
     try:
         readable, guard_needed = _check_store(path)
@@ -342,7 +343,7 @@ def _connect_ro(path: str) -> sqlite3.Connection:
 def _check_store(path: str) -> tuple[str | None, bool]:
     """(path, keep a guard) when FailureStore can read `path` without writing to it,
     (None, False) when it must read a copy; StoreError when it is no store at all."""
-    from ._store import FailureStore, StoreError
+    from .._store import FailureStore, StoreError
 
     if not os.path.exists(path):
         raise StoreError(f"no failure store at {path}: the file does not exist")
@@ -366,7 +367,7 @@ def _check_store(path: str) -> tuple[str | None, bool]:
 
 
 def _check_sqlite(path: str, known: int) -> tuple[str | None, bool]:
-    from ._store import StoreError, _inspect
+    from .._store import StoreError, _inspect
 
     # Read-only; StoreError for not SQLite, another app's, too new. It builds a file URI,
     # which needs an absolute path.

@@ -8,7 +8,7 @@ import textwrap
 import time
 from collections import Counter
 
-from ._demo import CRASHER, FLAKY, SEGFAULTER, DemoResult, progress_bar, run_demo
+from .demo_run import CRASHER, FLAKY, SEGFAULTER, DemoResult, progress_bar, run_demo
 
 
 def add_parser(sub) -> None:

@@ -23,9 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import _cgroup
-from ._cgroup import CgroupInfo, _join, _read
-from ._doctor_text import FIX, KILLERS
+from ..._evidence import cgroup as _cgroup
+from ..._evidence.cgroup import CgroupInfo, _join, _read
+from .text import FIX, KILLERS
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ def versions() -> dict[str, str]:
     import dask
     import distributed
 
-    from . import __version__
+    from ... import __version__
 
     return {
         "oomguard": __version__, "dask": dask.__version__,
@@ -168,10 +168,10 @@ def diagnose(
 ) -> Diagnosis:
     """Run every check. `crash_dir`: checked as if configured; None: the configured
     `oomguard.worker.crash-dir`, else the default one."""
-    from . import _config
-    from ._doctor_cgroup import check_cgroup, host_path
-    from ._exceptions import ConfigError
-    from .worker_plugin._paths import default_crash_dir
+    from ... import _config
+    from .cgroup import check_cgroup, host_path
+    from ..._exceptions import ConfigError
+    from ...worker_plugin._paths import default_crash_dir
 
     info = _cgroup.detect(root=root)
     layout, checks = check_cgroup(root, info=info, probe=probe)

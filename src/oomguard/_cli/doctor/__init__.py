@@ -1,0 +1,1 @@
+"""`oomguard doctor`: what evidence of worker deaths this host lets oomguard collect."""

@@ -1,0 +1,1 @@
+"""The client side: `oomguard.install`, `oomguard.Failures` and the lists it returns."""
