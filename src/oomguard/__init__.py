@@ -7,11 +7,14 @@ from . import _config  # noqa: F401  (registers oomguard's Dask config defaults)
 from ._client.api import Failures, install, uninstall
 from ._causes import Cause, Kind
 from ._exceptions import (
+    AdmissionTimeout,
     CgroupError,
     ConfigError,
     OomguardError,
     PipelineAborted,
     ReportError,
+    ReportFailed,
+    StoreError,
     TraceParseError,
 )
 from ._admission.needs import memory
@@ -20,6 +23,7 @@ from ._models import FailureEvent, PipelineStatus, SignatureRow
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "AdmissionTimeout",
     "Cause",
     "CgroupError",
     "ConfigError",
@@ -30,10 +34,19 @@ __all__ = [
     "PipelineAborted",
     "PipelineStatus",
     "ReportError",
+    "ReportFailed",
     "SignatureRow",
+    "StoreError",
     "TraceParseError",
     "__version__",
     "install",
     "memory",
     "uninstall",
 ]
+
+# Tracebacks and reprs say `oomguard.PipelineAborted`, not the private module it lives in
+# (as httpx does); pickles name the same importable path.
+for _name in __all__:
+    if not _name.startswith("__"):
+        setattr(globals()[_name], "__module__", "oomguard")
+del _name

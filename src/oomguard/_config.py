@@ -164,7 +164,7 @@ def scheduler_settings(overrides: dict[str, Any] | None = None,
     2
     >>> scheduler_settings({"max-shard-infra-failures": "abc"})
     Traceback (most recent call last):
-    oomguard._exceptions.ConfigError: oomguard.scheduler.max-shard-infra-failures is 'abc'; expected an integer.
+    oomguard.ConfigError: oomguard.scheduler.max-shard-infra-failures is 'abc'; expected an integer.
     """
     overrides = overrides or {}
     unknown = sorted(set(overrides) - set(_SCHEDULER_GETTERS))

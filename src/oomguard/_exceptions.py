@@ -4,7 +4,10 @@
     ├── ConfigError (ValueError)          a config value is wrong; names the key
     ├── ReportError (ValueError)          a death report failed validation; names the field
     ├── TraceParseError (ValueError)      a trace could not be parsed at all
-    └── CgroupError (OSError)             a per-worker cgroup was required but cannot be made
+    ├── CgroupError (OSError)             a per-worker cgroup was required but cannot be made
+    ├── StoreError (OSError)              a failure store file cannot be used; names the path
+    ├── AdmissionTimeout (TimeoutError)   a task waited past max-wait for host memory
+    └── ReportFailed                      `oomguard report` cannot read the history: one line
     PipelineAborted (Exception)           raised on the client for every task of an aborted
                                           pipeline; carries the shard, cause and evidence
 """
@@ -12,6 +15,8 @@
 from __future__ import annotations
 
 from typing import Any
+
+from ._units import format_bytes
 
 
 class OomguardError(Exception):
@@ -41,6 +46,32 @@ class TraceParseError(OomguardError, ValueError):
 
 class CgroupError(OomguardError, OSError):
     """A per-worker memory cgroup was required (`cgroup-limit: true`) but cannot be made."""
+
+
+class StoreError(OomguardError, OSError):
+    """The store file cannot be used: not SQLite, corrupt, another application's, or
+    written by a newer oomguard. The message names the path; the file is left untouched."""
+
+
+class AdmissionTimeout(OomguardError, TimeoutError):
+    """A task waited past `max-wait` for host memory. Names the need and what was free."""
+
+    def __init__(self, key: str, need: int, free: int, waited: float, detail: str = "") -> None:
+        self.key, self.need, self.free, self.waited, self.detail = key, need, free, waited, detail
+        super().__init__(
+            f"oomguard: task {key} waited {waited:.1f} s for {format_bytes(need)} of host "
+            f"memory, but only {format_bytes(max(free, 0))} was free{detail}. Raise "
+            "oomguard.worker.admission.max-wait, run fewer memory-heavy tasks per host, or "
+            "lower the task's oomguard.memory(...) need."
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.key, self.need, self.free, self.waited, self.detail))
+
+
+class ReportFailed(OomguardError):
+    """`oomguard report` could not read the history; the message is the one line the user
+    sees."""
 
 
 class PipelineAborted(Exception):

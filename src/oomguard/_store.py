@@ -53,7 +53,7 @@ import threading
 import time
 from typing import Any
 
-from ._exceptions import OomguardError
+from ._exceptions import StoreError
 from ._models import FailureEvent, PipelineStatus, SignatureRow
 
 logger = logging.getLogger("oomguard.store")
@@ -294,11 +294,6 @@ _UPSERT_PIPELINE = f"""
         summary = excluded.summary, abort_reason = excluded.abort_reason,
         updated = excluded.updated
 """
-
-
-class StoreError(OomguardError, OSError):
-    """The store file cannot be used: not SQLite, corrupt, another application's, or
-    written by a newer oomguard. The message names the path; the file is left untouched."""
 
 
 def _read(method):

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from oomguard._admission.ledger import AdmissionTimeout, HostLedger
+from oomguard._admission.ledger import HostLedger
+from oomguard._exceptions import AdmissionTimeout
 from oomguard._admission.needs import ANNOTATION, PeakEstimator, memory, need_of, parse_need
 
 GiB = 2**30

@@ -17,7 +17,8 @@ import time
 import pytest
 
 from oomguard import Cause, FailureEvent, PipelineStatus
-from oomguard._store import APPLICATION_ID, MEMBER_FIELDS, MIGRATIONS, FailureStore, StoreError
+from oomguard._exceptions import StoreError
+from oomguard._store import APPLICATION_ID, MEMBER_FIELDS, MIGRATIONS, FailureStore
 
 T0 = 1_790_000_000.0
 

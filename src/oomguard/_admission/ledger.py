@@ -47,12 +47,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .._evidence import cgroup as _cgroup
-from .._exceptions import OomguardError
+from .._exceptions import AdmissionTimeout
 from .._units import format_bytes
 
 __all__ = [
-    "STARTUP_PEAK", "Admission", "AdmissionTimeout", "HostLedger", "cgroup_available",
-    "format_bytes",
+    "STARTUP_PEAK", "Admission", "HostLedger", "cgroup_available", "format_bytes",
 ]
 
 _VERSION = 1
@@ -66,22 +65,6 @@ QUEUE_STALE = 10.0
 #: worker does): it claims its whole need until released, whatever its holder's RSS does.
 ELSEWHERE = -1
 _PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-class AdmissionTimeout(OomguardError, TimeoutError):
-    """A task waited past `max-wait` for host memory. Names the need and what was free."""
-
-    def __init__(self, key: str, need: int, free: int, waited: float, detail: str = "") -> None:
-        self.key, self.need, self.free, self.waited, self.detail = key, need, free, waited, detail
-        super().__init__(
-            f"oomguard: task {key} waited {waited:.1f} s for {format_bytes(need)} of host "
-            f"memory, but only {format_bytes(max(free, 0))} was free{detail}. Raise "
-            "oomguard.worker.admission.max-wait, run fewer memory-heavy tasks per host, or "
-            "lower the task's oomguard.memory(...) need."
-        )
-
-    def __reduce__(self):
-        return (type(self), (self.key, self.need, self.free, self.waited, self.detail))
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from .._client import filters as _filters
 from .._admission import peaks as _peaks
 from .._causes import Cause, Kind
 from .._display import clock, one_line, utc_offset
+from .._exceptions import ReportFailed, StoreError
 from .._units import format_bytes
 from .layout import PROSE_WIDTH, Column, Layout, key_line, lay_out, output_width, wrap
 
@@ -90,10 +91,6 @@ exit status: 0 success; 1 the scheduler, the store or the ledger could not be re
 arguments.
 """
 
-
-
-class ReportFailed(Exception):
-    """Reading the history failed; the message is the one line the user sees."""
 
 
 # --------------------------------------------------------------------------- arguments
@@ -295,7 +292,7 @@ def _scheduler_source(client: Any, address: str, timeout: float) -> _SchedulerSo
 
 @contextlib.contextmanager
 def _store_source(path: str) -> Iterator[Any]:
-    from .._store import FailureStore, StoreError
+    from .._store import FailureStore
 
     try:
         readable, guard_needed = _check_store(path)
@@ -343,7 +340,7 @@ def _connect_ro(path: str) -> sqlite3.Connection:
 def _check_store(path: str) -> tuple[str | None, bool]:
     """(path, keep a guard) when FailureStore can read `path` without writing to it,
     (None, False) when it must read a copy; StoreError when it is no store at all."""
-    from .._store import FailureStore, StoreError
+    from .._store import FailureStore
 
     if not os.path.exists(path):
         raise StoreError(f"no failure store at {path}: the file does not exist")
@@ -367,7 +364,7 @@ def _check_store(path: str) -> tuple[str | None, bool]:
 
 
 def _check_sqlite(path: str, known: int) -> tuple[str | None, bool]:
-    from .._store import StoreError, _inspect
+    from .._store import _inspect
 
     # Read-only; StoreError for not SQLite, another app's, too new. It builds a file URI,
     # which needs an absolute path.

@@ -371,7 +371,7 @@ def validate(report: object, max_bytes: int = MAX_REPORT_BYTES) -> dict[str, Any
 
     >>> validate({"schema": 2})
     Traceback (most recent call last):
-    oomguard._exceptions.ReportError: schema: version 2 is not supported (only 1)
+    oomguard.ReportError: schema: version 2 is not supported (only 1)
     """
     max_bytes = max(int(max_bytes), MIN_REPORT_BYTES)
     try:
@@ -405,7 +405,7 @@ def decode(data: bytes, max_bytes: int = MAX_REPORT_BYTES) -> dict[str, Any]:
     >>> import pickle
     >>> decode(pickle.dumps({"schema": 1}))
     Traceback (most recent call last):
-    oomguard._exceptions.ReportError: report: is a pickle; reports are never unpickled
+    oomguard.ReportError: report: is a pickle; reports are never unpickled
     """
     max_bytes = max(int(max_bytes), MIN_REPORT_BYTES)
     if not isinstance(data, (bytes, bytearray, memoryview)):

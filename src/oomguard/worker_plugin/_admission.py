@@ -38,7 +38,8 @@ from prometheus_client.registry import REGISTRY, Collector
 
 from .. import _config
 from .._admission.config import AdmissionConfig
-from .._admission.ledger import Admission, AdmissionTimeout
+from .._admission.ledger import Admission
+from .._exceptions import AdmissionTimeout
 from .._units import format_bytes
 from .._admission.needs import PeakEstimator, need_of
 
