@@ -5,7 +5,7 @@ single collector into `prometheus_client.REGISTRY` (which Dask's scheduler serve
 `/metrics`) in `start()`, and unregisters it in `close()`. Every recording method is O(1),
 does no I/O and never raises: it runs inside scheduler hooks.
 
-Label values come from fixed sets (`Cause`, `Kind`, the report validator's `REASONS`,
+Label values come from fixed sets (`Cause`, `Kind`, `_protocol.REJECT_REASONS`,
 `INTERNAL_ERROR_SITES`); anything else is counted under "other", so a bad report or a bug
 can never blow up the number of series. Task keys and signature ids are never labels.
 Every known label combination is created at 0 so alerts and dashboards see the series
@@ -38,7 +38,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
 
 from ._causes import DEATH_CAUSES, Cause, Kind, kind_of
-from ._evidence.report import REASONS
+from ._protocol import REJECT_REASONS, SCHEDULER_GUARD_SITES
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -48,23 +48,7 @@ if TYPE_CHECKING:
 OTHER = "other"
 
 #: Where the scheduler side catches its own errors; `internal_error(where)` takes these.
-INTERNAL_ERROR_SITES = frozenset(
-    {
-        "update_graph",
-        "transition",
-        "log_event",
-        "report",
-        "expire",
-        "close",
-        "task-erred",
-        "abort",
-        "store",
-        "metrics",
-        "dashboard",
-        "pod_lookup",
-        "admission",
-    }
-)
+INTERNAL_ERROR_SITES = SCHEDULER_GUARD_SITES
 
 #: Death-to-report latency: a report crosses one RPC (ms) but may wait for the nanny to
 #: notice the exit and read cgroup counters, and a grace timeout caps it at tens of seconds.
@@ -74,9 +58,7 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 _CAUSES = frozenset(c.value for c in Cause)
 _KINDS = frozenset(k.value for k in Kind)
 _DEATH_CAUSES = frozenset(c.value for c in DEATH_CAUSES)
-#: The validator's reasons, plus the scheduler's own refusals: "overflow" (a full queue),
-#: "duplicate" (a repeat), "unknown_sender" (not from the named worker's nanny's host).
-_REASONS = frozenset(REASONS) | {"overflow", "duplicate", "unknown_sender"}
+_REASONS = REJECT_REASONS
 
 
 def _label(value: Any, allowed: frozenset[str]) -> str:

@@ -15,13 +15,14 @@ from typing import Any
 import dask
 from dask.utils import key_split, parse_bytes
 
+from .._protocol import MEMORY_ANNOTATION as ANNOTATION
+
 __all__ = ["ANNOTATION", "PeakEstimator", "memory", "parse_need"]
 
 #: The task annotation carrying the need in bytes.
-ANNOTATION = "oomguard_memory"
 
 
-def parse_need(value: Any, field: str = "oomguard_memory") -> int:
+def parse_need(value: Any, field: str = ANNOTATION) -> int:
     """Bytes from an int or a size string; ValueError naming `field` otherwise.
 
     >>> parse_need("6 GiB"), parse_need(1024)

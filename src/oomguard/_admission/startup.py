@@ -27,12 +27,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .ledger import STARTUP_PEAK, HostLedger
+from .._protocol import STARTUP_TOPIC as EVENT_TOPIC
 from .._units import format_bytes
 from .config import AdmissionConfig
 
 logger = logging.getLogger("oomguard.nanny")
 
-EVENT_TOPIC = "oomguard-startup"
 
 
 @dataclass

@@ -20,6 +20,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .._protocol import DUPLICATE, OVERFLOW
+
 
 @dataclass(frozen=True)
 class Removal:
@@ -54,9 +56,6 @@ class Death:
     exited: bool = False
 
 
-#: Why a report was refused (a metric label each).
-DUPLICATE = "duplicate"
-OVERFLOW = "overflow"
 
 
 class DeathPairing:

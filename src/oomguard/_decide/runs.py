@@ -25,7 +25,8 @@ from typing import Any
 
 from dask.utils import key_split
 
-ANNOTATION = "oomguard_pipeline"
+from .._protocol import PIPELINE_ANNOTATION as ANNOTATION
+
 
 #: Steps Dask adds around the user's own (dropped), and the suffixes of the phases of one
 #: operation (`sum-partial`, `sum-aggregate`, `mean_chunk`, `mean_combine-partial`).

@@ -70,25 +70,14 @@ import msgpack
 from .._causes import DEATH_CAUSES, Cause
 from .classify import DeathFacts, crash_signal, describe_signal, evidence, explain, facts_from
 from .._exceptions import ReportError
+from .._protocol import VALIDATION_REASONS
 
 SCHEMA_VERSION = 1
 MAX_REPORT_BYTES = 256 * 1024
 #: Smaller caps are raised to this: the fixed fields of a report must always fit.
 MIN_REPORT_BYTES = 16 * 1024
 
-REASONS = frozenset(
-    {
-        "not_a_mapping",
-        "schema_version",
-        "missing_field",
-        "wrong_type",
-        "too_large",
-        "too_deep",
-        "bad_value",
-        "pickled",
-        "undecodable",
-    }
-)
+REASONS = VALIDATION_REASONS
 
 REPORT_CAUSES = frozenset(c.value for c in DEATH_CAUSES - {Cause.WORKER_LOST})
 

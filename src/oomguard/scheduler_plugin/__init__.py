@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._handlers import QUERY_HANDLER
+from .._protocol import QUERY_HANDLER
 from ._plugin import OomguardSchedulerPlugin
 
 if TYPE_CHECKING:

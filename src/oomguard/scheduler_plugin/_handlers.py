@@ -19,15 +19,21 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import ReportError
-from ..worker_plugin import CLEAN_EXIT_HANDLER, REPORT_HANDLER, UNGUARDED_HANDLER
+from .._protocol import (
+    CLEAN_EXIT_HANDLER,
+    OVERFLOW,
+    QUERY_HANDLER,
+    REPORT_HANDLER,
+    UNGUARDED_HANDLER,
+    UNKNOWN_SENDER,
+    WORKER_GROUP_PREFIX,
+)
 
 if TYPE_CHECKING:
     from distributed import Scheduler
 
 logger = logging.getLogger("oomguard.scheduler")
 
-QUERY_HANDLER = "oomguard_query"
-UNKNOWN_SENDER = "unknown_sender"
 
 
 def sender_matches(peer: str | None, worker: str, nanny: str | None, local: str = "") -> bool:
@@ -119,12 +125,12 @@ class Handlers:
                 return {"status": "rejected", "reason": e.reason, "field": e.field}
             if plugin.core.pairing.only_unmatched_fit():
                 # Refused before decoding: decoding a storm only to drop it starves the loop.
-                self.refused("overflow")
-                return {"status": "overflow"}
+                self.refused(OVERFLOW)
+                return {"status": OVERFLOW}
             # The sender is checked against the report's worker once it is decoded.
             if not plugin.intake.submit(bytes(report), getattr(comm, "peer_address", None)):
-                self.refused("overflow")
-                return {"status": "overflow"}
+                self.refused(OVERFLOW)
+                return {"status": OVERFLOW}
             return {"status": "queued"}
         return {"status": "error"}
 
@@ -178,7 +184,7 @@ class Handlers:
                 del latencies[:-1000]
                 plugin.metrics.report_latency(latencies[-1])
                 cgroup_name = ((clean.get("cgroup") or {}).get("path") or "").rsplit("/", 1)[-1]
-                if cgroup_name.startswith("oomguard-worker-"):
+                if cgroup_name.startswith(WORKER_GROUP_PREFIX):
                     plugin._cgroup_workers.add(clean["nanny"])
                     plugin.metrics.set_cgroup_workers(len(plugin._cgroup_workers))
                 if clean.get("cause") is None:
@@ -222,9 +228,9 @@ class Handlers:
 
     def refused(self, reason: str) -> None:
         plugin = self.plugin
-        if reason == "overflow":
+        if reason == OVERFLOW:
             plugin.stats["overflow"] += 1
-            plugin.metrics.report_rejected("overflow")
+            plugin.metrics.report_rejected(OVERFLOW)
         else:
             self.reject(ReportError("report", f"refused ({reason})", reason))
 

@@ -21,6 +21,7 @@ from .. import _compat, _config
 from .._decide import DecisionCore, Hold, Record, Removal
 from .._metrics import OomguardMetrics
 from .._guard import Guard
+from .._protocol import ADMISSION_TOPIC, SCHEDULER_PLUGIN
 from .._log import follow_dask_logging
 from .._store import FailureStore
 from . import _setup
@@ -33,8 +34,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("oomguard.scheduler")
 
-#: The workers' event topic for memory admission waits (worker_plugin/_admission.py).
-ADMISSION_TOPIC = "oomguard-admission"
 
 
 class OomguardSchedulerPlugin(SchedulerPlugin):
@@ -45,7 +44,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
     ``oomguard.install(client)``; it installs the worker side on every nanny and worker.
     """
 
-    name = "oomguard"
+    name = SCHEDULER_PLUGIN
     idempotent = True
 
     def __init__(self, **config: Any):

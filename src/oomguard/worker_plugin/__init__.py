@@ -10,13 +10,9 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from ._nanny import (
-    CLEAN_EXIT_HANDLER,
-    EVENT_TOPIC,
-    REPORT_HANDLER,
-    UNGUARDED_HANDLER,
-    OomguardNannyPlugin,
-)
+from .._protocol import CLEAN_EXIT_HANDLER, REPORT_HANDLER, UNGUARDED_HANDLER
+from .._protocol import DEATH_TOPIC as EVENT_TOPIC
+from ._nanny import OomguardNannyPlugin
 from ._worker import OomguardWorkerPlugin
 
 if TYPE_CHECKING:

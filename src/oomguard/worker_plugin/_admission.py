@@ -40,6 +40,8 @@ from .. import _config
 from .._admission.config import AdmissionConfig
 from .._admission.ledger import Admission
 from .._exceptions import AdmissionTimeout
+from .._protocol import ADMISSION_TOPIC as EVENT_TOPIC
+from .._protocol import ADMISSION_WAIT_METRIC as WAIT_METRIC
 from .._units import format_bytes
 from .._admission.needs import PeakEstimator, need_of
 
@@ -48,8 +50,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("oomguard.admission")
 
-EVENT_TOPIC = "oomguard-admission"
-WAIT_METRIC = "oomguard-admission-wait"
 _WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
 _REFRESH_S = 5.0  # re-read learned peaks from the ledger at most this often
 _RUNNING = ("executing", "long-running")

@@ -34,10 +34,17 @@ from .._exceptions import CgroupError
 from .._evidence.flight import read_flight_record
 from .._log import follow_dask_logging
 from .._guard import Guard
+from .._protocol import (
+    CLEAN_EXIT_HANDLER,
+    DEATH_TOPIC,
+    NANNY_PLUGIN,
+    REPORT_HANDLER,
+    STARTUP_TOPIC,
+    WORKER_GROUP_PREFIX,
+)
 from .._units import format_bytes
 from .._admission.config import AdmissionConfig
 from ._paths import configured_crash_dir, crash_path, flight_path
-from .._admission.startup import EVENT_TOPIC as STARTUP_TOPIC
 from .._admission.startup import Start, StartupReservations, startup_peak
 from ._worker import OomguardWorkerPlugin
 
@@ -46,16 +53,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("oomguard.nanny")
 
-#: Handler the scheduler plugin registers; without it the nanny falls back to log_event.
-REPORT_HANDLER = "oomguard_death_report"
-#: Handler for "this worker ended with status 0, requested or not": decided at once.
-CLEAN_EXIT_HANDLER = "oomguard_clean_exit"
-#: Scheduler RPC: this nanny runs its worker without oomguard (on-setup-error: warn).
-UNGUARDED_HANDLER = "oomguard_unguarded"
-EVENT_TOPIC = "oomguard-death"
 
 _CLOSING = (Status.closing, Status.closed, Status.closing_gracefully, Status.failed)
-_GROUP_PREFIX = "oomguard-worker-"
 
 
 @dataclass
@@ -142,7 +141,7 @@ class OomguardNannyPlugin(NannyPlugin):
     ``oomguard.install(client)``. Also installs `OomguardWorkerPlugin` in the worker.
     """
 
-    name = "oomguard-nanny"
+    name = NANNY_PLUGIN
     idempotent = True
 
     crash_dir: str | None
@@ -215,7 +214,7 @@ class OomguardNannyPlugin(NannyPlugin):
             self._use_cgroups = True
             # Groups of workers whose nanny died with them (SIGKILL of the whole host
             # process tree) cannot be removed by that nanny: sweep them here.
-            _cgroup.cleanup_stale(f"{_GROUP_PREFIX}", stale=_dead_worker_group)
+            _cgroup.cleanup_stale(f"{WORKER_GROUP_PREFIX}", stale=_dead_worker_group)
         elif self.cgroup_limit == "true":
             raise CgroupError(
                 f"oomguard.worker.cgroup-limit is true but a per-worker memory cgroup "
@@ -470,7 +469,7 @@ class OomguardNannyPlugin(NannyPlugin):
         if self._unlimited:
             limit = None
         try:
-            group = _cgroup.ChildGroup.create(f"{_GROUP_PREFIX}{pid}", limit)
+            group = _cgroup.ChildGroup.create(f"{WORKER_GROUP_PREFIX}{pid}", limit)
             # Set before the move: the kernel reads it when the process joins.
             moves, why = group.set_move_charge()
             placed.rss_at_move = _cgroup.process_rss(pid)
@@ -704,7 +703,7 @@ class OomguardNannyPlugin(NannyPlugin):
             return
         data = _report.encode(report)
         try:
-            await nanny.scheduler.oomguard_death_report(report=data)
+            await getattr(nanny.scheduler, REPORT_HANDLER)(report=data)
             self.reports_sent += 1
             return
         except Exception as e:
@@ -713,9 +712,9 @@ class OomguardNannyPlugin(NannyPlugin):
                 "oomguard: scheduler did not take the death report (%s); "
                 "sending it as a '%s' event instead",
                 e,
-                EVENT_TOPIC,
+                DEATH_TOPIC,
             )
-        nanny.log_event(EVENT_TOPIC, {"report": data})
+        nanny.log_event(DEATH_TOPIC, {"report": data})
         self.reports_sent += 1
 
     async def _send_clean_exit(self, address: str | None, requested: bool,
@@ -752,7 +751,7 @@ class OomguardNannyPlugin(NannyPlugin):
 def _dead_worker_group(name: str) -> bool:
     """A per-worker group whose worker PID no longer exists."""
     try:
-        pid = int(name[len(_GROUP_PREFIX):])
+        pid = int(name[len(WORKER_GROUP_PREFIX):])
     except ValueError:
         return False
     try:

@@ -19,6 +19,7 @@ from .. import _config
 from .._evidence.flight import FlightRecorder
 from .._evidence.growth import GrowthSplit, thread_system_time
 from .._guard import Guard
+from .._protocol import WORKER_PLUGIN
 from .._log import follow_dask_logging
 from ._admission import install_admission
 from ._paths import configured_crash_dir, crash_path, flight_path
@@ -48,7 +49,7 @@ class OomguardWorkerPlugin(WorkerPlugin):
     never looked (found by the multi-host lab, tests/hosts).
     """
 
-    name = "oomguard-worker"
+    name = WORKER_PLUGIN
     idempotent = True
 
     crash_dir: str | None
