@@ -52,7 +52,7 @@ from .._exceptions import CgroupError
 # v1 reports "no limit" as PAGE_COUNTER_MAX * PAGE_SIZE (9223372036854771712 with 4 KiB pages;
 # larger pages round differently), so anything this big means unlimited.
 V1_UNLIMITED = 2**62
-_KMSG_RECORD = 8192  # /dev/kmsg returns EINVAL when the buffer is smaller than one record.
+KMSG_RECORD = 8192  # /dev/kmsg returns EINVAL when the buffer is smaller than one record.
 
 
 @dataclass(frozen=True)
@@ -101,11 +101,12 @@ class CgroupInfo:
 # ---------------------------------------------------------------- small file helpers
 
 
-def _join(root: str, path: str) -> str:
+def join_root(root: str, path: str) -> str:
+    """`path` (absolute or not) inside the filesystem root `root`."""
     return os.path.join(root, path.lstrip("/"))
 
 
-def _read(path: str) -> tuple[str | None, str]:
+def read_text(path: str) -> tuple[str | None, str]:
     """(text, "") or (None, short reason)."""
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
@@ -130,7 +131,7 @@ def _short(text: str) -> str:
 
 
 def _int_file(directory: str, name: str, missing: list[str]) -> int | None:
-    text, why = _read(os.path.join(directory, name))
+    text, why = read_text(os.path.join(directory, name))
     if text is None:
         missing.append(f"{name}: {why}")
         return None
@@ -143,7 +144,7 @@ def _int_file(directory: str, name: str, missing: list[str]) -> int | None:
 
 def _keyed_file(directory: str, name: str, missing: list[str]) -> dict[str, int] | None:
     """`key value` lines (memory.events, memory.oom_control); garbled lines are skipped."""
-    text, why = _read(os.path.join(directory, name))
+    text, why = read_text(os.path.join(directory, name))
     if text is None:
         missing.append(f"{name}: {why}")
         return None
@@ -198,7 +199,7 @@ def read_memory_counters(path: str, version: int) -> MemoryCounters:
         )
     ev = _keyed_file(path, "memory.events", missing)
     limit = None
-    text, why = _read(os.path.join(path, "memory.max"))
+    text, why = read_text(os.path.join(path, "memory.max"))
     if text is None:
         missing.append(f"memory.max: {why}")
     elif text.strip() != "max":
@@ -232,7 +233,7 @@ def read_oom_kill(path: str, version: int) -> int | None:
     True
     """
     name = "memory.oom_control" if version == 1 else "memory.events"
-    text, _ = _read(os.path.join(path, name))
+    text, _ = read_text(os.path.join(path, name))
     for line in (text or "").splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[0] == "oom_kill" and parts[1].isdigit():
@@ -266,7 +267,7 @@ def process_running(pid: int, root: str = "/") -> bool:
     False
     """
     try:
-        with open(_join(root, f"proc/{int(pid)}/stat"), "rb") as f:
+        with open(join_root(root, f"proc/{int(pid)}/stat"), "rb") as f:
             stat = f.read()
     except OSError:
         return False
@@ -290,7 +291,7 @@ def host_memory(root: str = "/") -> dict[str, int | None]:
     """
     fields = {"MemTotal": "total", "MemAvailable": "available"}
     out: dict[str, int | None] = {"total": None, "available": None}
-    text, _ = _read(_join(root, "proc/meminfo"))
+    text, _ = read_text(join_root(root, "proc/meminfo"))
     for line in (text or "").splitlines():
         key, _, rest = line.partition(":")
         if key in fields:
@@ -308,7 +309,7 @@ def process_rss(pid: int, root: str = "/") -> int | None:
     >>> process_rss(1, root="/nonexistent") is None
     True
     """
-    text, _ = _read(_join(root, f"proc/{int(pid)}/status"))
+    text, _ = read_text(join_root(root, f"proc/{int(pid)}/status"))
     for line in (text or "").splitlines():
         if line.startswith("VmRSS:"):
             parts = line.split()
@@ -322,7 +323,8 @@ def process_rss(pid: int, root: str = "/") -> int | None:
 _OCTAL = re.compile(r"\\([0-7]{3})")
 
 
-def _unescape(field: str) -> str:
+def unescape_mount(field: str) -> str:
+    """A mountinfo or /proc/mounts field, its escapes undone."""
     # mountinfo escapes space, tab, newline and backslash as \ooo.
     return _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), field)
 
@@ -330,20 +332,20 @@ def _unescape(field: str) -> str:
 def _mounts(proc: str) -> list[tuple[str, str, str, list[str]]]:
     """(mount root, mount point, fstype, super options) from mountinfo, else /proc/mounts."""
     out = []
-    text, _ = _read(os.path.join(proc, "mountinfo"))
+    text, _ = read_text(os.path.join(proc, "mountinfo"))
     if text is not None:
         for line in text.splitlines():
             left, sep, right = line.partition(" - ")
             lf, rf = left.split(), right.split()
             if sep and len(lf) >= 5 and len(rf) >= 3:
-                out.append((_unescape(lf[3]), _unescape(lf[4]), rf[0], rf[2].split(",")))
+                out.append((unescape_mount(lf[3]), unescape_mount(lf[4]), rf[0], rf[2].split(",")))
         return out
     # /proc/mounts has no mount-root column: assume the whole hierarchy is mounted.
-    text, _ = _read(os.path.join(os.path.dirname(proc), "mounts"))
+    text, _ = read_text(os.path.join(os.path.dirname(proc), "mounts"))
     for line in (text or "").splitlines():
         f = line.split()
         if len(f) >= 4:
-            out.append(("/", _unescape(f[1]), f[2], f[3].split(",")))
+            out.append(("/", unescape_mount(f[1]), f[2], f[3].split(",")))
     return out
 
 
@@ -366,8 +368,8 @@ def detect(pid: int | str = "self", root: str = "/") -> CgroupInfo:
     >>> detect(root="/nonexistent").reason
     '/proc/self/cgroup: not found'
     """
-    proc = _join(root, f"proc/{pid}")
-    text, why = _read(os.path.join(proc, "cgroup"))
+    proc = join_root(root, f"proc/{pid}")
+    text, why = read_text(os.path.join(proc, "cgroup"))
     if text is None:
         return CgroupInfo(None, None, None, f"/proc/{pid}/cgroup: {why}")
     v1_path = v2_path = None
@@ -400,10 +402,10 @@ def detect(pid: int | str = "self", root: str = "/") -> CgroupInfo:
             break
     else:
         return CgroupInfo(version, None, None, f"cgroup {cg_path!r} is not below any mount")
-    memory_root = _join(root, mount_point)
-    path = os.path.normpath(_join(memory_root, rel))
+    memory_root = join_root(root, mount_point)
+    path = os.path.normpath(join_root(memory_root, rel))
     if version == 2:
-        ctl, _ = _read(os.path.join(memory_root, "cgroup.controllers"))
+        ctl, _ = read_text(os.path.join(memory_root, "cgroup.controllers"))
         if ctl is not None and "memory" not in ctl.split():
             return CgroupInfo(2, memory_root, path, "cgroup v2 without the memory controller")
     if not os.path.isdir(path):
@@ -490,7 +492,7 @@ def read_kernel_log(
     ''
     """
     try:
-        fd = os.open(_join(root, "dev/kmsg"), os.O_RDONLY | os.O_NONBLOCK)
+        fd = os.open(join_root(root, "dev/kmsg"), os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return ""
     lines = []
@@ -498,7 +500,7 @@ def read_kernel_log(
     try:
         while time.monotonic() < deadline:
             try:
-                record = os.read(fd, _KMSG_RECORD)
+                record = os.read(fd, KMSG_RECORD)
             except BrokenPipeError:
                 continue  # records were overwritten under us; the next read resumes
             except OSError:
@@ -525,7 +527,7 @@ def read_kernel_log(
 
 
 def _procs(path: str) -> list[int]:
-    text, _ = _read(os.path.join(path, "cgroup.procs"))
+    text, _ = read_text(os.path.join(path, "cgroup.procs"))
     return [int(x) for x in (text or "").split() if x.isdigit()]
 
 
@@ -542,7 +544,7 @@ def _child_parent(info: CgroupInfo) -> tuple[str | None, str]:
     own = info.path
     if info.version == 1:
         return own, ""
-    sc, why = _read(os.path.join(own, "cgroup.subtree_control"))
+    sc, why = read_text(os.path.join(own, "cgroup.subtree_control"))
     if sc is None:
         return None, f"{own}/cgroup.subtree_control: {why}"
     if "memory" in sc.split():
@@ -561,7 +563,7 @@ def _child_parent(info: CgroupInfo) -> tuple[str | None, str]:
         )
     parent = os.path.dirname(own)
     if own != info.memory_root and _may_hold_siblings(parent, info.memory_root):
-        psc, _ = _read(os.path.join(parent, "cgroup.subtree_control"))
+        psc, _ = read_text(os.path.join(parent, "cgroup.subtree_control"))
         if psc and "memory" in psc.split() and os.access(parent, os.W_OK):
             return parent, ""
     return None, (
