@@ -12,7 +12,8 @@ import os
 from collections.abc import Callable
 
 from ..._evidence import cgroup as _cgroup
-from ..._evidence.cgroup import CgroupInfo, join_root, read_text, unescape_mount
+from ..._evidence.cgroup.files import join_root, read_text
+from ..._evidence.cgroup.info import CgroupInfo, unescape_mount
 from .checks import Check, layout_label
 from .text import FIX, SHARED
 

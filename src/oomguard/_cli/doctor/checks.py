@@ -24,7 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..._evidence import cgroup as _cgroup
-from ..._evidence.cgroup import KMSG_RECORD, CgroupInfo, join_root, read_text
+from ..._evidence.cgroup.files import join_root, read_text
+from ..._evidence.cgroup.info import CgroupInfo
+from ..._evidence.cgroup.kmsg import KMSG_RECORD
 from .text import FIX, KILLERS
 
 
