@@ -15,7 +15,6 @@ from oomguard._evidence import cgroup as _cgroup
 from oomguard._evidence.cgroup import (
     CgroupInfo,
     ChildGroup,
-    _child_parent,
     can_create_child,
     cleanup_stale,
     detect,
@@ -24,6 +23,7 @@ from oomguard._evidence.cgroup import (
     read_kernel_log,
     read_memory_counters,
 )
+from oomguard._evidence.cgroup.child import _child_parent
 
 FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "cgroup"
 V1_GROUP = "sys/fs/cgroup/memory/process_api/e4e5bfc0c4b75f795c48958c8fe0b101"
@@ -424,13 +424,13 @@ def test_move_charge_refusals_say_why(tmp_path):
 def test_move_charge_einval_names_the_kernel_change(tmp_path, monkeypatch):
     import errno
 
-    from oomguard._evidence import cgroup as _cgroup
+    from oomguard._evidence.cgroup import child as _child
 
     def refuse(path, value):
         raise OSError(errno.EINVAL, "Invalid argument")
 
     (tmp_path / "memory.move_charge_at_immigrate").write_text("0\n")
-    monkeypatch.setattr(_cgroup, "_write", refuse)
+    monkeypatch.setattr(_child, "_write", refuse)
     ok, why = ChildGroup(str(tmp_path), 1, str(tmp_path)).set_move_charge()
     assert not ok
     assert "EINVAL" in why and "Linux 6.13" in why

@@ -12,7 +12,8 @@ import os
 from collections.abc import Callable
 
 from ..._evidence import cgroup as _cgroup
-from ..._evidence.cgroup import CgroupInfo, _join, _read
+from ..._evidence.cgroup.files import join_root, read_text
+from ..._evidence.cgroup.info import CgroupInfo, unescape_mount
 from .checks import Check, layout_label
 from .text import FIX, SHARED
 
@@ -35,18 +36,18 @@ def _mount_options(info: CgroupInfo, root: str) -> tuple[str, list[str]]:
     last mount on a point wins: it hides the earlier ones.
     """
     found: tuple[str, list[str]] = ("", [])
-    text, _ = _read(_join(root, "proc/self/mountinfo"))
+    text, _ = read_text(join_root(root, "proc/self/mountinfo"))
     if text is not None:
         for line in text.splitlines():
             f = line.partition(" - ")[0].split()
-            if len(f) >= 6 and _join(root, _cgroup._unescape(f[4])) == info.memory_root:
-                found = _cgroup._unescape(f[4]), f[5].split(",")
+            if len(f) >= 6 and join_root(root, unescape_mount(f[4])) == info.memory_root:
+                found = unescape_mount(f[4]), f[5].split(",")
         return found
-    text, _ = _read(_join(root, "proc/mounts"))
+    text, _ = read_text(join_root(root, "proc/mounts"))
     for line in (text or "").splitlines():
         f = line.split()
-        if len(f) >= 4 and _join(root, _cgroup._unescape(f[1])) == info.memory_root:
-            found = _cgroup._unescape(f[1]), f[3].split(",")
+        if len(f) >= 4 and join_root(root, unescape_mount(f[1])) == info.memory_root:
+            found = unescape_mount(f[1]), f[3].split(",")
     return found
 
 
@@ -108,7 +109,7 @@ def _v1_checks(path: str) -> list[Check]:
 
 def _v2_checks(path: str, group: str, per_worker: bool) -> list[Check]:
     out = []
-    text, _ = _read(os.path.join(path, "cgroup.procs"))
+    text, _ = read_text(os.path.join(path, "cgroup.procs"))
     n = len((text or "").split())
     procs = f"{n} process" + ("es" if n != 1 else "")
     # The no-internal-processes rule spares the real root, which has no memory.max.
@@ -121,7 +122,7 @@ def _v2_checks(path: str, group: str, per_worker: bool) -> list[Check]:
         out.append(Check("cgroup.processes", "warn", f"{group} holds {procs}: "
                          "cgroup v2's no-internal-processes rule forbids memory-enabled "
                          "children", FIX["processes"]))
-    text, why = _read(os.path.join(path, "memory.oom.group"))
+    text, why = read_text(os.path.join(path, "memory.oom.group"))
     if text is not None and text.strip() == "1":
         out.append(Check("cgroup.oom-group", "warn", f"memory.oom.group is 1 in {group}: an "
                          "OOM kill at its limit kills the nanny with its workers: no death "

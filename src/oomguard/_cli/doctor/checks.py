@@ -24,7 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..._evidence import cgroup as _cgroup
-from ..._evidence.cgroup import CgroupInfo, _join, _read
+from ..._evidence.cgroup.files import join_root, read_text
+from ..._evidence.cgroup.info import CgroupInfo
+from ..._evidence.cgroup.kmsg import KMSG_RECORD
 from .text import FIX, KILLERS
 
 
@@ -76,10 +78,10 @@ def layout_label(version: int | None, usable: bool, per_worker: bool) -> str:
 def check_kernel_log(root: str = "/") -> Check:
     """Can /dev/kmsg be opened and read (non-blocking)? It needs CAP_SYSLOG unless
     kernel.dmesg_restrict=0."""
-    text, why = _read(_join(root, "proc/sys/kernel/dmesg_restrict"))
+    text, why = read_text(join_root(root, "proc/sys/kernel/dmesg_restrict"))
     restrict = "kernel.dmesg_restrict" + (f"={text.strip()}" if text else f": {why}")
     try:
-        fd = os.open(_join(root, "dev/kmsg"), os.O_RDONLY | os.O_NONBLOCK)
+        fd = os.open(join_root(root, "dev/kmsg"), os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         return Check("kernel-log", "no", f"/dev/kmsg: not found ({restrict})",
                      FIX["kmsg-missing"])
@@ -87,7 +89,7 @@ def check_kernel_log(root: str = "/") -> Check:
         return Check("kernel-log", "no", f"/dev/kmsg: cannot open: {e.strerror} ({restrict})",
                      FIX["kmsg-denied"])
     try:
-        os.read(fd, _cgroup._KMSG_RECORD)  # a smaller buffer than one record gets EINVAL
+        os.read(fd, KMSG_RECORD)  # a smaller buffer than one record gets EINVAL
     except (BlockingIOError, BrokenPipeError):
         pass  # EAGAIN: nothing logged yet; EPIPE: records overwritten: both readable
     except OSError as e:
@@ -103,11 +105,11 @@ def check_oom_killers(root: str = "/") -> list[Check]:
     """One `warn` per user-space OOM killer running (from /proc/*/comm), else one `ok`."""
     found: dict[str, list[int]] = {}
     try:
-        entries = os.listdir(_join(root, "proc"))
+        entries = os.listdir(join_root(root, "proc"))
     except OSError:
         entries = []
     for pid in sorted((int(e) for e in entries if e.isdigit())):
-        text, _ = _read(_join(root, f"proc/{pid}/comm"))
+        text, _ = read_text(join_root(root, f"proc/{pid}/comm"))
         if text and text.strip() in KILLERS:
             found.setdefault(text.strip(), []).append(pid)
     if not found:
