@@ -4,7 +4,7 @@ and the memory peaks the workers learned.
 Three history sections: events (one failure of one shard each), signatures (deduplicated
 crashes across hosts) and pipelines (where each stands); and, on request (`--peaks`), the
 peaks: per task prefix, the largest memory growth admission learned, read from the workers'
-ledger files through `client.run` (or from one ledger file on this host; `_peaks.py`).
+ledger files through `client.run` (or from one ledger file on this host; `report_peaks`).
 Tables fit the terminal (COLUMNS when set) and never cut a shard, a signature id, a pipeline
 name or a task prefix: narrower layouts move them to lines of their own; piped to a file,
 nothing is shortened. `--json` prints the rows as `to_dict()` of `FailureEvent`,
@@ -15,7 +15,7 @@ Errors are one line on stderr, ``oomguard report: ...``; exit 2 for bad argument
 scheduler that cannot be reached or a store or ledger file that cannot be read.
 
 This module is the command (its arguments, and `run`); the history is read in
-`report_source` (which opens a store file read-only).
+`report_source` (which opens a store file read-only), the peaks in `report_peaks`.
 """
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ import contextlib
 import json
 import os
 import sys
-from typing import Any, NamedTuple
+from typing import Any
 
 from .._client import filters as _filters
 from .._admission import peaks as _peaks
 from .._causes import Cause, Kind
 from .._display import clock, one_line, utc_offset
 from .._exceptions import ReportFailed
-from .._units import format_bytes
 from .layout import PROSE_WIDTH, Column, Layout, key_line, lay_out, output_width, wrap
+from .report_peaks import peaks_from_file, peaks_from_workers, render_peaks
 from .report_source import (
     connected,
     read_history,
@@ -214,41 +214,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-
-
-class PeaksRead(NamedTuple):
-    """The peaks section: its rows (`_peaks.PeakRow`), where they were read (a ledger path,
-    or the scheduler whose workers were asked), the ledgers read, and notes on what was not."""
-
-    rows: list
-    source: str
-    ledgers: list
-    notes: list[str]
-    from_workers: bool
-
-
-def peaks_from_file(path: str) -> PeaksRead:
-    """The peaks of one ledger file on this host; ReportFailed when it cannot be read."""
-    try:
-        ledger = _peaks.read_ledger(path)
-    except OSError as e:
-        raise ReportFailed(f"cannot read the memory ledger {path}: "
-                           f"{e.strerror or one_line(e)}") from e  # fmt: skip
-    return PeaksRead(_peaks.merge([ledger]), path, [ledger], _peaks.notes([ledger]), False)
-
-
-def peaks_from_workers(client: Any, address: str, timeout: float) -> PeaksRead:
-    """The peaks of every worker host's ledger, each file read once (`client.run`)."""
-    try:
-        results = client.run(_peaks.worker_ledger_peaks, on_error="return",
-                             callback_timeout=timeout)  # fmt: skip
-    except TimeoutError as e:
-        raise ReportFailed(f"the workers of the scheduler at {address} did not answer within "
-                           f"{timeout:g} s (try a larger --timeout)") from e  # fmt: skip
-    ledgers = _peaks.from_workers(results)
-    return PeaksRead(_peaks.merge(ledgers), address, ledgers, _peaks.notes(ledgers), True)
-
-
 # --------------------------------------------------------------------------- rendering
 #
 # Tables fit the terminal without cutting what a user copies (a shard, a signature id, a
@@ -367,48 +332,6 @@ def render_pipelines(rows: list, *, width: int | None = None,
     return lines
 
 
-_PEAK_COLUMNS = [Column("PREFIX"), Column("PEAK", right=True), Column("HOSTS", "hosts"),
-                 Column("SUGGESTED", "suggested")]  # fmt: skip
-#: A long prefix keeps its place in the row longest; the suggestion and hosts move under it.
-_PEAK_LAYOUTS = [
-    Layout(("PREFIX", "PEAK", "HOSTS", "SUGGESTED")),
-    Layout(("PREFIX", "PEAK", "SUGGESTED"), below=("HOSTS",)),
-    Layout(("PREFIX", "PEAK"), below=("SUGGESTED", "HOSTS")),
-    Layout(("PEAK", "SUGGESTED"), above=("PREFIX",), below=("HOSTS",)),
-    Layout(("PEAK",), above=("PREFIX",), below=("SUGGESTED", "HOSTS")),
-]
-
-
-def render_peaks(read: PeaksRead, *, width: int | None = None) -> list[str]:
-    """The peaks section: the start-up peak first, then the largest first; notes under it."""
-    if read.from_workers:
-        hosts = len({lg.host for lg in read.ledgers if lg.path != "?"})
-        lines = [f"PEAKS: {len(read.rows)}, largest first, from the memory ledgers of {hosts} "
-                 f"worker host{'s' if hosts != 1 else ''}"]  # fmt: skip
-    else:
-        lines = key_line(f"PEAKS: {len(read.rows)}, largest first, from", read.source, width)
-    if read.rows:
-        body = [[r.label, format_bytes(r.peak), ",".join(r.hosts), r.suggested]
-                for r in read.rows]  # fmt: skip
-        _, header, blocks = lay_out(_PEAK_COLUMNS, body, _PEAK_LAYOUTS, width)
-        lines += [*header, *(line for block in blocks for line in block)]
-        if any(r.suggested for r in read.rows):
-            lines += wrap("(SUGGESTED: the peak rounded up to 16 MiB; add a margin for "
-                          "larger inputs)", width, "  ")  # fmt: skip
-    elif not read.ledgers:
-        lines.append("  no workers to ask")
-    elif all(lg.missing for lg in read.ledgers):
-        where = "no worker host has a memory ledger" if read.from_workers else "no such file"
-        lines += wrap(f"no peaks learned yet: {where}", width, "  ")
-    elif all(lg.missing or lg.note for lg in read.ledgers):
-        lines.append("  no peaks read: see the notes")
-    else:
-        lines += wrap("no peaks learned yet: a peak is learned from a task that ran alone in its "
-                      "worker and grew its memory by at least "
-                      "oomguard.worker.admission.min-estimate", width, "  ")  # fmt: skip
-    for note in read.notes:
-        lines += wrap(f"note: {note}", width, "  ")
-    return lines
 
 
 def _empty(what: str, args: argparse.Namespace, width: int | None) -> list[str]:
