@@ -16,7 +16,7 @@ from dask.utils import parse_bytes
 
 from oomguard._admission import ledger as _ledger, peaks as _peaks
 from oomguard._cli import main
-from oomguard._cli.report import PeaksRead, render_peaks
+from oomguard._cli.report_peaks import PeaksRead, render_peaks
 from oomguard._admission.ledger import HostLedger
 from oomguard._admission.peaks import (
     STARTUP_LABEL,

@@ -1,0 +1,125 @@
+"""The tables `oomguard report` prints of the failure history: events (or one shard's
+history), signatures and pipelines, each as lines that fit the terminal's width.
+"""
+
+from __future__ import annotations
+
+import json
+
+from .._display import clock, one_line, utc_offset
+from .layout import PROSE_WIDTH, Column, Layout, key_line, lay_out, wrap
+
+# Tables fit the terminal without cutting what a user copies (a shard, a signature id, a
+# pipeline name): each table has layouts from the widest to the narrowest, and the first
+# whose rows fit is printed. Narrower layouts shorten only the events' signature title
+# (SIGNATURES prints it whole) and host, then move keys to lines of their own under the row.
+
+
+_EVENT_COLUMNS = [
+    Column("TIME"), Column("KIND"), Column("CAUSE"), Column("#", right=True),
+    Column("SHARD", "shard"), Column("PIPELINE", "pipeline"), Column("HOST", "host"),
+    Column("SIGNATURE", "signature"), Column("TITLE", key=False),
+]  # fmt: skip
+_FIRST = ("TIME", "KIND", "CAUSE", "#")
+_EVENT_LAYOUTS = [
+    Layout((*_FIRST, "SHARD", "PIPELINE", "HOST", "SIGNATURE", "TITLE"), shorten={"TITLE": 16}),
+    Layout((*_FIRST, "SHARD", "PIPELINE", "HOST", "SIGNATURE")),
+    Layout((*_FIRST, "SHARD", "PIPELINE", "HOST", "SIGNATURE"), shorten={"HOST": 12}),
+    Layout((*_FIRST, "HOST", "SIGNATURE", "TITLE"), below=("SHARD", "PIPELINE"),
+           shorten={"TITLE": 16}),
+    Layout((*_FIRST, "HOST", "SIGNATURE"), below=("SHARD", "PIPELINE")),
+    Layout((*_FIRST, "SIGNATURE"), below=("SHARD", "PIPELINE", "HOST")),
+    Layout(_FIRST, below=("SIGNATURE", "SHARD", "PIPELINE", "HOST")),
+]  # fmt: skip
+#: One shard's history: the shard is in the head line; worker and signature under each row.
+_HISTORY_LAYOUTS = [
+    Layout((*_FIRST, "PIPELINE", "HOST")),
+    Layout((*_FIRST, "HOST"), below=("PIPELINE",)),
+    Layout(_FIRST, below=("PIPELINE", "HOST")),
+]
+
+
+def render_events(events: list, *, history: bool, width: int | None = None,
+                  shard: str | None = None, empty: list[str] | None = None,
+                  titles: str = "") -> list[str]:  # fmt: skip
+    """The events section. `empty`: the lines that say why there are none; `titles`: where
+    the signature titles are when the table has no room for them."""
+    order = "oldest first" if history else "newest first"
+    head = [f"EVENTS: {len(events)}, {order}, times {utc_offset()}"]
+    if shard is not None and history:
+        head = key_line(head[0] + ", shard", shard, width)
+    if not events:
+        return head + (empty or ["  no events recorded"])
+    rows = [[clock(e.time), e.kind, e.cause, e.attempt, e.shard, e.pipeline, e.host,
+             e.signature_id, e.signature_title] for e in events]  # fmt: skip
+    layouts = _HISTORY_LAYOUTS if history else _EVENT_LAYOUTS
+    layout, header, blocks = lay_out(_EVENT_COLUMNS, rows, layouts, width)
+    lines = head + header
+    for e, block in zip(events, blocks, strict=True):
+        lines += block
+        if not history:
+            continue
+        title = one_line(e.signature_title or "?")
+        held = (title,) if 4 + len(title) <= min(width or PROSE_WIDTH, PROSE_WIDTH) else ()
+        lines += wrap(f"worker {e.worker or '?'}; signature {e.signature_id or '?'}: {title}",
+                       width, "    ", hold=held)  # fmt: skip
+        summary = e.evidence.get("summary") if isinstance(e.evidence, dict) else None
+        if isinstance(summary, str) and summary:
+            lines += wrap(summary, width, "    ")
+        pairs = [f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in e.evidence.items()
+                 if k != "summary"]  # fmt: skip
+        if pairs:
+            lines += wrap("evidence: " + ", ".join(pairs), width, "    ")
+    if not history and "TITLE" not in layout.row and titles:
+        lines += wrap(f"(no room for signature titles: {titles})", width, "  ")
+    return lines
+
+
+_SIGNATURE_COLUMNS = [
+    Column("ID"), Column("COUNT", right=True), Column("HOSTS", right=True), Column("LAST SEEN"),
+    Column("CAUSES", "causes"), Column("TITLE", key=False),
+]  # fmt: skip
+_SIGNATURE_LAYOUTS = [
+    Layout(("ID", "COUNT", "HOSTS", "LAST SEEN", "CAUSES", "TITLE")),
+    Layout(("ID", "COUNT", "HOSTS", "LAST SEEN", "CAUSES"), below=("TITLE",)),
+    Layout(("ID", "COUNT", "HOSTS", "LAST SEEN"), below=("CAUSES", "TITLE")),
+]
+
+
+def render_signatures(rows: list, *, width: int | None = None,
+                      empty: list[str] | None = None) -> list[str]:  # fmt: skip
+    head = f"SIGNATURES: {len(rows)}, most frequent first"
+    if not rows:
+        return [head] + (empty or ["  no signatures recorded"])
+    body = [[s.id, s.count, len(s.hosts), clock(s.last_seen), ",".join(s.causes), s.title]
+            for s in rows]  # fmt: skip
+    _, header, blocks = lay_out(_SIGNATURE_COLUMNS, body, _SIGNATURE_LAYOUTS, width)
+    return [head, *header, *(line for block in blocks for line in block)]
+
+
+_COUNTS = ("DONE", "FAILED", "ABORTED", "INFRA", "USER")
+_PIPELINE_COLUMNS = [Column("NAME"), Column("STATUS"),
+                     *(Column(h, h.lower(), right=True) for h in _COUNTS)]  # fmt: skip
+_PIPELINE_LAYOUTS = [
+    Layout(("NAME", "STATUS", *_COUNTS)),
+    Layout(("STATUS", *_COUNTS), above=("NAME",)),
+    Layout(("STATUS",), above=("NAME",), below=_COUNTS),
+]
+
+
+def render_pipelines(rows: list, *, width: int | None = None,
+                     empty: list[str] | None = None) -> list[str]:  # fmt: skip
+    head = f"PIPELINES: {len(rows)}, most recently updated first"
+    if not rows:
+        return [head] + (empty or ["  no pipelines recorded"])
+    body = [[p.name, p.status, p.shards_done, p.shards_failed, p.shards_aborted,
+             p.infra_failures, p.user_failures] for p in rows]  # fmt: skip
+    _, header, blocks = lay_out(_PIPELINE_COLUMNS, body, _PIPELINE_LAYOUTS, width)
+    lines = [head, *header, *(line for block in blocks for line in block)]
+    for p in rows:
+        if p.summary or p.abort_reason:
+            lines.append("")
+            lines += wrap(f"{p.name}: {p.summary}", width, "  ", hold=(p.name,))
+            if p.abort_reason:
+                lines += wrap(p.abort_reason, width, "    ", hold=(p.name,))
+    return lines
