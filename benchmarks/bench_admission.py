@@ -20,7 +20,8 @@ import tempfile
 import time
 
 from oomguard._evidence import cgroup as _cgroup
-from oomguard._admission.ledger import HostLedger, cgroup_available
+from oomguard._admission.host import cgroup_available
+from oomguard._admission.ledger import HostLedger
 from oomguard._admission.needs import ANNOTATION, PeakEstimator, need_of
 
 N = 2000

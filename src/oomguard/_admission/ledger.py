@@ -19,7 +19,7 @@ of live leases - floor; granted when N <= free, or, with no other live lease on 
 is not there. So at every instant, for tasks that stay within their needs,
 claims + usage + floor <= limit, and claims + usage <= limit during a cold start
 (tests/unit/test_ledger_model.py). `available` is MemAvailable (/proc/meminfo) by default,
-or limit - usage of a memory cgroup the workers share (`cgroup_available`).
+or limit - usage of a memory cgroup the workers share (`host.cgroup_available`).
 
 In turn: a refused request is queued in the file while it keeps asking (until `withdraw`,
 its process's death, or `QUEUE_STALE` seconds without asking). A request must also fit
@@ -46,13 +46,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .._evidence import cgroup as _cgroup
 from .._exceptions import AdmissionTimeout
 from .._units import format_bytes
+from . import host
 
-__all__ = [
-    "STARTUP_PEAK", "Admission", "HostLedger", "cgroup_available", "format_bytes",
-]
+__all__ = ["STARTUP_PEAK", "Admission", "HostLedger", "format_bytes"]
 
 _VERSION = 1
 #: Per-prefix peaks kept in the file; the least recently seen beyond this are dropped.
@@ -64,7 +62,6 @@ QUEUE_STALE = 10.0
 #: The base of a lease whose memory another process spends (a nanny's start-up lease: its
 #: worker does): it claims its whole need until released, whatever its holder's RSS does.
 ELSEWHERE = -1
-_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 @dataclass(frozen=True)
@@ -91,98 +88,6 @@ class Admission:
         )
 
 
-def _proc_stat(pid: int) -> tuple[int, str, int] | None:
-    """(start time in clock ticks, state letter, RSS bytes) from one read of
-    /proc/<pid>/stat (fields 22, 3 and 24); None when the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        fields = data.rsplit(b")", 1)[1].split()
-        return int(fields[19]), fields[0].decode(), int(fields[21]) * _PAGE
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _proc_start(pid: int) -> int | None:
-    info = _proc_stat(pid)
-    return None if info is None else info[0]
-
-
-def _rss(pid: int) -> int | None:
-    info = _proc_stat(pid)
-    return None if info is None else info[2]
-
-
-def _alive(pid: int, start: int | None) -> tuple[bool, int | None]:
-    """(alive, its RSS) for a lease holder; a reused PID (other start time) or a zombie
-    (killed, not yet reaped: kill(0) still succeeds) is dead."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False, None
-    except PermissionError:
-        pass  # alive, owned by someone else
-    info = _proc_stat(pid)
-    if info is None:
-        return True, None  # no /proc (another mount namespace): trust kill(0)
-    now, state, rss = info
-    return (state not in ("Z", "X") and (start is None or now == start)), rss
-
-
-class _Kept:
-    """A small file kept open and re-read with pread: every grant reads `available` now,
-    and an open() per reading would cost more than the decision."""
-
-    def __init__(self, path: str) -> None:
-        self.path, self.fd = path, None
-
-    def read(self, size: int = 64) -> bytes:
-        if self.fd is None:
-            self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        return os.pread(self.fd, size, 0)
-
-
-_MEMINFO = _Kept("/proc/meminfo")
-
-
-def host_available() -> int | None:
-    """MemAvailable of the host, bytes; None when unreadable (then a lease is granted only
-    when no other is held)."""
-    try:
-        text = _MEMINFO.read(4096)
-        at = text.index(b"MemAvailable:")
-        return int(text[at + 13:text.index(b"kB", at)]) * 1024
-    except (OSError, ValueError):
-        return _cgroup.host_memory().get("available")
-
-
-def cgroup_available(path: str, version: int | None = None) -> Callable[[], int | None]:
-    """`available` for workers sharing one memory cgroup: limit - usage of that group
-    (the host's MemAvailable when the group has no limit or cannot be read).
-
-    >>> avail = cgroup_available("/sys/fs/cgroup/memory/workers")  # doctest: +SKIP
-    """
-
-    if version is None:
-        version = 2 if os.path.exists(os.path.join(path, "memory.max")) else 1
-    names = ("memory.max", "memory.current") if version == 2 else (
-        "memory.limit_in_bytes", "memory.usage_in_bytes")
-    limit_file, usage_file = (_Kept(os.path.join(path, n)) for n in names)
-
-    def available() -> int | None:
-        try:
-            raw = limit_file.read().strip()
-            usage = int(usage_file.read())
-            limit = None if raw == b"max" else int(raw)
-        except (OSError, ValueError):
-            return host_available()
-        if limit is None or limit >= _cgroup.V1_UNLIMITED:
-            return host_available()
-        return max(0, limit - usage)
-
-    return available
-
-
 class HostLedger:
     """Leases of host memory, in a JSON file shared by every worker process on the host.
 
@@ -206,12 +111,12 @@ class HostLedger:
             raise ValueError(f"floor is {floor!r}; expected a number of bytes >= 0.")
         self.path = path
         self.floor = floor
-        self.available = available or host_available
+        self.available = available or host.host_available
         self.pid = os.getpid()
-        self._probe = _alive
+        self._probe = host.alive
         if _process is not None:  # tests: (pid, own RSS, probe of another process)
             self.pid, self._own_rss, self._probe = _process
-        self._start = _proc_start(self.pid) if _process is None else None
+        self._start = host.proc_start(self.pid) if _process is None else None
         self._tlock = threading.Lock()
         self.peaks: dict[str, int] = {}  # prefix -> observed peak, refreshed on each access
         self._fd: int | None = None  # kept open: an open() per access doubles its cost
@@ -277,7 +182,7 @@ class HostLedger:
         try:
             if self._statm is None:
                 self._statm = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
-            return int(os.pread(self._statm, 128, 0).split()[1]) * _PAGE
+            return int(os.pread(self._statm, 128, 0).split()[1]) * host.PAGE
         except (OSError, IndexError, ValueError):
             return None
 
@@ -288,7 +193,7 @@ class HostLedger:
         """One attempt: grant a lease of `nbytes` for `key` now, or say why not (and
         queue it: see `withdraw`). `elsewhere`: another process will spend it."""
         pid = self.pid if pid is None else pid
-        start = self._start if pid == self.pid else _proc_start(pid)
+        start = self._start if pid == self.pid else host.proc_start(pid)
         result: list[Admission] = []
 
         def mutate(state: dict) -> bool:
@@ -319,7 +224,8 @@ class HostLedger:
             if mine is not None:
                 queue.remove(mine)
             if granted:
-                rss = ELSEWHERE if elsewhere else self._own_rss() if pid == self.pid else _rss(pid)
+                rss = ELSEWHERE if elsewhere else (
+                    self._own_rss() if pid == self.pid else host.rss(pid))
                 others.append([pid, key, nbytes, rss, start])
                 state["leases"] = others
             else:
@@ -389,7 +295,7 @@ class HostLedger:
             mine = [le for le in state["leases"] if le[0] == pid]
             if found[0] and mine:
                 # What the finished task left (a kept result) is not the others' spending.
-                rss = self._own_rss() if pid == self.pid else _rss(pid)
+                rss = self._own_rss() if pid == self.pid else host.rss(pid)
                 if rss is not None:
                     for le in mine:
                         if not isinstance(le[3], int):
