@@ -1,9 +1,9 @@
 """The host-wide memory ledger: leases of memory held by running tasks, shared by every
 oomguard worker process on a host, whatever cluster it belongs to.
 
-Pure (no Dask). One small JSON file, read and rewritten under an exclusive `fcntl.flock`
-(held for tens of microseconds) and, within a process, a thread lock (`flock` on one shared
-descriptor does not exclude threads). A lease is keyed by (pid, key) and records the
+Pure (no Dask). One small JSON file (`ledger_file.py`), read and rewritten under an exclusive
+`fcntl.flock` (held for tens of microseconds) and, within a process, a thread lock (`flock` on
+one shared descriptor does not exclude threads). A lease is keyed by (pid, key) and records the
 holder's RSS when it was granted (its base), so memory a running task has already
 allocated is not counted twice (once in `available`, once in its lease). Per process: its
 leases still claim ``max(0, sum(nbytes) - (rss_now - min(base)))``. Per process, not per
@@ -38,8 +38,6 @@ host): PIDs from elsewhere cannot be checked for liveness.
 
 from __future__ import annotations
 
-import fcntl
-import json
 import os
 import threading
 import time
@@ -49,14 +47,10 @@ from dataclasses import dataclass
 from .._exceptions import AdmissionTimeout
 from .._units import format_bytes
 from . import host
+from .ledger_file import LedgerFile, record_peak
 
-__all__ = ["STARTUP_PEAK", "Admission", "HostLedger", "format_bytes"]
+__all__ = ["Admission", "HostLedger", "format_bytes"]
 
-_VERSION = 1
-#: Per-prefix peaks kept in the file; the least recently seen beyond this are dropped.
-MAX_PEAKS = 512
-#: The peaks entry for worker start-ups (nannies' start-up leases), beside task prefixes.
-STARTUP_PEAK = "oomguard:worker-start-up"
 #: A refused request that has not asked again for this long has given up (seconds).
 QUEUE_STALE = 10.0
 #: The base of a lease whose memory another process spends (a nanny's start-up lease: its
@@ -119,64 +113,47 @@ class HostLedger:
         self._start = host.proc_start(self.pid) if _process is None else None
         self._tlock = threading.Lock()
         self.peaks: dict[str, int] = {}  # prefix -> observed peak, refreshed on each access
-        self._fd: int | None = None  # kept open: an open() per access doubles its cost
         self._statm: int | None = None
         self._rss_of: dict[int, tuple[bool, int | None]] = {}  # pid -> read in this access
-        directory = os.path.dirname(path)
-        if directory:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
+        self._file = LedgerFile(path)
 
     # -- the file --------------------------------------------------------------------
 
     def _locked(self, mutate: Callable[[dict], bool], reclaim: bool = True) -> dict:
         """Read the file under an exclusive lock, let `mutate` change it, write it back
         if it says so. Dead leases are dropped on the way."""
-        with self._tlock:
-            return self._flocked(mutate, reclaim)
 
-    def _flocked(self, mutate: Callable[[dict], bool], reclaim: bool) -> dict:
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        fd = self._fd
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            raw = os.pread(fd, 1 << 16, 0)
-            while len(raw) % (1 << 16) == 0 and raw:  # a large file: read the rest
-                more = os.pread(fd, 1 << 16, len(raw))
-                if not more:
-                    break
-                raw += more
-            state = _parse(raw)
+        def step(state: dict) -> bool:
             n = len(state["leases"])
             if reclaim:
-                me, kept, self._rss_of = self.pid, [], {}
-                for le in state["leases"]:
-                    if le[0] == me:  # our own leases: we are alive
-                        kept.append(le)
-                        continue
-                    alive, rss = self._rss_of.get(le[0]) or self._probe(le[0], le[4])
-                    self._rss_of[le[0]] = (alive, rss)
-                    if alive:
-                        kept.append(le)
-                state["leases"] = kept
-            dirty = mutate(state) or len(state["leases"]) != n or not raw
-            if dirty:
-                data = json.dumps(state, separators=(",", ":")).encode()
-                os.pwrite(fd, data, 0)
-                if len(data) < len(raw):
-                    os.ftruncate(fd, len(data))
+                self._reclaim(state)
+            return mutate(state) or len(state["leases"]) != n
+
+        with self._tlock:
+            state = self._file.update(step)
             self.peaks = state["peaks"]
             return state
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _reclaim(self, state: dict) -> None:
+        """Drop the leases of dead processes; note each holder's RSS for this access."""
+        me, kept, self._rss_of = self.pid, [], {}
+        for le in state["leases"]:
+            if le[0] == me:  # our own leases: we are alive
+                kept.append(le)
+                continue
+            alive, rss = self._rss_of.get(le[0]) or self._probe(le[0], le[4])
+            self._rss_of[le[0]] = (alive, rss)
+            if alive:
+                kept.append(le)
+        state["leases"] = kept
 
     def close(self) -> None:
         """Close the ledger's file descriptors (leases stay until released or reclaimed)."""
-        for name in ("_fd", "_statm"):
-            fd = getattr(self, name)
-            if fd is not None:
-                setattr(self, name, None)
-                os.close(fd)
+        self._file.close()
+        fd = self._statm
+        if fd is not None:
+            self._statm = None
+            os.close(fd)
 
     def _own_rss(self) -> int | None:
         try:
@@ -302,7 +279,7 @@ class HostLedger:
                             le[3] = rss
                         elif le[3] != ELSEWHERE:
                             le[3] = max(le[3], rss)
-            return _record_peak(state, peak) or found[0]
+            return record_peak(state, peak) or found[0]
 
         # Reclaiming others' dead leases is left to acquisitions: a release stays cheap.
         self._locked(mutate, reclaim=False)
@@ -310,7 +287,7 @@ class HostLedger:
 
     def record_peak(self, prefix: str, nbytes: int) -> None:
         """Remember the largest memory peak seen for a task prefix (host-wide)."""
-        self._locked(lambda state: _record_peak(state, (prefix, nbytes)))
+        self._locked(lambda state: record_peak(state, (prefix, nbytes)))
 
     def refresh(self) -> dict[str, int]:
         """Re-read the peaks (and reclaim dead leases); returns the peaks."""
@@ -349,47 +326,3 @@ class HostLedger:
                 raise AdmissionTimeout(key, nbytes, adm.free, waited, adm.detail())
             time.sleep(min(delay, max(0.0, timeout - waited)))
             delay = min(delay * 2, poll)
-
-
-def _parse(raw: bytes) -> dict:
-    # A torn or foreign file starts over empty: losing leases only errs towards admitting.
-    try:
-        state = json.loads(raw) if raw else {}
-    except ValueError:
-        state = {}
-    if not isinstance(state, dict) or state.get("version") != _VERSION:
-        state = {}
-    leases = state.get("leases")
-    peaks = state.get("peaks")
-    queue = state.get("queue")
-    return {
-        "version": _VERSION,
-        "leases": [le for le in leases if _entry_ok(le)] if isinstance(leases, list) else [],
-        "peaks": peaks if isinstance(peaks, dict) else {},
-        "queue": [q for q in queue if _entry_ok(q, timed=True)] if isinstance(queue, list) else [],
-    }
-
-
-def _entry_ok(entry, timed: bool = False) -> bool:
-    """A lease [pid, key, need, base, start], or (`timed`) a waiting request
-    [pid, key, need, asking since, asked last] (times from time.time())."""
-    return (
-        isinstance(entry, list)
-        and len(entry) == 5
-        and isinstance(entry[0], int)
-        and isinstance(entry[1], str)
-        and isinstance(entry[2], int)
-        and (not timed or all(isinstance(t, (int, float)) for t in entry[3:]))
-    )
-
-
-def _record_peak(state: dict, peak: tuple[str, int] | None) -> bool:
-    if peak is None:
-        return False
-    prefix, nbytes = peak
-    peaks = state["peaks"]
-    old = peaks.pop(prefix, 0)  # re-insert: dict order is recency, oldest dropped first
-    peaks[prefix] = max(int(old) if isinstance(old, int) else 0, int(nbytes))
-    while len(peaks) > MAX_PEAKS:
-        peaks.pop(next(iter(peaks)))
-    return True
