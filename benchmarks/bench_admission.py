@@ -74,8 +74,8 @@ def main() -> None:
 
     def no_need(i):
         need_of(f"plain-{i}", {}, est)
-        ledger._own_rss()
-        ledger._own_rss()
+        ledger.own_rss()
+        ledger.own_rss()
 
     rows.append(("no need (no lease)", _time(no_need)))
     annotated = {ANNOTATION: 2**30}

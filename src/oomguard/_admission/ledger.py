@@ -109,7 +109,7 @@ class HostLedger:
         self.pid = os.getpid()
         self._probe = host.alive
         if _process is not None:  # tests: (pid, own RSS, probe of another process)
-            self.pid, self._own_rss, self._probe = _process
+            self.pid, self.own_rss, self._probe = _process
         self._start = host.proc_start(self.pid) if _process is None else None
         self._tlock = threading.Lock()
         self.peaks: dict[str, int] = {}  # prefix -> observed peak, refreshed on each access
@@ -155,7 +155,8 @@ class HostLedger:
             self._statm = None
             os.close(fd)
 
-    def _own_rss(self) -> int | None:
+    def own_rss(self) -> int | None:
+        """This process's RSS, bytes, from /proc/self/statm kept open; None if unreadable."""
         try:
             if self._statm is None:
                 self._statm = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
@@ -202,7 +203,7 @@ class HostLedger:
                 queue.remove(mine)
             if granted:
                 rss = ELSEWHERE if elsewhere else (
-                    self._own_rss() if pid == self.pid else host.rss(pid))
+                    self.own_rss() if pid == self.pid else host.rss(pid))
                 others.append([pid, key, nbytes, rss, start])
                 state["leases"] = others
             else:
@@ -252,7 +253,7 @@ class HostLedger:
                 entry[1] = min(entry[1], base) if isinstance(base, int) else -1
         claimed = spent = 0
         for p, (need, base) in per.items():
-            rss = self._own_rss() if p == self.pid else self._rss_of.get(p, (True, None))[1]
+            rss = self.own_rss() if p == self.pid else self._rss_of.get(p, (True, None))[1]
             used = min(need, max(0, rss - base)) if rss is not None and base >= 0 else 0
             claimed += need - used
             spent += used
@@ -272,7 +273,7 @@ class HostLedger:
             mine = [le for le in state["leases"] if le[0] == pid]
             if found[0] and mine:
                 # What the finished task left (a kept result) is not the others' spending.
-                rss = self._own_rss() if pid == self.pid else host.rss(pid)
+                rss = self.own_rss() if pid == self.pid else host.rss(pid)
                 if rss is not None:
                     for le in mine:
                         if not isinstance(le[3], int):
