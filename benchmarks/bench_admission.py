@@ -20,7 +20,8 @@ import tempfile
 import time
 
 from oomguard._evidence import cgroup as _cgroup
-from oomguard._admission.ledger import HostLedger, cgroup_available
+from oomguard._admission.host import cgroup_available
+from oomguard._admission.ledger import HostLedger
 from oomguard._admission.needs import ANNOTATION, PeakEstimator, need_of
 
 N = 2000
@@ -73,8 +74,8 @@ def main() -> None:
 
     def no_need(i):
         need_of(f"plain-{i}", {}, est)
-        ledger._own_rss()
-        ledger._own_rss()
+        ledger.own_rss()
+        ledger.own_rss()
 
     rows.append(("no need (no lease)", _time(no_need)))
     annotated = {ANNOTATION: 2**30}

@@ -19,7 +19,11 @@ import time
 from oomguard._metrics import store_totals
 from oomguard._models import FailureEvent
 from oomguard._store import FailureStore
-from oomguard.scheduler_plugin._dashboard import failure_columns, read_store, signature_columns
+from oomguard.scheduler_plugin._dashboard_data import (
+    failure_columns,
+    read_store,
+    signature_columns,
+)
 
 
 def timed(fn, repeat: int = 7) -> float:

@@ -36,7 +36,8 @@ TASK = """
 import json, sys, time
 ledger_path, cgroup, need, admit, hold, key = sys.argv[1:7]
 need, admit, hold = int(need), admit == "1", float(hold)
-from oomguard._admission.ledger import HostLedger, cgroup_available
+from oomguard._admission.host import cgroup_available
+from oomguard._admission.ledger import HostLedger
 ledger = HostLedger(ledger_path, floor=64 * 2**20, available=cgroup_available(cgroup))
 sys.stdout.write("ready\\n"); sys.stdout.flush()
 sys.stdin.buffer.read(1)
@@ -206,7 +207,7 @@ def _hold_everything(ledger_path):
 
 
 def _nearly_everything() -> int:
-    return oomguard._admission.ledger.host_available() - 2**29
+    return oomguard._admission.host.host_available() - 2**29
 
 
 def test_a_dask_task_waits_for_memory_and_the_wait_is_visible(dask_cluster):

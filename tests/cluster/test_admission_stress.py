@@ -46,7 +46,8 @@ MARGIN = 8 * MiB  # a task allocates a little less than its need (Python's own o
 # freed only after the release. Waits for a go byte: it is in the group before it allocates.
 CHILD = r"""
 import json, random, sys, threading, time
-from oomguard._admission.ledger import HostLedger, cgroup_available
+from oomguard._admission.host import cgroup_available
+from oomguard._admission.ledger import HostLedger
 
 MiB = 2**20
 cfg = json.loads(sys.argv[1])

@@ -345,7 +345,7 @@ def test_html_and_user_names_in_a_trace(scheduler):
     # Surfaces that render HTML: the demo/HTML report and the dashboard page.
     from oomguard._cli.demo import render_html
     from oomguard._cli.demo_run import DemoResult
-    from oomguard.scheduler_plugin import _dashboard
+    from oomguard.scheduler_plugin import _dashboard, _dashboard_data
 
     page = render_html(DemoResult(memory_cause="oom_kill", kernel_oom=True, events=[event],
                                   signatures=[sig], status=None))
@@ -354,7 +354,7 @@ def test_html_and_user_names_in_a_trace(scheduler):
     assert "<img src=x onerror=alert(1)>" in sig.example  # stored as text, as it was
     assert html.escape("<img src=x onerror=alert(1)>") in page  # shown escaped
     # The dashboard shows traces in a PreText (text, never HTML) and escapes its Div texts.
-    detail = _dashboard.signature_detail(sig, [event])
+    detail = _dashboard_data.signature_detail(sig, [event])
     assert "decode_shard" in detail
     assert "self.detail = PreText(" in inspect.getsource(_dashboard.OomguardPage.__init__)
     # /metrics carries no trace text or key at all.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from oomguard._models import FailureEvent, PipelineStatus, SignatureRow
-from oomguard.scheduler_plugin._dashboard import (
+from oomguard.scheduler_plugin._dashboard_data import (
     CAUSES,
     MAX_BINS,
     failure_columns,

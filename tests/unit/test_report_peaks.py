@@ -14,7 +14,7 @@ import pytest
 from _cli_run import report
 from dask.utils import parse_bytes
 
-from oomguard._admission import ledger as _ledger, peaks as _peaks
+from oomguard._admission import ledger_file as _ledger_file, peaks as _peaks
 from oomguard._cli import main
 from oomguard._cli.report_peaks import PeaksRead, render_peaks
 from oomguard._admission.ledger import HostLedger
@@ -48,12 +48,12 @@ def test_reads_the_peaks_a_host_ledger_wrote_and_leaves_the_file_alone(tmp_path)
     path = str(tmp_path / "memory-ledger.json")
     ledger = HostLedger(path, available=lambda: 8 * GiB)
     ledger.record_peak("load-parquet", 300 * MiB)
-    ledger.record_peak(_ledger.STARTUP_PEAK, 70 * MiB)
+    ledger.record_peak(_ledger_file.STARTUP_PEAK, 70 * MiB)
     assert ledger.try_acquire("('load-parquet', 1)", GiB).granted  # a lease held right now
     before = snapshot(tmp_path)
     got = read_ledger(path, host="node-a")
     assert got == LedgerPeaks("node-a", path, {"load-parquet": 300 * MiB,
-                                               _ledger.STARTUP_PEAK: 70 * MiB})  # fmt: skip
+                                               _ledger_file.STARTUP_PEAK: 70 * MiB})  # fmt: skip
     assert snapshot(tmp_path) == before  # no byte, no mtime, no lock file, no new file
     ledger.release("('load-parquet', 1)")
     ledger.close()
@@ -159,17 +159,17 @@ def test_what_a_worker_could_not_run_becomes_a_note():
 def test_merge_keeps_the_largest_peak_per_prefix_and_where_it_came_from():
     ledgers = [
         LedgerPeaks("node-a", "/tmp/oomguard-0/memory-ledger.json",
-                    {"load": 300 * MiB, "sum": 20 * MiB, _ledger.STARTUP_PEAK: 70 * MiB}),
+                    {"load": 300 * MiB, "sum": 20 * MiB, _ledger_file.STARTUP_PEAK: 70 * MiB}),
         # node-a's second worker read the same file a moment later: counted once.
         LedgerPeaks("node-a", "/tmp/oomguard-0/memory-ledger.json", {"load": 900 * MiB}),
         LedgerPeaks("node-b", "/tmp/oomguard-0/memory-ledger.json",
                     {"load": 500 * MiB, "sum": 20 * MiB, "parse": 40 * MiB}),
         # node-b also runs workers of another cluster, with their own ledger.
-        LedgerPeaks("node-b", "/dev/shm/ledger.json", {_ledger.STARTUP_PEAK: 90 * MiB}),
+        LedgerPeaks("node-b", "/dev/shm/ledger.json", {_ledger_file.STARTUP_PEAK: 90 * MiB}),
         LedgerPeaks("node-c", "/tmp/oomguard-0/memory-ledger.json", missing=True),
     ]  # fmt: skip
     assert merge(ledgers) == [
-        PeakRow(_ledger.STARTUP_PEAK, 90 * MiB, ("node-b",)),  # first, though not the largest
+        PeakRow(_ledger_file.STARTUP_PEAK, 90 * MiB, ("node-b",)),  # first, though not the largest
         PeakRow("load", 500 * MiB, ("node-b",)),
         PeakRow("parse", 40 * MiB, ("node-b",)),
         PeakRow("sum", 20 * MiB, ("node-a", "node-b")),  # the same peak on two hosts
@@ -197,7 +197,7 @@ def test_a_suggestion_is_the_peak_rounded_up_to_16_mib(peak, size):
 
 def test_the_start_up_row_is_labelled_and_has_no_annotation():
     assert _peaks.STARTUP_PEAK == "oomguard:worker-start-up"
-    row = PeakRow(_ledger.STARTUP_PEAK, 70 * MiB, ("a",))
+    row = PeakRow(_ledger_file.STARTUP_PEAK, 70 * MiB, ("a",))
     assert (row.label, row.suggested) == (STARTUP_LABEL, None)
     assert row.to_dict() == {"prefix": "oomguard:worker-start-up", "peak": 70 * MiB,
                              "hosts": ["a"], "suggested": None}  # fmt: skip
@@ -205,7 +205,7 @@ def test_the_start_up_row_is_labelled_and_has_no_annotation():
 
 # -- the command ---------------------------------------------------------------------------------
 
-PEAKS = {_ledger.STARTUP_PEAK: 190_000_000, "load-parquet": 1_500_000_000,
+PEAKS = {_ledger_file.STARTUP_PEAK: 190_000_000, "load-parquet": 1_500_000_000,
          LONG: 734_003_200, "sum": 70_000_000}  # fmt: skip
 
 
@@ -242,7 +242,7 @@ def test_the_peaks_table_fits_and_never_cuts_a_prefix(ledger_file, capsys, monke
     for prefix in (LONG, STARTUP_LABEL, "load-parquet"):
         assert any(ln.split("  ")[0] == prefix for ln in lines), (prefix, out)
     for peak in PEAKS.values():
-        if peak != PEAKS[_ledger.STARTUP_PEAK]:
+        if peak != PEAKS[_ledger_file.STARTUP_PEAK]:
             assert suggested(peak) in out
 
 
@@ -365,9 +365,9 @@ def test_the_docs_show_what_the_peaks_section_prints():
     ledger = "/tmp/oomguard-1000/memory-ledger.json"
     repart, parquet = LONG, "read-parquet-8c1f0e2d9a7b4c3e5f6a7b8c9d0e1f2a"
     ledgers = [
-        LedgerPeaks("ip-10-0-3-11", ledger, {_ledger.STARTUP_PEAK: 71_303_168,
+        LedgerPeaks("ip-10-0-3-11", ledger, {_ledger_file.STARTUP_PEAK: 71_303_168,
                     repart: 1_140_850_688, parquet: 601_620_480, "load-0a1b": 420_478_976}),
-        LedgerPeaks("ip-10-0-3-12", ledger, {_ledger.STARTUP_PEAK: 74_448_896,
+        LedgerPeaks("ip-10-0-3-12", ledger, {_ledger_file.STARTUP_PEAK: 74_448_896,
                     parquet: 601_620_480, "load-0a1b": 398_458_880, "parse": 88_080_384}),
     ]  # fmt: skip
     read = PeaksRead(merge(ledgers), "tcp://10.0.3.2:8786", ledgers, [], True)

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from oomguard._admission.ledger import STARTUP_PEAK, HostLedger
+from oomguard._admission.ledger import HostLedger
+from oomguard._admission.ledger_file import STARTUP_PEAK
 from oomguard._admission.config import AdmissionConfig
 from oomguard._admission.startup import StartupReservations, startup_peak
 

@@ -6,7 +6,8 @@ import os
 from dataclasses import dataclass
 
 from .. import _config
-from .ledger import HostLedger, cgroup_available
+from .host import cgroup_available
+from .ledger import HostLedger
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """The host-wide memory ledger: leases of memory held by running tasks, shared by every
 oomguard worker process on a host, whatever cluster it belongs to.
 
-Pure (no Dask). One small JSON file, read and rewritten under an exclusive `fcntl.flock`
-(held for tens of microseconds) and, within a process, a thread lock (`flock` on one shared
-descriptor does not exclude threads). A lease is keyed by (pid, key) and records the
+Pure (no Dask). One small JSON file (`ledger_file.py`), read and rewritten under an exclusive
+`fcntl.flock` (held for tens of microseconds) and, within a process, a thread lock (`flock` on
+one shared descriptor does not exclude threads). A lease is keyed by (pid, key) and records the
 holder's RSS when it was granted (its base), so memory a running task has already
 allocated is not counted twice (once in `available`, once in its lease). Per process: its
 leases still claim ``max(0, sum(nbytes) - (rss_now - min(base)))``. Per process, not per
@@ -19,7 +19,7 @@ of live leases - floor; granted when N <= free, or, with no other live lease on 
 is not there. So at every instant, for tasks that stay within their needs,
 claims + usage + floor <= limit, and claims + usage <= limit during a cold start
 (tests/unit/test_ledger_model.py). `available` is MemAvailable (/proc/meminfo) by default,
-or limit - usage of a memory cgroup the workers share (`cgroup_available`).
+or limit - usage of a memory cgroup the workers share (`host.cgroup_available`).
 
 In turn: a refused request is queued in the file while it keeps asking (until `withdraw`,
 its process's death, or `QUEUE_STALE` seconds without asking). A request must also fit
@@ -38,33 +38,24 @@ host): PIDs from elsewhere cannot be checked for liveness.
 
 from __future__ import annotations
 
-import fcntl
-import json
 import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .._evidence import cgroup as _cgroup
 from .._exceptions import AdmissionTimeout
 from .._units import format_bytes
+from . import host
+from .ledger_file import LedgerFile, record_peak
 
-__all__ = [
-    "STARTUP_PEAK", "Admission", "HostLedger", "cgroup_available", "format_bytes",
-]
+__all__ = ["Admission", "HostLedger", "format_bytes"]
 
-_VERSION = 1
-#: Per-prefix peaks kept in the file; the least recently seen beyond this are dropped.
-MAX_PEAKS = 512
-#: The peaks entry for worker start-ups (nannies' start-up leases), beside task prefixes.
-STARTUP_PEAK = "oomguard:worker-start-up"
 #: A refused request that has not asked again for this long has given up (seconds).
 QUEUE_STALE = 10.0
 #: The base of a lease whose memory another process spends (a nanny's start-up lease: its
 #: worker does): it claims its whole need until released, whatever its holder's RSS does.
 ELSEWHERE = -1
-_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 @dataclass(frozen=True)
@@ -91,98 +82,6 @@ class Admission:
         )
 
 
-def _proc_stat(pid: int) -> tuple[int, str, int] | None:
-    """(start time in clock ticks, state letter, RSS bytes) from one read of
-    /proc/<pid>/stat (fields 22, 3 and 24); None when the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        fields = data.rsplit(b")", 1)[1].split()
-        return int(fields[19]), fields[0].decode(), int(fields[21]) * _PAGE
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _proc_start(pid: int) -> int | None:
-    info = _proc_stat(pid)
-    return None if info is None else info[0]
-
-
-def _rss(pid: int) -> int | None:
-    info = _proc_stat(pid)
-    return None if info is None else info[2]
-
-
-def _alive(pid: int, start: int | None) -> tuple[bool, int | None]:
-    """(alive, its RSS) for a lease holder; a reused PID (other start time) or a zombie
-    (killed, not yet reaped: kill(0) still succeeds) is dead."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False, None
-    except PermissionError:
-        pass  # alive, owned by someone else
-    info = _proc_stat(pid)
-    if info is None:
-        return True, None  # no /proc (another mount namespace): trust kill(0)
-    now, state, rss = info
-    return (state not in ("Z", "X") and (start is None or now == start)), rss
-
-
-class _Kept:
-    """A small file kept open and re-read with pread: every grant reads `available` now,
-    and an open() per reading would cost more than the decision."""
-
-    def __init__(self, path: str) -> None:
-        self.path, self.fd = path, None
-
-    def read(self, size: int = 64) -> bytes:
-        if self.fd is None:
-            self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        return os.pread(self.fd, size, 0)
-
-
-_MEMINFO = _Kept("/proc/meminfo")
-
-
-def host_available() -> int | None:
-    """MemAvailable of the host, bytes; None when unreadable (then a lease is granted only
-    when no other is held)."""
-    try:
-        text = _MEMINFO.read(4096)
-        at = text.index(b"MemAvailable:")
-        return int(text[at + 13:text.index(b"kB", at)]) * 1024
-    except (OSError, ValueError):
-        return _cgroup.host_memory().get("available")
-
-
-def cgroup_available(path: str, version: int | None = None) -> Callable[[], int | None]:
-    """`available` for workers sharing one memory cgroup: limit - usage of that group
-    (the host's MemAvailable when the group has no limit or cannot be read).
-
-    >>> avail = cgroup_available("/sys/fs/cgroup/memory/workers")  # doctest: +SKIP
-    """
-
-    if version is None:
-        version = 2 if os.path.exists(os.path.join(path, "memory.max")) else 1
-    names = ("memory.max", "memory.current") if version == 2 else (
-        "memory.limit_in_bytes", "memory.usage_in_bytes")
-    limit_file, usage_file = (_Kept(os.path.join(path, n)) for n in names)
-
-    def available() -> int | None:
-        try:
-            raw = limit_file.read().strip()
-            usage = int(usage_file.read())
-            limit = None if raw == b"max" else int(raw)
-        except (OSError, ValueError):
-            return host_available()
-        if limit is None or limit >= _cgroup.V1_UNLIMITED:
-            return host_available()
-        return max(0, limit - usage)
-
-    return available
-
-
 class HostLedger:
     """Leases of host memory, in a JSON file shared by every worker process on the host.
 
@@ -206,78 +105,62 @@ class HostLedger:
             raise ValueError(f"floor is {floor!r}; expected a number of bytes >= 0.")
         self.path = path
         self.floor = floor
-        self.available = available or host_available
+        self.available = available or host.host_available
         self.pid = os.getpid()
-        self._probe = _alive
+        self._probe = host.alive
         if _process is not None:  # tests: (pid, own RSS, probe of another process)
-            self.pid, self._own_rss, self._probe = _process
-        self._start = _proc_start(self.pid) if _process is None else None
+            self.pid, self.own_rss, self._probe = _process
+        self._start = host.proc_start(self.pid) if _process is None else None
         self._tlock = threading.Lock()
         self.peaks: dict[str, int] = {}  # prefix -> observed peak, refreshed on each access
-        self._fd: int | None = None  # kept open: an open() per access doubles its cost
         self._statm: int | None = None
         self._rss_of: dict[int, tuple[bool, int | None]] = {}  # pid -> read in this access
-        directory = os.path.dirname(path)
-        if directory:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
+        self._file = LedgerFile(path)
 
     # -- the file --------------------------------------------------------------------
 
     def _locked(self, mutate: Callable[[dict], bool], reclaim: bool = True) -> dict:
         """Read the file under an exclusive lock, let `mutate` change it, write it back
         if it says so. Dead leases are dropped on the way."""
-        with self._tlock:
-            return self._flocked(mutate, reclaim)
 
-    def _flocked(self, mutate: Callable[[dict], bool], reclaim: bool) -> dict:
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        fd = self._fd
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            raw = os.pread(fd, 1 << 16, 0)
-            while len(raw) % (1 << 16) == 0 and raw:  # a large file: read the rest
-                more = os.pread(fd, 1 << 16, len(raw))
-                if not more:
-                    break
-                raw += more
-            state = _parse(raw)
+        def step(state: dict) -> bool:
             n = len(state["leases"])
             if reclaim:
-                me, kept, self._rss_of = self.pid, [], {}
-                for le in state["leases"]:
-                    if le[0] == me:  # our own leases: we are alive
-                        kept.append(le)
-                        continue
-                    alive, rss = self._rss_of.get(le[0]) or self._probe(le[0], le[4])
-                    self._rss_of[le[0]] = (alive, rss)
-                    if alive:
-                        kept.append(le)
-                state["leases"] = kept
-            dirty = mutate(state) or len(state["leases"]) != n or not raw
-            if dirty:
-                data = json.dumps(state, separators=(",", ":")).encode()
-                os.pwrite(fd, data, 0)
-                if len(data) < len(raw):
-                    os.ftruncate(fd, len(data))
+                self._reclaim(state)
+            return mutate(state) or len(state["leases"]) != n
+
+        with self._tlock:
+            state = self._file.update(step)
             self.peaks = state["peaks"]
             return state
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _reclaim(self, state: dict) -> None:
+        """Drop the leases of dead processes; note each holder's RSS for this access."""
+        me, kept, self._rss_of = self.pid, [], {}
+        for le in state["leases"]:
+            if le[0] == me:  # our own leases: we are alive
+                kept.append(le)
+                continue
+            alive, rss = self._rss_of.get(le[0]) or self._probe(le[0], le[4])
+            self._rss_of[le[0]] = (alive, rss)
+            if alive:
+                kept.append(le)
+        state["leases"] = kept
 
     def close(self) -> None:
         """Close the ledger's file descriptors (leases stay until released or reclaimed)."""
-        for name in ("_fd", "_statm"):
-            fd = getattr(self, name)
-            if fd is not None:
-                setattr(self, name, None)
-                os.close(fd)
+        self._file.close()
+        fd = self._statm
+        if fd is not None:
+            self._statm = None
+            os.close(fd)
 
-    def _own_rss(self) -> int | None:
+    def own_rss(self) -> int | None:
+        """This process's RSS, bytes, from /proc/self/statm kept open; None if unreadable."""
         try:
             if self._statm is None:
                 self._statm = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
-            return int(os.pread(self._statm, 128, 0).split()[1]) * _PAGE
+            return int(os.pread(self._statm, 128, 0).split()[1]) * host.PAGE
         except (OSError, IndexError, ValueError):
             return None
 
@@ -288,7 +171,7 @@ class HostLedger:
         """One attempt: grant a lease of `nbytes` for `key` now, or say why not (and
         queue it: see `withdraw`). `elsewhere`: another process will spend it."""
         pid = self.pid if pid is None else pid
-        start = self._start if pid == self.pid else _proc_start(pid)
+        start = self._start if pid == self.pid else host.proc_start(pid)
         result: list[Admission] = []
 
         def mutate(state: dict) -> bool:
@@ -319,7 +202,8 @@ class HostLedger:
             if mine is not None:
                 queue.remove(mine)
             if granted:
-                rss = ELSEWHERE if elsewhere else self._own_rss() if pid == self.pid else _rss(pid)
+                rss = ELSEWHERE if elsewhere else (
+                    self.own_rss() if pid == self.pid else host.rss(pid))
                 others.append([pid, key, nbytes, rss, start])
                 state["leases"] = others
             else:
@@ -369,7 +253,7 @@ class HostLedger:
                 entry[1] = min(entry[1], base) if isinstance(base, int) else -1
         claimed = spent = 0
         for p, (need, base) in per.items():
-            rss = self._own_rss() if p == self.pid else self._rss_of.get(p, (True, None))[1]
+            rss = self.own_rss() if p == self.pid else self._rss_of.get(p, (True, None))[1]
             used = min(need, max(0, rss - base)) if rss is not None and base >= 0 else 0
             claimed += need - used
             spent += used
@@ -389,14 +273,14 @@ class HostLedger:
             mine = [le for le in state["leases"] if le[0] == pid]
             if found[0] and mine:
                 # What the finished task left (a kept result) is not the others' spending.
-                rss = self._own_rss() if pid == self.pid else _rss(pid)
+                rss = self.own_rss() if pid == self.pid else host.rss(pid)
                 if rss is not None:
                     for le in mine:
                         if not isinstance(le[3], int):
                             le[3] = rss
                         elif le[3] != ELSEWHERE:
                             le[3] = max(le[3], rss)
-            return _record_peak(state, peak) or found[0]
+            return record_peak(state, peak) or found[0]
 
         # Reclaiming others' dead leases is left to acquisitions: a release stays cheap.
         self._locked(mutate, reclaim=False)
@@ -404,7 +288,7 @@ class HostLedger:
 
     def record_peak(self, prefix: str, nbytes: int) -> None:
         """Remember the largest memory peak seen for a task prefix (host-wide)."""
-        self._locked(lambda state: _record_peak(state, (prefix, nbytes)))
+        self._locked(lambda state: record_peak(state, (prefix, nbytes)))
 
     def refresh(self) -> dict[str, int]:
         """Re-read the peaks (and reclaim dead leases); returns the peaks."""
@@ -443,47 +327,3 @@ class HostLedger:
                 raise AdmissionTimeout(key, nbytes, adm.free, waited, adm.detail())
             time.sleep(min(delay, max(0.0, timeout - waited)))
             delay = min(delay * 2, poll)
-
-
-def _parse(raw: bytes) -> dict:
-    # A torn or foreign file starts over empty: losing leases only errs towards admitting.
-    try:
-        state = json.loads(raw) if raw else {}
-    except ValueError:
-        state = {}
-    if not isinstance(state, dict) or state.get("version") != _VERSION:
-        state = {}
-    leases = state.get("leases")
-    peaks = state.get("peaks")
-    queue = state.get("queue")
-    return {
-        "version": _VERSION,
-        "leases": [le for le in leases if _entry_ok(le)] if isinstance(leases, list) else [],
-        "peaks": peaks if isinstance(peaks, dict) else {},
-        "queue": [q for q in queue if _entry_ok(q, timed=True)] if isinstance(queue, list) else [],
-    }
-
-
-def _entry_ok(entry, timed: bool = False) -> bool:
-    """A lease [pid, key, need, base, start], or (`timed`) a waiting request
-    [pid, key, need, asking since, asked last] (times from time.time())."""
-    return (
-        isinstance(entry, list)
-        and len(entry) == 5
-        and isinstance(entry[0], int)
-        and isinstance(entry[1], str)
-        and isinstance(entry[2], int)
-        and (not timed or all(isinstance(t, (int, float)) for t in entry[3:]))
-    )
-
-
-def _record_peak(state: dict, peak: tuple[str, int] | None) -> bool:
-    if peak is None:
-        return False
-    prefix, nbytes = peak
-    peaks = state["peaks"]
-    old = peaks.pop(prefix, 0)  # re-insert: dict order is recency, oldest dropped first
-    peaks[prefix] = max(int(old) if isinstance(old, int) else 0, int(nbytes))
-    while len(peaks) > MAX_PEAKS:
-        peaks.pop(next(iter(peaks)))
-    return True

@@ -2,7 +2,7 @@
 
 Worker-side admission (`worker_plugin/_admission.py`) keeps, per task prefix, the largest RSS
 growth a task showed while alone in its worker, in the host's memory ledger
-(`{"version": 1, "leases": [...], "peaks": {prefix: bytes}}`, `_ledger.py`). This module only
+(`{"version": 1, "leases": [...], "peaks": {prefix: bytes}}`, `ledger_file.py`). This module only
 reads such files: open, read, parse. It never creates, locks or writes one, so reading a
 ledger that workers are using never delays them. A writer rewrites the file in place under
 its lock for tens of microseconds; a read that lands mid-write does not parse and is read
@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .ledger import _VERSION, STARTUP_PEAK  # STARTUP_PEAK: a worker process's start-up
+from .ledger_file import STARTUP_PEAK, VERSION  # STARTUP_PEAK: a worker process's start-up
 
 STARTUP_LABEL = "worker start-up (nanny start-up lease)"
 #: Suggested annotations are the peak rounded up to a multiple of this.
@@ -97,8 +97,8 @@ def _peaks_of(raw: bytes, path: str) -> tuple[dict[str, int], str | None]:
         raise ValueError("it is not JSON (torn, or another program's file)") from None
     if not isinstance(state, dict):
         raise ValueError("it is not a JSON object")
-    if state.get("version") != _VERSION:
-        raise ValueError(f"its version is {state.get('version')!r}, not {_VERSION}")
+    if state.get("version") != VERSION:
+        raise ValueError(f"its version is {state.get('version')!r}, not {VERSION}")
     peaks = state.get("peaks", {})
     if not isinstance(peaks, dict):
         raise ValueError('its "peaks" is not an object')

@@ -26,7 +26,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .ledger import STARTUP_PEAK, HostLedger
+from .ledger import HostLedger
+from .ledger_file import STARTUP_PEAK
 from .._protocol import STARTUP_TOPIC as EVENT_TOPIC
 from .._units import format_bytes
 from .config import AdmissionConfig

@@ -267,7 +267,7 @@ class WorkerAdmission:
     # -- peaks: RSS growth while the task ran alone in this process ----------------------
 
     def _start(self, key) -> _Running:
-        rss = self.ledger._own_rss() or 0
+        rss = self.ledger.own_rss() or 0
         alone = not self._running
         for other in self._running.values():
             other.alone = False
@@ -276,7 +276,7 @@ class WorkerAdmission:
 
     def _finish(self, key, run: _Running) -> tuple[str, int] | None:
         self._running.pop(key, None)
-        run.max_rss = max(run.max_rss, self.ledger._own_rss() or 0)
+        run.max_rss = max(run.max_rss, self.ledger.own_rss() or 0)
         if not run.alone or run.max_rss <= run.start_rss:
             return None  # shared with other tasks: its own share is unknown
         peak = run.max_rss - run.start_rss

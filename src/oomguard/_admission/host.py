@@ -1,0 +1,105 @@
+"""What the ledger reads of the host, from /proc and /sys: whether a lease holder is alive,
+its RSS, and the memory available now (the host's MemAvailable, or what a memory cgroup the
+workers share has left). Missing files are not errors: a reading is None.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from .._evidence import cgroup as _cgroup
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _proc_stat(pid: int) -> tuple[int, str, int] | None:
+    """(start time in clock ticks, state letter, RSS bytes) from one read of
+    /proc/<pid>/stat (fields 22, 3 and 24); None when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        fields = data.rsplit(b")", 1)[1].split()
+        return int(fields[19]), fields[0].decode(), int(fields[21]) * PAGE
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def proc_start(pid: int) -> int | None:
+    info = _proc_stat(pid)
+    return None if info is None else info[0]
+
+
+def rss(pid: int) -> int | None:
+    info = _proc_stat(pid)
+    return None if info is None else info[2]
+
+
+def alive(pid: int, start: int | None) -> tuple[bool, int | None]:
+    """(alive, its RSS) for a lease holder; a reused PID (other start time) or a zombie
+    (killed, not yet reaped: kill(0) still succeeds) is dead."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False, None
+    except PermissionError:
+        pass  # alive, owned by someone else
+    info = _proc_stat(pid)
+    if info is None:
+        return True, None  # no /proc (another mount namespace): trust kill(0)
+    now, state, rss = info
+    return (state not in ("Z", "X") and (start is None or now == start)), rss
+
+
+class _Kept:
+    """A small file kept open and re-read with pread: every grant reads `available` now,
+    and an open() per reading would cost more than the decision."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.fd = path, None
+
+    def read(self, size: int = 64) -> bytes:
+        if self.fd is None:
+            self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        return os.pread(self.fd, size, 0)
+
+
+_MEMINFO = _Kept("/proc/meminfo")
+
+
+def host_available() -> int | None:
+    """MemAvailable of the host, bytes; None when unreadable (then a lease is granted only
+    when no other is held)."""
+    try:
+        text = _MEMINFO.read(4096)
+        at = text.index(b"MemAvailable:")
+        return int(text[at + 13:text.index(b"kB", at)]) * 1024
+    except (OSError, ValueError):
+        return _cgroup.host_memory().get("available")
+
+
+def cgroup_available(path: str, version: int | None = None) -> Callable[[], int | None]:
+    """`available` for workers sharing one memory cgroup: limit - usage of that group
+    (the host's MemAvailable when the group has no limit or cannot be read).
+
+    >>> avail = cgroup_available("/sys/fs/cgroup/memory/workers")  # doctest: +SKIP
+    """
+
+    if version is None:
+        version = 2 if os.path.exists(os.path.join(path, "memory.max")) else 1
+    names = ("memory.max", "memory.current") if version == 2 else (
+        "memory.limit_in_bytes", "memory.usage_in_bytes")
+    limit_file, usage_file = (_Kept(os.path.join(path, n)) for n in names)
+
+    def available() -> int | None:
+        try:
+            raw = limit_file.read().strip()
+            usage = int(usage_file.read())
+            limit = None if raw == b"max" else int(raw)
+        except (OSError, ValueError):
+            return host_available()
+        if limit is None or limit >= _cgroup.V1_UNLIMITED:
+            return host_available()
+        return max(0, limit - usage)
+
+    return available

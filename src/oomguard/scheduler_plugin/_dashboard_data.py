@@ -1,0 +1,173 @@
+"""The dashboard page's data: failures binned by cause, the signature and pipeline tables as
+column dicts, one signature's drill-down text, and the store reads behind them. Pure: no
+Bokeh, no Dask (the page in `_dashboard.py` shows what these return).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .._causes import Cause
+
+if TYPE_CHECKING:
+    from .._models import FailureEvent, PipelineStatus, SignatureRow
+
+#: The plot covers this much history, from at most this many events (newest first).
+WINDOW_S = 24 * 3600.0
+MAX_EVENTS = 5000
+MAX_SIGNATURES = 200
+MAX_PIPELINES = 200
+#: Bin widths for the plot, seconds; the smallest giving at most MAX_BINS bins is used.
+BIN_STEPS = (1, 5, 10, 30, 60, 300, 600, 1800, 3600, 3 * 3600, 6 * 3600, 86400)
+MAX_BINS = 60
+OTHER = "other"
+CAUSES = tuple(c.value for c in Cause) + (OTHER,)
+
+
+def failure_columns(events: Iterable[FailureEvent], now: float) -> dict[str, list]:
+    """Failure counts per time bin and cause, as ColumnDataSource columns: `time` (bin
+    centre, ms since the epoch), `width` (ms) and one column per cause in CAUSES.
+
+    >>> cols = failure_columns(store.events(since=time.time() - 3600), time.time())
+    >>> sum(cols["oom_kill"])
+    3
+    """
+    events = list(events)
+    columns: dict[str, list] = {"time": [], "width": [], **{c: [] for c in CAUSES}}
+    if not events:
+        return columns
+    oldest = min(e.time for e in events)
+    span = max(now - oldest, 60.0)
+    width = next((w for w in BIN_STEPS if span / w <= MAX_BINS), BIN_STEPS[-1])
+    start = math.floor(oldest / width) * width
+    n = min(int((now - start) // width) + 1, MAX_BINS + 1)
+    counts = {c: [0] * n for c in CAUSES}
+    for e in events:
+        # A clock ahead of ours (another host) lands in the newest bin, not off the plot.
+        i = min(max(int((e.time - start) // width), 0), n - 1)
+        counts[e.cause if e.cause in counts else OTHER][i] += 1
+    columns["time"] = [(start + (i + 0.5) * width) * 1000 for i in range(n)]
+    columns["width"] = [width * 1000 * 0.9] * n
+    columns.update(counts)
+    return columns
+
+
+def signature_columns(rows: Sequence[SignatureRow]) -> dict[str, list]:
+    """The signature table's columns; times in ms since the epoch.
+
+    >>> signature_columns(store.signatures(limit=20))["title"]
+    ['MemoryError in parse_block']
+    """
+    return {
+        "id": [r.id for r in rows],
+        "count": [r.count for r in rows],
+        "hosts": [len(r.hosts) for r in rows],
+        "first_seen": [r.first_seen * 1000 for r in rows],
+        "last_seen": [r.last_seen * 1000 for r in rows],
+        "title": [r.title for r in rows],
+        "causes": [", ".join(r.causes) for r in rows],
+    }
+
+
+def pipeline_columns(
+    live: Sequence[PipelineStatus], stored: Sequence[PipelineStatus]
+) -> dict[str, list]:
+    """Live pipelines (from the policy) first, then finished ones from the store.
+
+    >>> pipeline_columns([policy.status("nightly")], store.pipelines())["name"]
+    ['nightly', 'backfill']
+    """
+    names = {p.name for p in live}
+    rows = [(p, "live") for p in live] + [(p, "stored") for p in stored if p.name not in names]
+    return {
+        "name": [p.name for p, _ in rows],
+        "status": [p.status for p, _ in rows],
+        "source": [s for _, s in rows],
+        "shards_done": [p.shards_done for p, _ in rows],
+        "shards_failed": [p.shards_failed for p, _ in rows],
+        "shards_aborted": [p.shards_aborted for p, _ in rows],
+        "infra_failures": [p.infra_failures for p, _ in rows],
+        "user_failures": [p.user_failures for p, _ in rows],
+        "summary": [p.summary for p, _ in rows],
+    }
+
+
+def _when(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t).isoformat(sep=" ", timespec="seconds")
+
+
+def _members(values: Sequence[str], shown: int = 20) -> str:
+    if not values:
+        return "-"
+    more = f" ... and {len(values) - shown} more" if len(values) > shown else ""
+    return ", ".join(values[:shown]) + more
+
+
+def signature_detail(row: SignatureRow | None, events: Sequence[FailureEvent]) -> str:
+    """Plain text (never HTML) for one signature: who, where, the example trace, and the
+    evidence of its latest failures.
+
+    >>> print(signature_detail(store.signature("3f2a9c"), store.events(signature="3f2a9c")))
+    MemoryError in parse_block
+    ...
+    """
+    if row is None:
+        return "This signature is no longer in the store."
+    lines = [
+        row.title,
+        "",
+        f"signature  {row.id} (grouping version {row.grouping_version})",
+        f"count      {row.count}, first seen {_when(row.first_seen)}, "
+        f"last seen {_when(row.last_seen)}",
+        f"causes     {_members(row.causes)}",
+        f"hosts      {_members(row.hosts)}",
+        f"workers    {_members(row.workers)}",
+        f"shards     {_members(row.shards)}",
+        f"pipelines  {_members(row.pipelines)}",
+        "",
+        "Example trace",
+        "-------------",
+        row.example.rstrip() or "(no trace was recorded for this signature)",
+        "",
+        "Latest failures, newest first",
+        "-----------------------------",
+    ]
+    for e in events:
+        lines.append(f"{_when(e.time)}  {e.cause}  shard {e.shard}  attempt {e.attempt}  "
+                     f"worker {e.worker or '-'}  host {e.host or '-'}")  # fmt: skip
+        lines.append("  evidence " + json.dumps(e.evidence, sort_keys=True, default=str))
+    if not events:
+        lines.append("(none kept: retention dropped them)")
+    return "\n".join(lines)
+
+
+@dataclass
+class Snapshot:
+    """What one refresh read from the store (in a thread)."""
+
+    events: list[FailureEvent] = field(default_factory=list)
+    signatures: list[SignatureRow] = field(default_factory=list)
+    pipelines: list[PipelineStatus] = field(default_factory=list)
+    written: int = -1
+
+
+def read_store(store: Any, now: float) -> Snapshot:
+    """Blocking: run it in a thread."""
+    written = store.written
+    return Snapshot(
+        events=store.events(since=now - WINDOW_S, limit=MAX_EVENTS),
+        signatures=store.signatures(limit=MAX_SIGNATURES),
+        pipelines=store.pipelines(limit=MAX_PIPELINES),
+        written=written,
+    )
+
+
+def read_detail(store: Any, signature_id: str) -> str:
+    """Blocking: run it in a thread."""
+    return signature_detail(store.signature(signature_id), store.events(signature=signature_id,
+                                                                         limit=5))  # fmt: skip
