@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .._units import format_bytes
+from .._words import culprit_line
 from .deaths import Death
 
 FLIGHT_RECORD = "flight record"
@@ -95,10 +95,7 @@ class Culprit:
         >>> Culprit("big-1", 1900 * 2**20, 2000 * 2**20).describe()
         "likely 'big-1': 1.86 GiB of the 1.95 GiB the executing tasks grew (95%, sampled)"
         """
-        return (
-            f"{self.certainty} {self.shard!r}: {format_bytes(self.grew)} of the "
-            f"{format_bytes(self.total)} the executing tasks grew ({self.share:.0%}, sampled)"
-        )
+        return culprit_line(self.certainty, self.shard, self.grew, self.total)
 
 
 def culprit(executing: list[dict]) -> Culprit | None:

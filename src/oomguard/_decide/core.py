@@ -3,9 +3,9 @@
 One owner per concern, each in its own module: `runs` (which run a key belongs to),
 `deaths` (pairing removals with reports, each death decided once), `blame` (who was
 executing), `budget` (deaths per key, Dask's bound kept exactly), `memory` (isolation and
-resize after memory kills) and the `FailurePolicy` (per-shard evidence, the abort and its
-words). The scheduler plugin turns Dask's hooks into calls here and applies the returned
-decisions; nothing here touches Dask.
+resize after memory kills) and the `FailurePolicy` (per-shard evidence and the abort); the
+words a person reads come from `oomguard._words`. The scheduler plugin turns Dask's hooks
+into calls here and applies the returned decisions; nothing here touches Dask.
 
 Invariants (tests/unit/test_decide_model.py checks them over random interleavings):
 - a key is charged at most one death per removal, and stops (`Stop`) no later than the
@@ -30,13 +30,14 @@ from dask.utils import key_split
 from .._causes import MEMORY_CAUSES, Cause, Kind, kind_of
 from .._evidence.classify import evidence_summary
 from .._models import FailureEvent
-from .policy import AbortDecision, FailurePolicy
 from .._signature import fingerprint, fingerprint_dask, fingerprint_stack, scrub
+from .._words import NO_REPORT_SOURCE, UNASKED_EXIT_SOURCE, UNASKED_EXIT_SUMMARY, sampled_stack
 from . import memory
 from .blame import FLIGHT_RECORD, blame, culprit
 from .budget import DeathBudget
 from .deaths import Death, DeathPairing, Removal
 from .decisions import Decision, Forgive, Hold, Record, Release, Restrict, Stop, Widen
+from .policy import AbortDecision, FailurePolicy
 from .runs import Run, Runs, collection_name
 
 _RUNNABLE = ("waiting", "processing", "queued", "no-worker")
@@ -380,11 +381,10 @@ class DecisionCore:
         if report is not None:
             evidence = dict(report["evidence"])
         elif death.exited:
-            evidence = {"source": "the nanny's notice: exit status 0, not requested",
-                        "exitcode": 0, "summary": "exit status 0, not requested: the worker "
-                        "process ended itself (os._exit or sys.exit in a task?)"}
+            evidence = {"source": UNASKED_EXIT_SOURCE, "exitcode": 0,
+                        "summary": UNASKED_EXIT_SUMMARY}
         else:
-            evidence = {"source": "no death report within the grace timeout"}
+            evidence = {"source": NO_REPORT_SOURCE}
         evidence["blame"] = source
         if n > 1:
             evidence["executing_tasks"] = n
@@ -572,10 +572,8 @@ def _example(report: dict | None, entry: dict | None, shard: str) -> str:
     if text:
         return scrub(text)
     if entry is not None and entry.get("stack"):
-        age = ""
+        age = None
         if entry.get("stack_time"):
-            age = f", {max(0.0, report['time'] - entry['stack_time']):.1f} s before the death"
-        lines = [f"Last sampled stack of shard {shard}{age} (most recent call last):"]
-        lines += [f'  File "{f}", line {n}, in {fn}' for f, n, fn in entry["stack"]]
-        return scrub("\n".join(lines))
+            age = max(0.0, report["time"] - entry["stack_time"])
+        return scrub(sampled_stack(shard, entry["stack"], age))
     return ""
