@@ -2,10 +2,11 @@
 
 One owner per concern, each in its own module: `runs` (which run a key belongs to),
 `deaths` (pairing removals with reports, each death decided once), `blame` (who was
-executing), `budget` (deaths per key, Dask's bound kept exactly), `memory` (isolation and
-resize after memory kills) and the `FailurePolicy` (per-shard evidence and the abort); the
-words a person reads come from `oomguard._words`. The scheduler plugin turns Dask's hooks
-into calls here and applies the returned decisions; nothing here touches Dask.
+executing), `budget` (deaths per key, Dask's bound kept exactly), `memory` and `resize`
+(after a memory kill: a larger worker, waited for a while, or an abort) and the
+`FailurePolicy` (per-shard evidence and the abort); the words a person reads come from
+`oomguard._words`. The scheduler plugin turns Dask's hooks into calls here and applies the
+returned decisions; nothing here touches Dask.
 
 Invariants (tests/unit/test_decide_model.py checks them over random interleavings):
 - a key is charged at most one death per removal, and stops (`Stop`) no later than the
@@ -36,14 +37,12 @@ from . import memory
 from .blame import FLIGHT_RECORD, blame, culprit
 from .budget import DeathBudget
 from .deaths import Death, DeathPairing, Removal
-from .decisions import Decision, Forgive, Hold, Record, Release, Restrict, Stop, Widen
+from .decisions import Decision, Forgive, Hold, Record, Release, Stop
 from .policy import AbortDecision, FailurePolicy
+from .resize import LargerRetry, Resized
 from .runs import Run, Runs, collection_name
 
 _RUNNABLE = ("waiting", "processing", "queued", "no-worker")
-#: How long a shard killed for memory waits for a larger worker that was just removed
-#: (restarting, or replaced) before its pipeline is aborted for want of one.
-RETURN_WINDOW = 60.0
 #: Memory deaths that can be shared: several tasks growing together on one worker.
 _SHARED_MEMORY = (Cause.OOM_KILL, Cause.MEMORY_TERMINATE)
 #: Pipeline names of forgotten keys kept for deaths they cause later (~100 bytes each).
@@ -82,11 +81,7 @@ class DecisionCore:
         self.stopped: dict[Any, Stop] = {}  # key -> the Stop that erred it
         self.suspects: deque = deque()  # held after a shared memory kill, run one at a time
         self.isolating: Any = None
-        # key -> (the memory limit it died under,) and, while no larger worker is here:
-        # (limit, until when it waits for one, the event to abort with). Which workers it
-        # may run on is Dask's restriction, widened one worker at a time (`Widen`).
-        self.resized: dict[Any, tuple] = {}
-        self._gone: dict[str, tuple[int | None, float]] = {}  # address -> (limit, removed)
+        self.larger = LargerRetry(self.policy, self.runs)  # retries on a larger worker
         self._now = 0.0
         self.gone: list[str] = []  # runs whose last key was forgotten, to persist and drop
         self._ended: set = set()  # keys that reached memory or erred
@@ -94,6 +89,11 @@ class DecisionCore:
         self.deaths = 0
         self.displaced = 0
         self.aborts = 0
+
+    @property
+    def resized(self) -> dict[Any, Resized]:
+        """Keys retried on larger workers (`LargerRetry`)."""
+        return self.larger.resized
 
     # --- graphs and task states (hot path: O(1)) -------------------------------------
 
@@ -144,7 +144,7 @@ class DecisionCore:
         self._ended.discard(key)
         self.budget.forget(key)
         self.stopped.pop(key, None)
-        self.resized.pop(key, None)
+        self.larger.forget(key)
         out = self._isolated_done(key)
         if key in self.held:  # so the plugin forgets what it saved for the key too
             self.held.discard(key)
@@ -157,24 +157,14 @@ class DecisionCore:
 
     def worker_added(self, address: str, memory_limit: int | None) -> list[Decision]:
         self.workers[address] = memory_limit
-        self._gone.pop(address, None)
-        # One decision naming the keys, not each key's whole new set of workers: a worker
-        # added costs O(keys), not O(keys x workers), when thousands of workers come and go.
-        widened = []
-        for key, (limit, *wait) in list(self.resized.items()):
-            if (not memory_limit or memory_limit > limit) and key not in self.stopped:
-                if wait:
-                    self.resized[key] = (limit,)  # it waited for this one
-                widened.append(key)
-        return [Widen(tuple(widened), address)] if widened else []
+        return self.larger.worker_added(address, memory_limit, self.stopped)
 
     def removed(self, removal: Removal, now: float) -> list[Decision]:
         """An unexpected removal, seen before Dask reschedules the worker's tasks."""
         self._now = now
         if self.workers.pop(removal.worker, None) is not None or removal.memory_limit:
-            # A larger worker that is restarting is not "no larger worker": see _resize.
-            self._gone.pop(removal.worker, None)  # re-inserted last: kept in time order
-            self._gone[removal.worker] = (removal.memory_limit, now)
+            # A larger worker that is restarting is not "no larger worker": see LargerRetry.
+            self.larger.worker_removed(removal.worker, removal.memory_limit, now)
         keys = [k for k in removal.processing.values() if k not in self.stopped]
         self.budget.charge(keys, {removal.processing[s]: n for s, n in removal.prior.items()
                                   if s in removal.processing})
@@ -204,18 +194,9 @@ class DecisionCore:
     def tick(self, now: float, limit: int | None = None) -> list[Decision]:
         """Decide deaths whose grace ran out, at most `limit` (more on the next call)."""
         self._now = now
-        while self._gone and now - next(iter(self._gone.values()))[1] >= RETURN_WINDOW:
-            self._gone.pop(next(iter(self._gone)))  # oldest first: insertion order
         out: list[Decision] = []
-        for key, (limit_, *wait) in list(self.resized.items()):
-            if wait and now >= wait[0] and key not in self.stopped:
-                # No larger worker came back in time: the shard needs more than there is.
-                run = self.runs.of(key)
-                d = memory.abort_decision(wait[1], limit_, self.policy.attempt(str(key)) - 1)
-                if run is not None:
-                    self.policy.adopt(run.label, d)
-                del self.resized[key]
-                out += self._abort(d, key)
+        for key, d in self.larger.timed_out(now, self.stopped):
+            out += self._abort(d, key)  # no larger worker came back in time
         for death in self.pairing.expired(now, limit):
             out += self._decide(death)
         return out
@@ -290,7 +271,9 @@ class DecisionCore:
             if run is not None and key not in self.stopped:
                 d = self.policy.record(event, run=run.label, may_decide=not shared)
                 if d is None and not shared and cause in MEMORY_CAUSES and self.larger_only:
-                    d, resize = self._resize(key, run, event, report)
+                    limit = report.get("memory_limit") if report is not None else None
+                    d, resize = self.larger.retry(key, run.label, event, limit, self.workers,
+                                                  self._now)
                     out += resize
                 if d is not None:
                     decisions.append((d, key))
@@ -391,7 +374,7 @@ class DecisionCore:
         evidence.setdefault("summary", evidence_summary(evidence, str(cause)))
         return evidence
 
-    # --- memory: isolation and resize ------------------------------------------------
+    # --- memory: isolation -----------------------------------------------------------
 
     def _isolate(self, keys: list) -> None:
         for key in keys:
@@ -420,25 +403,6 @@ class DecisionCore:
             self.isolating = None
             return self._next_isolated()
         return []
-
-    def _resize(self, key, run: Run, event: FailureEvent, report):
-        limit = report.get("memory_limit") if report is not None else None
-        # Workers removed a moment ago count (a larger one may be restarting); the shard
-        # then waits for it, up to RETURN_WINDOW, before "no larger worker" is concluded.
-        recent = {a: lim for a, (lim, t) in self._gone.items() if self._now - t < RETURN_WINDOW}
-        r = memory.resize(event.cause, limit, {**recent, **self.workers})
-        if r is None:
-            return None, []
-        if r.abort:
-            d = memory.abort_decision(event, r.limit, self.policy.attempt(event.shard) - 1)
-            self.policy.adopt(run.label, d)
-            return d, []
-        now = frozenset(a for a in r.workers if a in self.workers)
-        if now:
-            self.resized[key] = (r.limit,)
-        else:
-            self.resized[key] = (r.limit, self._now + RETURN_WINDOW, event)
-        return None, [Restrict(key, now, r.limit)]
 
     # --- stopping --------------------------------------------------------------------
 
