@@ -4,9 +4,9 @@ One owner per concern, each in its own module: `runs` (which run a key belongs t
 `deaths` (pairing removals with reports, each death decided once), `blame` (who was
 executing), `budget` (deaths per key, Dask's bound kept exactly), `memory` and `resize`
 (after a memory kill: a larger worker, waited for a while, or an abort) and the
-`FailurePolicy` (per-shard evidence and the abort); the words a person reads come from
-`oomguard._words`. The scheduler plugin turns Dask's hooks into calls here and applies the
-returned decisions; nothing here touches Dask.
+`FailurePolicy` (per-shard evidence and the abort); `signatures` names each crash, and the
+words a person reads come from `oomguard._words`. The scheduler plugin turns Dask's hooks
+into calls here and applies the returned decisions; nothing here touches Dask.
 
 Invariants (tests/unit/test_decide_model.py checks them over random interleavings):
 - a key is charged at most one death per removal, and stops (`Stop`) no later than the
@@ -20,19 +20,16 @@ Invariants (tests/unit/test_decide_model.py checks them over random interleaving
 
 from __future__ import annotations
 
-import functools
 import time as _time
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from dask.utils import key_split
-
 from .._causes import MEMORY_CAUSES, Cause, Kind, kind_of
 from .._evidence.classify import evidence_summary
 from .._models import FailureEvent
-from .._signature import fingerprint, fingerprint_dask, fingerprint_stack, scrub
-from .._words import NO_REPORT_SOURCE, UNASKED_EXIT_SOURCE, UNASKED_EXIT_SUMMARY, sampled_stack
+from .._signature import scrub
+from .._words import NO_REPORT_SOURCE, UNASKED_EXIT_SOURCE, UNASKED_EXIT_SUMMARY
 from . import memory
 from .blame import FLIGHT_RECORD, blame, culprit
 from .budget import DeathBudget
@@ -41,6 +38,7 @@ from .decisions import Decision, Forgive, Hold, Record, Release, Stop
 from .policy import AbortDecision, FailurePolicy
 from .resize import LargerRetry, Resized
 from .runs import Run, Runs, collection_name
+from .signatures import death_signature, exception_class, task_signature, trace_example
 
 _RUNNABLE = ("waiting", "processing", "queued", "no-worker")
 #: Memory deaths that can be shared: several tasks growing together on one worker.
@@ -255,8 +253,8 @@ class DecisionCore:
         # One death, one crash, one signature for all its events: from the likely
         # culprit's stack when one is named, else from the first executing task's.
         first = likely.shard if likely is not None else next(iter(keys), "")
-        sig = self._signature(cause, report, entries.get(first), first)
-        example = _example(report, entries.get(first), first)
+        sig = death_signature(cause, report, entries.get(first), first)
+        example = trace_example(report, entries.get(first), first)
         for s, key in (keys or {"": None}).items():
             run = self.runs.of(key) if key is not None else None
             event = FailureEvent(
@@ -344,7 +342,7 @@ class DecisionCore:
         out: list[Decision] = []
         entries = report["executing"] or [None]
         first = entries[0]["key"] if entries[0] else ""
-        sig = self._signature(cause, report, entries[0], first)
+        sig = death_signature(cause, report, entries[0], first)
         for entry in entries:
             s = entry["key"] if entry else ""
             run = self.runs.of(self.runs.key(s)) if s else None
@@ -355,7 +353,8 @@ class DecisionCore:
                 evidence=evidence, attempt=max(1, self.policy.attempt(s) - 1) if s else 1,
                 time=report["time"],
             )
-            out.append(Record(event, sig.grouping_version, _example(report, entries[0], first),
+            out.append(Record(event, sig.grouping_version,
+                              trace_example(report, entries[0], first),
                               amends=death.lost_at or 0.0))
         return out
 
@@ -454,7 +453,7 @@ class DecisionCore:
         retried without using the task's own retries)."""
         memory_error = exception_text.startswith("MemoryError")
         cause = Cause.MEMORY_ERROR if memory_error else Cause.EXCEPTION
-        sig = _dask_signature(_exception_class(exception_text), traceback_text, exception_text)
+        sig = task_signature(exception_class(exception_text), traceback_text, exception_text)
         run = self.runs.of(key)
         shard = str(key)
         event = FailureEvent(
@@ -478,66 +477,3 @@ class DecisionCore:
         if run is not None:
             return run.name
         return self._forgotten.get(shard, "")
-
-    # --- signatures ------------------------------------------------------------------
-
-    def _signature(self, cause: Cause, report: dict | None, entry: dict | None, shard: str):
-        crash = (report or {}).get("crash") or {}
-        if cause == Cause.NATIVE_CRASH and crash.get("text"):
-            return fingerprint(crash["text"])
-        if entry is not None and entry.get("stack"):
-            sig = fingerprint_stack(str(cause), [tuple(f) for f in entry["stack"]])
-            if any(f.in_app for f in sig.frames):
-                return sig
-        # No sample, or one taken before the task's own code ran (only Dask's frames):
-        # the task's function (its key prefix) stands in for the stack.
-        prefix = entry["prefix"] if entry else (key_split(shard) if shard else "")
-        return _prefix_signature(str(cause), prefix or "<no task>")
-
-
-def _exception_class(exception_text: str) -> str:
-    """`KeyError` of "KeyError(17)": what a signature keeps of the exception."""
-    head = exception_text[:200]
-    for i, c in enumerate(head):
-        if not (c.isalnum() or c in "_."):
-            return head[:i]
-    return head
-
-
-_DASK_SIGNATURES: OrderedDict[tuple[str, str], Any] = OrderedDict()
-
-
-def _dask_signature(exception_class: str, traceback_text: str, exception_text: str):
-    """fingerprint_dask, once per (exception class, traceback): on the event loop, per
-    erred task, a thousand tasks failing with one bug are one parse, not a thousand (a
-    signature keeps the class and the frames, never the message)."""
-    # A traceback with no frame leaves the message as what tells errors apart.
-    key = (exception_class if "File " in traceback_text else exception_text, traceback_text)
-    sig = _DASK_SIGNATURES.get(key)
-    if sig is None:
-        sig = _DASK_SIGNATURES[key] = fingerprint_dask(exception_text, traceback_text)
-        if len(_DASK_SIGNATURES) > 1024:
-            _DASK_SIGNATURES.popitem(last=False)
-    else:
-        _DASK_SIGNATURES.move_to_end(key)
-    return sig
-
-
-@functools.lru_cache(maxsize=4096)
-def _prefix_signature(cause: str, prefix: str):
-    return fingerprint_stack(cause, [("<task>", None, prefix)])
-
-
-def _example(report: dict | None, entry: dict | None, shard: str) -> str:
-    """The trace kept with a signature: the crash dump, else the last sampled stack."""
-    if report is None:
-        return ""
-    text = (report.get("crash") or {}).get("text")
-    if text:
-        return scrub(text)
-    if entry is not None and entry.get("stack"):
-        age = None
-        if entry.get("stack_time"):
-            age = max(0.0, report["time"] - entry["stack_time"])
-        return scrub(sampled_stack(shard, entry["stack"], age))
-    return ""
