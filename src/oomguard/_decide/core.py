@@ -88,6 +88,13 @@ class DecisionCore:
         self.displaced = 0
         self.aborts = 0
 
+    def configure(self, *, report_grace: float, max_shard_infra_failures: int,
+                  abort_on_repeat_signature: bool) -> None:
+        """Settings changed while running (`oomguard.install`), each applied by its owner."""
+        self.pairing.grace = report_grace
+        self.policy.configure(max_shard_infra_failures=max_shard_infra_failures,
+                              abort_on_repeat_signature=abort_on_repeat_signature)
+
     @property
     def resized(self) -> dict[Any, Resized]:
         """Keys retried on larger workers (`LargerRetry`)."""

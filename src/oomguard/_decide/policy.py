@@ -148,6 +148,17 @@ class FailurePolicy:
     def __init__(
         self, *, max_shard_infra_failures: int = 3, abort_on_repeat_signature: bool = True
     ) -> None:
+        self.configure(max_shard_infra_failures=max_shard_infra_failures,
+                       abort_on_repeat_signature=abort_on_repeat_signature)
+        self._pipelines: dict[str, PipelineCounts] = {}
+        self._shards: dict[str, ShardRecord] = {}
+        self.dirty: set[str] = set()  # pipelines changed since `take_dirty`
+
+    def configure(
+        self, *, max_shard_infra_failures: int, abort_on_repeat_signature: bool
+    ) -> None:
+        """Set when a shard is a deterministic crasher (also while running: decisions
+        already taken stand)."""
         if (
             isinstance(max_shard_infra_failures, bool)
             or not isinstance(max_shard_infra_failures, int)
@@ -159,9 +170,6 @@ class FailurePolicy:
             )
         self.max_shard_infra_failures = max_shard_infra_failures
         self.abort_on_repeat_signature = bool(abort_on_repeat_signature)
-        self._pipelines: dict[str, PipelineCounts] = {}
-        self._shards: dict[str, ShardRecord] = {}
-        self.dirty: set[str] = set()  # pipelines changed since `take_dirty`
 
     # ---- lifecycle of shards
 
