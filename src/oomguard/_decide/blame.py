@@ -14,6 +14,7 @@ from typing import Any
 
 from .._words import culprit_line
 from .deaths import Death
+from .runs import ShardKey
 
 FLIGHT_RECORD = "flight record"
 HEARTBEAT = "last heartbeat"
@@ -28,8 +29,8 @@ class Blame:
     report nothing is certain, so nothing is displaced: every task on the worker keeps
     Dask's own charge (the death budget), while the events blame only `executing`."""
 
-    executing: dict[str, Any]
-    displaced: dict[str, Any]
+    executing: dict[ShardKey, Any]
+    displaced: dict[ShardKey, Any]
     source: str
 
     @property
@@ -78,7 +79,7 @@ class Culprit:
     there is no single culprit).
     """
 
-    shard: str
+    shard: ShardKey
     grew: int
     total: int
 

@@ -37,7 +37,7 @@ from .deaths import Death, DeathPairing, Removal
 from .decisions import Decision, Forgive, Hold, Record, Release, Stop
 from .policy import AbortDecision, FailurePolicy
 from .resize import LargerRetry, Resized
-from .runs import Run, Runs, collection_name
+from .runs import Run, RunLabel, Runs, ShardKey, collection_name
 from .signatures import death_signature, exception_class, task_signature, trace_example
 
 _RUNNABLE = ("waiting", "processing", "queued", "no-worker")
@@ -81,9 +81,9 @@ class DecisionCore:
         self.isolating: Any = None
         self.larger = LargerRetry(self.policy, self.runs)  # retries on a larger worker
         self._now = 0.0
-        self.gone: list[str] = []  # runs whose last key was forgotten, to persist and drop
+        self.gone: list[RunLabel] = []  # runs whose last key was forgotten: persist, drop
         self._ended: set = set()  # keys that reached memory or erred
-        self._forgotten: OrderedDict[str, str] = OrderedDict()  # str(key) -> pipeline name
+        self._forgotten: OrderedDict[ShardKey, str] = OrderedDict()  # -> pipeline name
         self.deaths = 0
         self.displaced = 0
         self.aborts = 0
@@ -318,7 +318,7 @@ class DecisionCore:
         out: list[Decision] = [Forgive(tuple(forgiven))] if forgiven else []
         return out + self._release_decided(removal) + self._next_isolated()
 
-    def _displace(self, tasks: dict) -> list:
+    def _displace(self, tasks: dict[ShardKey, Any]) -> list:
         """{str: key} of tasks that were on a dead worker but are not to blame: take back
         their charge and count them displaced. The keys, in order."""
         for s, key in tasks.items():
@@ -426,7 +426,7 @@ class DecisionCore:
         run = self.runs.of(key)
         exc = d.exception()
         if run is None:
-            stop = Stop((key,), exc, "")
+            stop = Stop((key,), exc)  # of no run
         else:
             self.runs.close(run)
             stop = Stop(tuple(run.keys), exc, run.label)
@@ -444,7 +444,7 @@ class DecisionCore:
 
     # --- memory admission ------------------------------------------------------------
 
-    def memory_waited(self, shard: str, seconds: float) -> None:
+    def memory_waited(self, shard: ShardKey, seconds: float) -> None:
         """A task (its str key) waited `seconds` for host memory before it ran (a worker's
         admission event); counted in its pipeline run's summary."""
         key = self.runs.key(shard)
@@ -480,7 +480,7 @@ class DecisionCore:
             out += self._abort(d, key)
         return out, memory_error and d is None
 
-    def _pipeline(self, shard: str, run: Run | None) -> str:
+    def _pipeline(self, shard: ShardKey, run: Run | None) -> str:
         if run is not None:
             return run.name
         return self._forgotten.get(shard, "")

@@ -22,6 +22,7 @@ from .._causes import DEATH_CAUSES, SHARD_CAUSES, Cause, Kind, kind_of
 from .._exceptions import PipelineAborted
 from .._models import FailureEvent, PipelineStatus
 from .._words import abort_message, describe_cause, exception_name, pipeline_summary
+from .runs import RunLabel, ShardKey
 
 __all__ = ["AbortDecision", "FailurePolicy", "PipelineCounts", "ShardRecord"]
 
@@ -84,7 +85,7 @@ class _Failure:
 class ShardRecord:
     """What the policy keeps of a shard that failed at least once."""
 
-    pipeline: str
+    pipeline: RunLabel
     infra: int = 0
     shared: int = 0  # infra failures that were memory kills shared with other tasks
     user: int = 0
@@ -117,8 +118,8 @@ class PipelineCounts:
     deaths: Counter[str] = field(default_factory=Counter)  # by cause, one per worker death
     # worker -> time of its last death: one death that took several shards counts once.
     last_death: dict[str, float] = field(default_factory=dict)
-    failed: dict[str, None] = field(default_factory=dict)  # ordered set of failed shards
-    erred_shards: list[str] = field(default_factory=list)  # first few, to name the culprit
+    failed: dict[ShardKey, None] = field(default_factory=dict)  # ordered set of failed shards
+    erred_shards: list[ShardKey] = field(default_factory=list)  # first few: the culprit
     decision: AbortDecision | None = None
 
     def unfinished(self) -> int:
@@ -150,9 +151,9 @@ class FailurePolicy:
     ) -> None:
         self.configure(max_shard_infra_failures=max_shard_infra_failures,
                        abort_on_repeat_signature=abort_on_repeat_signature)
-        self._pipelines: dict[str, PipelineCounts] = {}
-        self._shards: dict[str, ShardRecord] = {}
-        self.dirty: set[str] = set()  # pipelines changed since `take_dirty`
+        self._pipelines: dict[RunLabel, PipelineCounts] = {}
+        self._shards: dict[ShardKey, ShardRecord] = {}
+        self.dirty: set[RunLabel] = set()  # pipelines changed since `take_dirty`
 
     def configure(
         self, *, max_shard_infra_failures: int, abort_on_repeat_signature: bool
@@ -173,14 +174,14 @@ class FailurePolicy:
 
     # ---- lifecycle of shards
 
-    def _pipeline(self, name: str) -> PipelineCounts:
+    def _pipeline(self, name: RunLabel) -> PipelineCounts:
         self.dirty.add(name)  # every change goes through here
         p = self._pipelines.get(name)
         if p is None:
             p = self._pipelines[name] = PipelineCounts()
         return p
 
-    def _end(self, pipeline: str, shard: Any, how: str) -> PipelineCounts | None:
+    def _end(self, pipeline: RunLabel, shard: Any, how: str) -> PipelineCounts | None:
         p = self._pipeline(pipeline)
         # A task key may come in place of its str: only a shard that failed has a record.
         rec = self._shards.get(str(shard)) if self._shards else None
@@ -191,7 +192,7 @@ class FailurePolicy:
         return p
 
     def pipeline_submitted(
-        self, pipeline: str, shards: Iterable[Any], *, name: str = "", started: float = 0.0
+        self, pipeline: RunLabel, shards: Iterable[Any], *, name: str = "", started: float = 0.0
     ) -> None:
         """Add shards (task keys new to the scheduler) to `pipeline`; call once per graph.
 
@@ -211,13 +212,13 @@ class FailurePolicy:
         n = sum(1 for _ in shards)
         p.submitted += n
 
-    def shard_done(self, pipeline: str, shard: str) -> None:
+    def shard_done(self, pipeline: RunLabel, shard: ShardKey) -> None:
         """The shard's task reached memory."""
         p = self._end(pipeline, shard, "done")
         if p is not None:
             p.done += 1
 
-    def shard_erred(self, pipeline: str, shard: str, *, aborted: bool) -> None:
+    def shard_erred(self, pipeline: RunLabel, shard: ShardKey, *, aborted: bool) -> None:
         """The shard's task erred for good: by our abort (`aborted=True`), or otherwise (a user
         error past its retries, KilledWorker, a failed dependency)."""
         p = self._end(pipeline, shard, "aborted" if aborted else "erred")
@@ -230,13 +231,13 @@ class FailurePolicy:
             if len(p.erred_shards) < _ERRED_KEPT:
                 p.erred_shards.append(str(shard))
 
-    def shard_forgotten(self, pipeline: str, shard: str) -> None:
+    def shard_forgotten(self, pipeline: RunLabel, shard: ShardKey) -> None:
         """The shard's task was released or cancelled without a result."""
         p = self._end(pipeline, shard, "forgotten")
         if p is not None:
             p.forgotten += 1
 
-    def shard_reopened(self, pipeline: str, shard: str) -> None:
+    def shard_reopened(self, pipeline: RunLabel, shard: ShardKey) -> None:
         """A finished shard's result was lost (its worker died holding it); it runs again."""
         p = self._pipeline(pipeline)
         rec = self._shards.get(shard)
@@ -247,22 +248,22 @@ class FailurePolicy:
         if p.done > 0:
             p.done -= 1
 
-    def displaced(self, pipeline: str, shard: str) -> None:
+    def displaced(self, pipeline: RunLabel, shard: ShardKey) -> None:
         """The shard was only queued on a worker that died; it was rescheduled uncounted."""
         self._pipeline(pipeline).displaced += 1
 
-    def isolated(self, pipeline: str) -> None:
+    def isolated(self, pipeline: RunLabel) -> None:
         """A shard of `pipeline` is retried alone after a memory kill of a worker that was
         executing several tasks (which proves no single shard too big)."""
         self._pipeline(pipeline).isolated += 1
 
-    def memory_waited(self, pipeline: str, seconds: float) -> None:
+    def memory_waited(self, pipeline: RunLabel, seconds: float) -> None:
         """A task of `pipeline` waited `seconds` for host memory before it ran."""
         p = self._pipeline(pipeline)
         p.memory_waits += 1
         p.memory_waited += seconds
 
-    def adopt(self, pipeline: str, decision: AbortDecision) -> None:
+    def adopt(self, pipeline: RunLabel, decision: AbortDecision) -> None:
         """Take a decision made outside the shard counters (no larger worker, the death
         budget): the pipeline reads "aborted" and decides nothing more."""
         p = self._pipeline(pipeline)
@@ -271,7 +272,7 @@ class FailurePolicy:
 
     # ---- failures
 
-    def attempt(self, shard: str) -> int:
+    def attempt(self, shard: ShardKey) -> int:
         """The number the next failure of `shard` gets (1 for its first failure).
 
         >>> FailurePolicy().attempt("never-failed")
@@ -281,7 +282,7 @@ class FailurePolicy:
         return 1 if rec is None else rec.infra + rec.user + 1
 
     def record(
-        self, event: FailureEvent, *, run: str | None = None, may_decide: bool = True
+        self, event: FailureEvent, *, run: RunLabel | None = None, may_decide: bool = True
     ) -> AbortDecision | None:
         """Count one failure; return an `AbortDecision` the first time it makes its shard a
         deterministic crasher, at most once per pipeline run (`run`, default the event's
@@ -404,14 +405,14 @@ class FailurePolicy:
 
     # ---- reading
 
-    def pipelines(self) -> list[str]:
+    def pipelines(self) -> list[RunLabel]:
         """Names of the pipelines the policy holds, oldest first."""
         return list(self._pipelines)
 
-    def has(self, pipeline: str) -> bool:
+    def has(self, pipeline: RunLabel) -> bool:
         return pipeline in self._pipelines
 
-    def take_dirty(self) -> list[str]:
+    def take_dirty(self) -> list[RunLabel]:
         """Pipelines changed since the last call (to persist only what changed)."""
         dirty, self.dirty = self.dirty, set()
         return [name for name in dirty if name in self._pipelines]
@@ -420,7 +421,7 @@ class FailurePolicy:
         """How many shards have a failure record (the policy's only per-shard state)."""
         return len(self._shards)
 
-    def forget_pipeline(self, pipeline: str) -> None:
+    def forget_pipeline(self, pipeline: RunLabel) -> None:
         """Drop a pipeline and its shards' records (after the plugin persisted its status)."""
         p = self._pipelines.pop(pipeline, None)
         if p is None:
@@ -430,7 +431,7 @@ class FailurePolicy:
             if rec is not None and rec.pipeline == pipeline:
                 del self._shards[shard]
 
-    def status(self, pipeline: str) -> PipelineStatus:
+    def status(self, pipeline: RunLabel) -> PipelineStatus:
         """Where `pipeline` stands, with a one-sentence summary naming the layer that failed.
 
         >>> p = FailurePolicy(); p.pipeline_submitted("etl", ["a"]); p.shard_done("etl", "a")

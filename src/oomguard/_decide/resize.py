@@ -16,7 +16,7 @@ from .._models import FailureEvent
 from . import memory
 from .decisions import Decision, Restrict, Widen
 from .policy import AbortDecision, FailurePolicy
-from .runs import Runs
+from .runs import RunLabel, Runs
 
 #: How long a shard killed for memory waits for a larger worker that was just removed
 #: (restarting, or replaced) before its pipeline is aborted for want of one.
@@ -46,7 +46,7 @@ class LargerRetry:
         self.resized: dict[Any, Resized] = {}
         self._gone: dict[str, tuple[int | None, float]] = {}  # address -> (limit, removed)
 
-    def retry(self, key: Any, run: str, event: FailureEvent, failed_limit: int | None,
+    def retry(self, key: Any, run: RunLabel, event: FailureEvent, failed_limit: int | None,
               workers: Mapping[str, int | None], now: float,
               ) -> tuple[AbortDecision | None, list[Decision]]:
         """`key` of `run` died of `event` under `failed_limit` bytes; `workers`: those here
