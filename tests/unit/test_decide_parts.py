@@ -335,7 +335,7 @@ def test_the_same_pid_under_another_nanny_is_another_process():
 
 def test_a_thousand_tasks_erring_with_one_bug_are_parsed_once(monkeypatch):
     from oomguard._decide import DecisionCore, Record
-    from oomguard._decide import core as core_module
+    from oomguard._decide import signatures as core_module
 
     parsed = []
     real = core_module.fingerprint_dask

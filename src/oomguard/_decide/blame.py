@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .._units import format_bytes
+from .._words import culprit_line
 from .deaths import Death
+from .runs import ShardKey
 
 FLIGHT_RECORD = "flight record"
 HEARTBEAT = "last heartbeat"
@@ -28,8 +29,8 @@ class Blame:
     report nothing is certain, so nothing is displaced: every task on the worker keeps
     Dask's own charge (the death budget), while the events blame only `executing`."""
 
-    executing: dict[str, Any]
-    displaced: dict[str, Any]
+    executing: dict[ShardKey, Any]
+    displaced: dict[ShardKey, Any]
     source: str
 
     @property
@@ -78,7 +79,7 @@ class Culprit:
     there is no single culprit).
     """
 
-    shard: str
+    shard: ShardKey
     grew: int
     total: int
 
@@ -95,10 +96,7 @@ class Culprit:
         >>> Culprit("big-1", 1900 * 2**20, 2000 * 2**20).describe()
         "likely 'big-1': 1.86 GiB of the 1.95 GiB the executing tasks grew (95%, sampled)"
         """
-        return (
-            f"{self.certainty} {self.shard!r}: {format_bytes(self.grew)} of the "
-            f"{format_bytes(self.total)} the executing tasks grew ({self.share:.0%}, sampled)"
-        )
+        return culprit_line(self.certainty, self.shard, self.grew, self.total)
 
 
 def culprit(executing: list[dict]) -> Culprit | None:

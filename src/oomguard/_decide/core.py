@@ -2,10 +2,11 @@
 
 One owner per concern, each in its own module: `runs` (which run a key belongs to),
 `deaths` (pairing removals with reports, each death decided once), `blame` (who was
-executing), `budget` (deaths per key, Dask's bound kept exactly), `memory` (isolation and
-resize after memory kills) and the `FailurePolicy` (per-shard evidence, the abort and its
-words). The scheduler plugin turns Dask's hooks into calls here and applies the returned
-decisions; nothing here touches Dask.
+executing), `budget` (deaths per key, Dask's bound kept exactly), `memory` and `resize`
+(after a memory kill: a larger worker, waited for a while, or an abort) and the
+`FailurePolicy` (per-shard evidence and the abort); `signatures` names each crash, and the
+words a person reads come from `oomguard._words`. The scheduler plugin turns Dask's hooks
+into calls here and applies the returned decisions; nothing here touches Dask.
 
 Invariants (tests/unit/test_decide_model.py checks them over random interleavings):
 - a key is charged at most one death per removal, and stops (`Stop`) no later than the
@@ -19,30 +20,27 @@ Invariants (tests/unit/test_decide_model.py checks them over random interleaving
 
 from __future__ import annotations
 
-import functools
 import time as _time
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from dask.utils import key_split
-
 from .._causes import MEMORY_CAUSES, Cause, Kind, kind_of
 from .._evidence.classify import evidence_summary
 from .._models import FailureEvent
-from .policy import AbortDecision, FailurePolicy
-from .._signature import fingerprint, fingerprint_dask, fingerprint_stack, scrub
+from .._signature import scrub
+from .._words import NO_REPORT_SOURCE, UNASKED_EXIT_SOURCE, UNASKED_EXIT_SUMMARY
 from . import memory
 from .blame import FLIGHT_RECORD, blame, culprit
 from .budget import DeathBudget
 from .deaths import Death, DeathPairing, Removal
-from .decisions import Decision, Forgive, Hold, Record, Release, Restrict, Stop, Widen
-from .runs import Run, Runs, collection_name
+from .decisions import Decision, Forgive, Hold, Record, Release, Stop
+from .policy import AbortDecision, FailurePolicy
+from .resize import LargerRetry, Resized
+from .runs import Run, RunLabel, Runs, ShardKey, collection_name
+from .signatures import death_signature, exception_class, task_signature, trace_example
 
 _RUNNABLE = ("waiting", "processing", "queued", "no-worker")
-#: How long a shard killed for memory waits for a larger worker that was just removed
-#: (restarting, or replaced) before its pipeline is aborted for want of one.
-RETURN_WINDOW = 60.0
 #: Memory deaths that can be shared: several tasks growing together on one worker.
 _SHARED_MEMORY = (Cause.OOM_KILL, Cause.MEMORY_TERMINATE)
 #: Pipeline names of forgotten keys kept for deaths they cause later (~100 bytes each).
@@ -81,18 +79,26 @@ class DecisionCore:
         self.stopped: dict[Any, Stop] = {}  # key -> the Stop that erred it
         self.suspects: deque = deque()  # held after a shared memory kill, run one at a time
         self.isolating: Any = None
-        # key -> (the memory limit it died under,) and, while no larger worker is here:
-        # (limit, until when it waits for one, the event to abort with). Which workers it
-        # may run on is Dask's restriction, widened one worker at a time (`Widen`).
-        self.resized: dict[Any, tuple] = {}
-        self._gone: dict[str, tuple[int | None, float]] = {}  # address -> (limit, removed)
+        self.larger = LargerRetry(self.policy, self.runs)  # retries on a larger worker
         self._now = 0.0
-        self.gone: list[str] = []  # runs whose last key was forgotten, to persist and drop
+        self.gone: list[RunLabel] = []  # runs whose last key was forgotten: persist, drop
         self._ended: set = set()  # keys that reached memory or erred
-        self._forgotten: OrderedDict[str, str] = OrderedDict()  # str(key) -> pipeline name
+        self._forgotten: OrderedDict[ShardKey, str] = OrderedDict()  # -> pipeline name
         self.deaths = 0
         self.displaced = 0
         self.aborts = 0
+
+    def configure(self, *, report_grace: float, max_shard_infra_failures: int,
+                  abort_on_repeat_signature: bool) -> None:
+        """Settings changed while running (`oomguard.install`), each applied by its owner."""
+        self.pairing.grace = report_grace
+        self.policy.configure(max_shard_infra_failures=max_shard_infra_failures,
+                              abort_on_repeat_signature=abort_on_repeat_signature)
+
+    @property
+    def resized(self) -> dict[Any, Resized]:
+        """Keys retried on larger workers (`LargerRetry`)."""
+        return self.larger.resized
 
     # --- graphs and task states (hot path: O(1)) -------------------------------------
 
@@ -143,7 +149,7 @@ class DecisionCore:
         self._ended.discard(key)
         self.budget.forget(key)
         self.stopped.pop(key, None)
-        self.resized.pop(key, None)
+        self.larger.forget(key)
         out = self._isolated_done(key)
         if key in self.held:  # so the plugin forgets what it saved for the key too
             self.held.discard(key)
@@ -156,24 +162,14 @@ class DecisionCore:
 
     def worker_added(self, address: str, memory_limit: int | None) -> list[Decision]:
         self.workers[address] = memory_limit
-        self._gone.pop(address, None)
-        # One decision naming the keys, not each key's whole new set of workers: a worker
-        # added costs O(keys), not O(keys x workers), when thousands of workers come and go.
-        widened = []
-        for key, (limit, *wait) in list(self.resized.items()):
-            if (not memory_limit or memory_limit > limit) and key not in self.stopped:
-                if wait:
-                    self.resized[key] = (limit,)  # it waited for this one
-                widened.append(key)
-        return [Widen(tuple(widened), address)] if widened else []
+        return self.larger.worker_added(address, memory_limit, self.stopped)
 
     def removed(self, removal: Removal, now: float) -> list[Decision]:
         """An unexpected removal, seen before Dask reschedules the worker's tasks."""
         self._now = now
         if self.workers.pop(removal.worker, None) is not None or removal.memory_limit:
-            # A larger worker that is restarting is not "no larger worker": see _resize.
-            self._gone.pop(removal.worker, None)  # re-inserted last: kept in time order
-            self._gone[removal.worker] = (removal.memory_limit, now)
+            # A larger worker that is restarting is not "no larger worker": see LargerRetry.
+            self.larger.worker_removed(removal.worker, removal.memory_limit, now)
         keys = [k for k in removal.processing.values() if k not in self.stopped]
         self.budget.charge(keys, {removal.processing[s]: n for s, n in removal.prior.items()
                                   if s in removal.processing})
@@ -203,18 +199,9 @@ class DecisionCore:
     def tick(self, now: float, limit: int | None = None) -> list[Decision]:
         """Decide deaths whose grace ran out, at most `limit` (more on the next call)."""
         self._now = now
-        while self._gone and now - next(iter(self._gone.values()))[1] >= RETURN_WINDOW:
-            self._gone.pop(next(iter(self._gone)))  # oldest first: insertion order
         out: list[Decision] = []
-        for key, (limit_, *wait) in list(self.resized.items()):
-            if wait and now >= wait[0] and key not in self.stopped:
-                # No larger worker came back in time: the shard needs more than there is.
-                run = self.runs.of(key)
-                d = memory.abort_decision(wait[1], limit_, self.policy.attempt(str(key)) - 1)
-                if run is not None:
-                    self.policy.adopt(run.label, d)
-                del self.resized[key]
-                out += self._abort(d, key)
+        for key, d in self.larger.timed_out(now, self.stopped):
+            out += self._abort(d, key)  # no larger worker came back in time
         for death in self.pairing.expired(now, limit):
             out += self._decide(death)
         return out
@@ -273,8 +260,8 @@ class DecisionCore:
         # One death, one crash, one signature for all its events: from the likely
         # culprit's stack when one is named, else from the first executing task's.
         first = likely.shard if likely is not None else next(iter(keys), "")
-        sig = self._signature(cause, report, entries.get(first), first)
-        example = _example(report, entries.get(first), first)
+        sig = death_signature(cause, report, entries.get(first), first)
+        example = trace_example(report, entries.get(first), first)
         for s, key in (keys or {"": None}).items():
             run = self.runs.of(key) if key is not None else None
             event = FailureEvent(
@@ -289,7 +276,9 @@ class DecisionCore:
             if run is not None and key not in self.stopped:
                 d = self.policy.record(event, run=run.label, may_decide=not shared)
                 if d is None and not shared and cause in MEMORY_CAUSES and self.larger_only:
-                    d, resize = self._resize(key, run, event, report)
+                    limit = report.get("memory_limit") if report is not None else None
+                    d, resize = self.larger.retry(key, run.label, event, limit, self.workers,
+                                                  self._now)
                     out += resize
                 if d is not None:
                     decisions.append((d, key))
@@ -329,7 +318,7 @@ class DecisionCore:
         out: list[Decision] = [Forgive(tuple(forgiven))] if forgiven else []
         return out + self._release_decided(removal) + self._next_isolated()
 
-    def _displace(self, tasks: dict) -> list:
+    def _displace(self, tasks: dict[ShardKey, Any]) -> list:
         """{str: key} of tasks that were on a dead worker but are not to blame: take back
         their charge and count them displaced. The keys, in order."""
         for s, key in tasks.items():
@@ -360,7 +349,7 @@ class DecisionCore:
         out: list[Decision] = []
         entries = report["executing"] or [None]
         first = entries[0]["key"] if entries[0] else ""
-        sig = self._signature(cause, report, entries[0], first)
+        sig = death_signature(cause, report, entries[0], first)
         for entry in entries:
             s = entry["key"] if entry else ""
             run = self.runs.of(self.runs.key(s)) if s else None
@@ -371,7 +360,8 @@ class DecisionCore:
                 evidence=evidence, attempt=max(1, self.policy.attempt(s) - 1) if s else 1,
                 time=report["time"],
             )
-            out.append(Record(event, sig.grouping_version, _example(report, entries[0], first),
+            out.append(Record(event, sig.grouping_version,
+                              trace_example(report, entries[0], first),
                               amends=death.lost_at or 0.0))
         return out
 
@@ -380,18 +370,17 @@ class DecisionCore:
         if report is not None:
             evidence = dict(report["evidence"])
         elif death.exited:
-            evidence = {"source": "the nanny's notice: exit status 0, not requested",
-                        "exitcode": 0, "summary": "exit status 0, not requested: the worker "
-                        "process ended itself (os._exit or sys.exit in a task?)"}
+            evidence = {"source": UNASKED_EXIT_SOURCE, "exitcode": 0,
+                        "summary": UNASKED_EXIT_SUMMARY}
         else:
-            evidence = {"source": "no death report within the grace timeout"}
+            evidence = {"source": NO_REPORT_SOURCE}
         evidence["blame"] = source
         if n > 1:
             evidence["executing_tasks"] = n
         evidence.setdefault("summary", evidence_summary(evidence, str(cause)))
         return evidence
 
-    # --- memory: isolation and resize ------------------------------------------------
+    # --- memory: isolation -----------------------------------------------------------
 
     def _isolate(self, keys: list) -> None:
         for key in keys:
@@ -421,25 +410,6 @@ class DecisionCore:
             return self._next_isolated()
         return []
 
-    def _resize(self, key, run: Run, event: FailureEvent, report):
-        limit = report.get("memory_limit") if report is not None else None
-        # Workers removed a moment ago count (a larger one may be restarting); the shard
-        # then waits for it, up to RETURN_WINDOW, before "no larger worker" is concluded.
-        recent = {a: lim for a, (lim, t) in self._gone.items() if self._now - t < RETURN_WINDOW}
-        r = memory.resize(event.cause, limit, {**recent, **self.workers})
-        if r is None:
-            return None, []
-        if r.abort:
-            d = memory.abort_decision(event, r.limit, self.policy.attempt(event.shard) - 1)
-            self.policy.adopt(run.label, d)
-            return d, []
-        now = frozenset(a for a in r.workers if a in self.workers)
-        if now:
-            self.resized[key] = (r.limit,)
-        else:
-            self.resized[key] = (r.limit, self._now + RETURN_WINDOW, event)
-        return None, [Restrict(key, now, r.limit)]
-
     # --- stopping --------------------------------------------------------------------
 
     def _over_budget(self, key: Any, run: Run | None, event: FailureEvent) -> AbortDecision:
@@ -456,7 +426,7 @@ class DecisionCore:
         run = self.runs.of(key)
         exc = d.exception()
         if run is None:
-            stop = Stop((key,), exc, "")
+            stop = Stop((key,), exc)  # of no run
         else:
             self.runs.close(run)
             stop = Stop(tuple(run.keys), exc, run.label)
@@ -474,7 +444,7 @@ class DecisionCore:
 
     # --- memory admission ------------------------------------------------------------
 
-    def memory_waited(self, shard: str, seconds: float) -> None:
+    def memory_waited(self, shard: ShardKey, seconds: float) -> None:
         """A task (its str key) waited `seconds` for host memory before it ran (a worker's
         admission event); counted in its pipeline run's summary."""
         key = self.runs.key(shard)
@@ -490,7 +460,7 @@ class DecisionCore:
         retried without using the task's own retries)."""
         memory_error = exception_text.startswith("MemoryError")
         cause = Cause.MEMORY_ERROR if memory_error else Cause.EXCEPTION
-        sig = _dask_signature(_exception_class(exception_text), traceback_text, exception_text)
+        sig = task_signature(exception_class(exception_text), traceback_text, exception_text)
         run = self.runs.of(key)
         shard = str(key)
         event = FailureEvent(
@@ -510,72 +480,7 @@ class DecisionCore:
             out += self._abort(d, key)
         return out, memory_error and d is None
 
-    def _pipeline(self, shard: str, run: Run | None) -> str:
+    def _pipeline(self, shard: ShardKey, run: Run | None) -> str:
         if run is not None:
             return run.name
         return self._forgotten.get(shard, "")
-
-    # --- signatures ------------------------------------------------------------------
-
-    def _signature(self, cause: Cause, report: dict | None, entry: dict | None, shard: str):
-        crash = (report or {}).get("crash") or {}
-        if cause == Cause.NATIVE_CRASH and crash.get("text"):
-            return fingerprint(crash["text"])
-        if entry is not None and entry.get("stack"):
-            sig = fingerprint_stack(str(cause), [tuple(f) for f in entry["stack"]])
-            if any(f.in_app for f in sig.frames):
-                return sig
-        # No sample, or one taken before the task's own code ran (only Dask's frames):
-        # the task's function (its key prefix) stands in for the stack.
-        prefix = entry["prefix"] if entry else (key_split(shard) if shard else "")
-        return _prefix_signature(str(cause), prefix or "<no task>")
-
-
-def _exception_class(exception_text: str) -> str:
-    """`KeyError` of "KeyError(17)": what a signature keeps of the exception."""
-    head = exception_text[:200]
-    for i, c in enumerate(head):
-        if not (c.isalnum() or c in "_."):
-            return head[:i]
-    return head
-
-
-_DASK_SIGNATURES: OrderedDict[tuple[str, str], Any] = OrderedDict()
-
-
-def _dask_signature(exception_class: str, traceback_text: str, exception_text: str):
-    """fingerprint_dask, once per (exception class, traceback): on the event loop, per
-    erred task, a thousand tasks failing with one bug are one parse, not a thousand (a
-    signature keeps the class and the frames, never the message)."""
-    # A traceback with no frame leaves the message as what tells errors apart.
-    key = (exception_class if "File " in traceback_text else exception_text, traceback_text)
-    sig = _DASK_SIGNATURES.get(key)
-    if sig is None:
-        sig = _DASK_SIGNATURES[key] = fingerprint_dask(exception_text, traceback_text)
-        if len(_DASK_SIGNATURES) > 1024:
-            _DASK_SIGNATURES.popitem(last=False)
-    else:
-        _DASK_SIGNATURES.move_to_end(key)
-    return sig
-
-
-@functools.lru_cache(maxsize=4096)
-def _prefix_signature(cause: str, prefix: str):
-    return fingerprint_stack(cause, [("<task>", None, prefix)])
-
-
-def _example(report: dict | None, entry: dict | None, shard: str) -> str:
-    """The trace kept with a signature: the crash dump, else the last sampled stack."""
-    if report is None:
-        return ""
-    text = (report.get("crash") or {}).get("text")
-    if text:
-        return scrub(text)
-    if entry is not None and entry.get("stack"):
-        age = ""
-        if entry.get("stack_time"):
-            age = f", {max(0.0, report['time'] - entry['stack_time']):.1f} s before the death"
-        lines = [f"Last sampled stack of shard {shard}{age} (most recent call last):"]
-        lines += [f'  File "{f}", line {n}, in {fn}' for f, n, fn in entry["stack"]]
-        return scrub("\n".join(lines))
-    return ""

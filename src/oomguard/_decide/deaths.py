@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .._protocol import DUPLICATE, OVERFLOW
+from .runs import ShardKey
 
 
 @dataclass(frozen=True)
@@ -30,12 +31,12 @@ class Removal:
     worker: str
     host: str
     time: float
-    processing: dict[str, Any]  # str(key) -> key, everything Dask had sent it
-    executing_guess: dict[str, Any] = field(default_factory=dict)  # last heartbeat's view
+    processing: dict[ShardKey, Any]  # str(key) -> key, everything Dask had sent it
+    executing_guess: dict[ShardKey, Any] = field(default_factory=dict)  # last heartbeat's view
     nthreads: int = 1
     pid: int | None = None
     memory_limit: int | None = None
-    prior: dict[str, int] = field(default_factory=dict)  # str(key) -> Dask's earlier count
+    prior: dict[ShardKey, int] = field(default_factory=dict)  # str(key) -> Dask's earlier count
     nanny: str | None = None  # the worker's nanny, which reports its death
 
 

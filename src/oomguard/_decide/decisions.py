@@ -7,6 +7,7 @@ from typing import Any
 
 from .._exceptions import PipelineAborted
 from .._models import FailureEvent
+from .runs import RunLabel
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class Stop:
 
     keys: tuple
     exception: PipelineAborted
-    run: str = ""  # the run label, "" for keys of no run
+    run: RunLabel = RunLabel("")  # "" for keys of no run
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Memory kills: no retry at the same size, and the words for stopping a shard (pure).
+"""Memory kills: no retry at the same size, and the decisions that stop a shard (pure).
 
 A shard killed for memory alone on its worker runs again only on a worker with a larger
 memory limit (`resize`); with none larger its pipeline is aborted at once. A memory kill of
@@ -15,9 +15,9 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from .._causes import MEMORY_CAUSES, Cause
-from .._units import format_bytes
 from .._models import FailureEvent
-from .policy import AbortDecision, _shell_arg, describe_cause
+from .._words import no_larger_abort_message, no_larger_message, over_budget_message
+from .policy import AbortDecision
 
 __all__ = ["Resize", "abort_decision", "over_budget_decision", "resize"]
 
@@ -33,15 +33,6 @@ class Resize:
     @property
     def abort(self) -> bool:
         return not self.workers
-
-
-def no_larger_message(limit: int) -> str:
-    """The reason to abort when no worker is larger than `limit` bytes.
-
-    >>> no_larger_message(4 * 2**30)
-    'no worker has more than 4 GiB; the shard needed more'
-    """
-    return f"no worker has more than {format_bytes(limit)}; the shard needed more"
 
 
 def resize(
@@ -94,44 +85,14 @@ def _decision(event: FailureEvent, count: int, message: str) -> AbortDecision:
     )
 
 
-def _what(event: FailureEvent) -> str:
-    evidence = event.evidence or {}
-    subject = "it" if event.cause == Cause.MEMORY_ERROR else "its worker"
-    what = f"{subject} {describe_cause(event.cause, evidence)}"
-    summary = evidence.get("summary")
-    if isinstance(summary, str) and summary:
-        what += f" ({summary})"
-    return what
-
-
-def _shard(shard: str) -> str:
-    return shard if shard.startswith(("(", "[")) else repr(shard)
-
-
 def abort_decision(event: FailureEvent, limit: int, count: int) -> AbortDecision:
     """The AbortDecision for a memory-killed shard with no larger worker to retry on."""
-    message = (
-        f"oomguard aborted pipeline {event.pipeline!r} at once because shard "
-        f"{_shard(event.shard)} ran out of memory on {event.worker or 'a worker'} (memory "
-        f"limit {format_bytes(limit)}), running alone there: {_what(event)}. oomguard "
-        f"retries such a shard only on a worker with a larger memory limit, but "
-        f"{no_larger_message(limit)}; retrying it on a worker of the same size would only "
-        "kill another worker. Next: add workers with a larger memory limit, or split the "
-        "shard's input so it needs less, then resubmit; `oomguard report --shard "
-        f"{_shell_arg(event.shard)}` shows the evidence."
-    )
-    return _decision(event, count, message)
+    return _decision(event, count, no_larger_abort_message(event, limit))
 
 
-def over_budget_decision(event: FailureEvent, deaths: int, allowed: int, count: int) -> AbortDecision:
+def over_budget_decision(
+    event: FailureEvent, deaths: int, allowed: int, count: int
+) -> AbortDecision:
     """The decision for a task that was on more dead workers than Dask allows
     (`distributed.scheduler.allowed-failures`), whatever the evidence said."""
-    where = f"pipeline {event.pipeline!r}" if event.pipeline else "its task"
-    message = (
-        f"oomguard stopped {where} because shard {_shard(event.shard)} was on {deaths} "
-        f"workers that died, more than Dask's allowed-failures ({allowed}) permits; the "
-        f"last one, {event.worker or 'a worker'}: {_what(event)}. Dask alone would raise "
-        "KilledWorker here. Next: `oomguard report --shard "
-        f"{_shell_arg(event.shard)}` shows each death with its evidence."
-    )
-    return _decision(event, count, message)
+    return _decision(event, count, over_budget_message(event, deaths, allowed))

@@ -1,9 +1,9 @@
 """Shard-failure accounting: when a shard is a deterministic crasher, and how a pipeline stands.
 
-Pure: no Dask, no I/O. The scheduler plugin maps task keys to pipelines and drives one
+Pure: no Dask, no I/O. The decision core maps task keys to pipeline runs and drives one
 `FailurePolicy` with what it sees (submissions, the end of each shard, failure events); the
 policy answers with an `AbortDecision` at most once per pipeline, and with a
-`PipelineStatus` whose summary is one plain sentence.
+`PipelineStatus` whose summary is one plain sentence (its words: `oomguard._words`).
 
 Memory stays O(pipelines + failed shards): a pipeline is a handful of counters, and only a
 shard that failed at least once gets a record. The plugin therefore owns the contract that
@@ -13,144 +13,24 @@ forgotten) unless `shard_reopened` says its result was lost and it runs again.
 
 from __future__ import annotations
 
-import shlex
-import signal
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._causes import DEATH_CAUSES, MEMORY_CAUSES, SHARD_CAUSES, Cause, Kind, kind_of
+from .._causes import DEATH_CAUSES, SHARD_CAUSES, Cause, Kind, kind_of
 from .._exceptions import PipelineAborted
 from .._models import FailureEvent, PipelineStatus
+from .._words import abort_message, describe_cause, exception_name, pipeline_summary
+from .runs import RunLabel, ShardKey
 
-__all__ = ["AbortDecision", "FailurePolicy", "describe_cause"]
+__all__ = ["AbortDecision", "FailurePolicy", "PipelineCounts", "ShardRecord"]
 
 # Past this many infra failures of one shard only the counters grow, so a shard that keeps
 # dying cannot grow the policy without bound.
 _HISTORY_CAP = 64
-# Lists of workers and hosts in messages stop here ("and 3 more").
-_LIST_CAP = 5
-
-
-# --------------------------------------------------------------------------- words
-
-
-def _signal_name(evidence: dict[str, Any]) -> str:
-    sig = evidence.get("signal")
-    if isinstance(sig, str) and sig:
-        return sig if sig.upper().startswith("SIG") else f"SIG{sig.upper()}"
-    code = sig if isinstance(sig, int) else None
-    if code is None:
-        for k in ("exitcode", "exit_code"):
-            v = evidence.get(k)
-            # A negative exit status is the signal number (subprocess's convention).
-            if isinstance(v, int) and not isinstance(v, bool) and v < 0:
-                code = v
-                break
-    if code is None:
-        return ""
-    try:
-        return signal.Signals(abs(code)).name
-    except ValueError:
-        return f"signal {abs(code)}"
-
-
-def _exit_status(evidence: dict[str, Any]) -> int | None:
-    for k in ("exitcode", "exit_code"):
-        v = evidence.get(k)
-        if isinstance(v, int) and not isinstance(v, bool):
-            return v
-    return None
-
-
-def describe_cause(cause: Cause | str, evidence: dict[str, Any] | None = None) -> str:
-    """What happened, in the words people use, as a predicate for "the worker ...".
-
-    `memory_error` and `exception` read with the shard as subject ("it raised MemoryError").
-
-    >>> describe_cause("oom_kill")
-    'was OOM-killed by the kernel'
-    >>> describe_cause("native_crash", {"signal": "SIGABRT"})
-    'crashed (SIGABRT)'
-    """
-    ev = evidence or {}
-    c = Cause(cause)
-    if c is Cause.OOM_KILL:
-        return "was OOM-killed by the kernel"
-    if c is Cause.MEMORY_TERMINATE:
-        return "was killed by the nanny for exceeding its memory limit"
-    if c is Cause.NATIVE_CRASH:
-        name = _signal_name(ev)
-        return f"crashed ({name})" if name else "crashed in native code"
-    if c is Cause.SIGTERM:
-        return "was stopped by a SIGTERM from outside the nanny"
-    if c is Cause.SIGKILL:
-        return "was killed by SIGKILL with no kernel OOM evidence"
-    if c is Cause.EXIT:
-        status = _exit_status(ev)
-        return "exited with an error status" if status is None else f"exited with status {status}"
-    if c is Cause.WORKER_LOST:
-        return "was lost without a death report (its host or pod went away)"
-    if c is Cause.MEMORY_ERROR:
-        return "raised MemoryError"
-    return "raised an exception"
-
-
-def _subject(cause: str) -> str:
-    return "it" if kind_of(cause) is Kind.USER or cause == Cause.MEMORY_ERROR else "its worker"
-
-
-def _plural(n: int, word: str, plural: str | None = None) -> str:
-    return f"{n} {word if n == 1 else (plural or word + 's')}"
-
-
-def _times(n: int) -> str:
-    return "once" if n == 1 else f"{n} times"
-
-
-def _was(n: int) -> str:
-    return "was" if n == 1 else "were"
-
-
-def _seconds(t: float) -> str:
-    return f"{t:.1f} s" if t < 10 else f"{t:.0f} s"
-
-
-def _shard_name(shard: str) -> str:
-    # Tuple keys already read as themselves; bare names get quotes so they stand out.
-    return shard if shard.startswith(("(", "[")) else repr(shard)
-
-
-def _shell_arg(s: str) -> str:
-    # Double quotes keep a tuple key readable; shlex.quote only where they would not be safe.
-    if shlex.quote(s) == s:
-        return s
-    if not any(ch in s for ch in '"$`\\!'):
-        return f'"{s}"'
-    return shlex.quote(s)
-
-
-def _listing(items: Iterable[str]) -> str:
-    items = list(items)
-    if len(items) <= _LIST_CAP:
-        return ", ".join(items)
-    return ", ".join(items[:_LIST_CAP]) + f" and {len(items) - _LIST_CAP} more"
-
-
-def _breakdown(counts: Counter[str]) -> str:
-    return ", ".join(f"{n} {cause}" for cause, n in counts.most_common())
-
-
-def _exception_name(evidence: dict[str, Any], title: str) -> str:
-    for k in ("exception_type", "exception"):
-        v = evidence.get(k)
-        if isinstance(v, str) and v:
-            return v.rsplit(".", 1)[-1]
-    head = title.split(":", 1)[0].split(" ", 1)[0].strip()
-    if head.isidentifier() and head[:1].isupper():
-        return head
-    return f"an exception ({title})" if title else "an exception"
+# Erred shards kept per pipeline: the first names the culprit of a failed run.
+_ERRED_KEPT = 5
 
 
 # --------------------------------------------------------------------------- records
@@ -202,8 +82,10 @@ class _Failure:
 
 
 @dataclass(slots=True)
-class _Shard:
-    pipeline: str
+class ShardRecord:
+    """What the policy keeps of a shard that failed at least once."""
+
+    pipeline: RunLabel
     infra: int = 0
     shared: int = 0  # infra failures that were memory kills shared with other tasks
     user: int = 0
@@ -216,7 +98,9 @@ class _Shard:
 
 
 @dataclass(slots=True)
-class _Pipeline:
+class PipelineCounts:
+    """A pipeline run's counters (the policy keeps one per run)."""
+
     name: str = ""  # the pipeline's name; the policy's own key is the run's label
     started: float = 0.0
     submitted: int = 0
@@ -234,8 +118,8 @@ class _Pipeline:
     deaths: Counter[str] = field(default_factory=Counter)  # by cause, one per worker death
     # worker -> time of its last death: one death that took several shards counts once.
     last_death: dict[str, float] = field(default_factory=dict)
-    failed: dict[str, None] = field(default_factory=dict)  # ordered set of failed shards
-    erred_shards: list[str] = field(default_factory=list)  # first few, to name the culprit
+    failed: dict[ShardKey, None] = field(default_factory=dict)  # ordered set of failed shards
+    erred_shards: list[ShardKey] = field(default_factory=list)  # first few: the culprit
     decision: AbortDecision | None = None
 
     def unfinished(self) -> int:
@@ -265,6 +149,17 @@ class FailurePolicy:
     def __init__(
         self, *, max_shard_infra_failures: int = 3, abort_on_repeat_signature: bool = True
     ) -> None:
+        self.configure(max_shard_infra_failures=max_shard_infra_failures,
+                       abort_on_repeat_signature=abort_on_repeat_signature)
+        self._pipelines: dict[RunLabel, PipelineCounts] = {}
+        self._shards: dict[ShardKey, ShardRecord] = {}
+        self.dirty: set[RunLabel] = set()  # pipelines changed since `take_dirty`
+
+    def configure(
+        self, *, max_shard_infra_failures: int, abort_on_repeat_signature: bool
+    ) -> None:
+        """Set when a shard is a deterministic crasher (also while running: decisions
+        already taken stand)."""
         if (
             isinstance(max_shard_infra_failures, bool)
             or not isinstance(max_shard_infra_failures, int)
@@ -276,20 +171,17 @@ class FailurePolicy:
             )
         self.max_shard_infra_failures = max_shard_infra_failures
         self.abort_on_repeat_signature = bool(abort_on_repeat_signature)
-        self._pipelines: dict[str, _Pipeline] = {}
-        self._shards: dict[str, _Shard] = {}
-        self.dirty: set[str] = set()  # pipelines changed since `take_dirty`
 
     # ---- lifecycle of shards
 
-    def _pipeline(self, name: str) -> _Pipeline:
+    def _pipeline(self, name: RunLabel) -> PipelineCounts:
         self.dirty.add(name)  # every change goes through here
         p = self._pipelines.get(name)
         if p is None:
-            p = self._pipelines[name] = _Pipeline()
+            p = self._pipelines[name] = PipelineCounts()
         return p
 
-    def _end(self, pipeline: str, shard: Any, how: str) -> _Pipeline | None:
+    def _end(self, pipeline: RunLabel, shard: Any, how: str) -> PipelineCounts | None:
         p = self._pipeline(pipeline)
         # A task key may come in place of its str: only a shard that failed has a record.
         rec = self._shards.get(str(shard)) if self._shards else None
@@ -300,7 +192,7 @@ class FailurePolicy:
         return p
 
     def pipeline_submitted(
-        self, pipeline: str, shards: Iterable[Any], *, name: str = "", started: float = 0.0
+        self, pipeline: RunLabel, shards: Iterable[Any], *, name: str = "", started: float = 0.0
     ) -> None:
         """Add shards (task keys new to the scheduler) to `pipeline`; call once per graph.
 
@@ -320,13 +212,13 @@ class FailurePolicy:
         n = sum(1 for _ in shards)
         p.submitted += n
 
-    def shard_done(self, pipeline: str, shard: str) -> None:
+    def shard_done(self, pipeline: RunLabel, shard: ShardKey) -> None:
         """The shard's task reached memory."""
         p = self._end(pipeline, shard, "done")
         if p is not None:
             p.done += 1
 
-    def shard_erred(self, pipeline: str, shard: str, *, aborted: bool) -> None:
+    def shard_erred(self, pipeline: RunLabel, shard: ShardKey, *, aborted: bool) -> None:
         """The shard's task erred for good: by our abort (`aborted=True`), or otherwise (a user
         error past its retries, KilledWorker, a failed dependency)."""
         p = self._end(pipeline, shard, "aborted" if aborted else "erred")
@@ -336,16 +228,16 @@ class FailurePolicy:
             p.aborted += 1
         else:
             p.erred += 1
-            if len(p.erred_shards) < _LIST_CAP:
+            if len(p.erred_shards) < _ERRED_KEPT:
                 p.erred_shards.append(str(shard))
 
-    def shard_forgotten(self, pipeline: str, shard: str) -> None:
+    def shard_forgotten(self, pipeline: RunLabel, shard: ShardKey) -> None:
         """The shard's task was released or cancelled without a result."""
         p = self._end(pipeline, shard, "forgotten")
         if p is not None:
             p.forgotten += 1
 
-    def shard_reopened(self, pipeline: str, shard: str) -> None:
+    def shard_reopened(self, pipeline: RunLabel, shard: ShardKey) -> None:
         """A finished shard's result was lost (its worker died holding it); it runs again."""
         p = self._pipeline(pipeline)
         rec = self._shards.get(shard)
@@ -356,22 +248,22 @@ class FailurePolicy:
         if p.done > 0:
             p.done -= 1
 
-    def displaced(self, pipeline: str, shard: str) -> None:
+    def displaced(self, pipeline: RunLabel, shard: ShardKey) -> None:
         """The shard was only queued on a worker that died; it was rescheduled uncounted."""
         self._pipeline(pipeline).displaced += 1
 
-    def isolated(self, pipeline: str) -> None:
+    def isolated(self, pipeline: RunLabel) -> None:
         """A shard of `pipeline` is retried alone after a memory kill of a worker that was
         executing several tasks (which proves no single shard too big)."""
         self._pipeline(pipeline).isolated += 1
 
-    def memory_waited(self, pipeline: str, seconds: float) -> None:
+    def memory_waited(self, pipeline: RunLabel, seconds: float) -> None:
         """A task of `pipeline` waited `seconds` for host memory before it ran."""
         p = self._pipeline(pipeline)
         p.memory_waits += 1
         p.memory_waited += seconds
 
-    def adopt(self, pipeline: str, decision: AbortDecision) -> None:
+    def adopt(self, pipeline: RunLabel, decision: AbortDecision) -> None:
         """Take a decision made outside the shard counters (no larger worker, the death
         budget): the pipeline reads "aborted" and decides nothing more."""
         p = self._pipeline(pipeline)
@@ -380,7 +272,7 @@ class FailurePolicy:
 
     # ---- failures
 
-    def attempt(self, shard: str) -> int:
+    def attempt(self, shard: ShardKey) -> int:
         """The number the next failure of `shard` gets (1 for its first failure).
 
         >>> FailurePolicy().attempt("never-failed")
@@ -390,7 +282,7 @@ class FailurePolicy:
         return 1 if rec is None else rec.infra + rec.user + 1
 
     def record(
-        self, event: FailureEvent, *, run: str | None = None, may_decide: bool = True
+        self, event: FailureEvent, *, run: RunLabel | None = None, may_decide: bool = True
     ) -> AbortDecision | None:
         """Count one failure; return an `AbortDecision` the first time it makes its shard a
         deterministic crasher, at most once per pipeline run (`run`, default the event's
@@ -424,14 +316,14 @@ class FailurePolicy:
                 old = self._pipelines.get(rec.pipeline)
                 if old is not None:
                     old.failed.pop(event.shard, None)
-            rec = self._shards[event.shard] = _Shard(pipeline=run)
+            rec = self._shards[event.shard] = ShardRecord(pipeline=run)
         p.failed[event.shard] = None
         rec.last_kind = kind.value
 
         if kind is Kind.USER:
             rec.user += 1
             p.user += 1
-            rec.last_user = _exception_name(event.evidence or {}, event.signature_title)
+            rec.last_user = exception_name(event.evidence or {}, event.signature_title)
             return None
 
         rec.infra += 1
@@ -462,7 +354,7 @@ class FailurePolicy:
         p.decision = self._decide(event, cause, rec, p, reason, repeat)
         return p.decision
 
-    def _repeat_on_other_worker(self, rec: _Shard, new: _Failure) -> _Failure | None:
+    def _repeat_on_other_worker(self, rec: ShardRecord, new: _Failure) -> _Failure | None:
         if not self.abort_on_repeat_signature or new.cause not in SHARD_CAUSES:
             return None
         if not new.signature_id:  # an unknown signature matches nothing
@@ -481,80 +373,22 @@ class FailurePolicy:
         self,
         event: FailureEvent,
         cause: Cause,
-        rec: _Shard,
-        p: _Pipeline,
+        rec: ShardRecord,
+        p: PipelineCounts,
         reason: str,
         repeat: _Failure | None,
     ) -> AbortDecision:
         workers = tuple(dict.fromkeys(f.worker for f in rec.failures if f.worker))
         hosts = tuple(dict.fromkeys(f.host for f in rec.failures if f.host))
         evidence = dict(event.evidence or {})
-        shard = _shard_name(event.shard)
-
-        if len(rec.causes) == 1:
-            what = f"{_subject(cause)} {describe_cause(cause, evidence)}"
-            if rec.infra > 1:
-                what += " each time"
-        else:
-            what = "; ".join(
-                f"{_times(n)} {_subject(c)} "
-                f"{describe_cause(c, evidence if c == cause else None)}"
-                for c, n in rec.causes.most_common()
-            )
-        summary = evidence.get("summary")
-        if isinstance(summary, str) and summary:
-            what += f" (last time: {summary})"
-
-        if reason == "count":
-            why = (
-                f"it failed {_times(rec.infra)}, reaching max-shard-infra-failures "
-                f"({self.max_shard_infra_failures}), so another retry would most likely "
-                "fail the same way"
-            )
-        else:
-            assert repeat is not None
-            why = (
-                f"it died with the same signature on two different workers "
-                f"({repeat.worker} and {event.worker}), so neither one bad node nor "
-                "preemption explains it"
-            )
-
+        assert reason == "count" or repeat is not None
         crashed = sum(
             1 for s in p.failed if (r := self._shards.get(s)) is not None and r.infra > 0
         )
-        tally = f"{_plural(p.done, 'shard')} done, {crashed} crashed at least once"
-        if p.erred:
-            tally += f", {p.erred} erred"
-        tally += f", {p.unfinished()} unfinished now being aborted"
-
-        if cause in MEMORY_CAUSES:
-            todo = (
-                "give this shard more memory (a larger worker memory limit, or split its "
-                "input so the shard is smaller), then resubmit"
-            )
-        elif cause is Cause.NATIVE_CRASH:
-            todo = (
-                "fix the native crash at the signature's stack (often a C extension, or a "
-                "bad input reaching one), then resubmit"
-            )
-        else:
-            todo = (
-                "find out what keeps killing the workers (preemption, an outside OOM killer "
-                "such as earlyoom or systemd-oomd, pod limits), since the shard may not be at "
-                "fault, then resubmit"
-            )
-        sig = event.signature_title or "unknown"
-        if event.signature_id:
-            sig += f" (id {event.signature_id})"
-        message = (
-            f"oomguard aborted pipeline {event.pipeline!r} because shard {shard} failed "
-            f"{_times(rec.infra)}: {what}. "
-            f"Crash signature: {sig}. "
-            f"Workers: {_listing(workers) or 'unknown'}; hosts: {_listing(hosts) or 'unknown'}. "
-            f"oomguard treats the shard as a deterministic crasher because {why}. "
-            f"Pipeline tally: {tally}. "
-            f"Next: {todo}; `oomguard report --shard {_shell_arg(event.shard)}` shows every "
-            "failure of this shard with its evidence."
+        message = abort_message(
+            event, cause, rec, p, reason=reason, max_failures=self.max_shard_infra_failures,
+            repeat_worker=repeat.worker if repeat is not None else "", workers=workers,
+            hosts=hosts, crashed=crashed,
         )
         return AbortDecision(
             pipeline=event.pipeline,
@@ -571,14 +405,14 @@ class FailurePolicy:
 
     # ---- reading
 
-    def pipelines(self) -> list[str]:
+    def pipelines(self) -> list[RunLabel]:
         """Names of the pipelines the policy holds, oldest first."""
         return list(self._pipelines)
 
-    def has(self, pipeline: str) -> bool:
+    def has(self, pipeline: RunLabel) -> bool:
         return pipeline in self._pipelines
 
-    def take_dirty(self) -> list[str]:
+    def take_dirty(self) -> list[RunLabel]:
         """Pipelines changed since the last call (to persist only what changed)."""
         dirty, self.dirty = self.dirty, set()
         return [name for name in dirty if name in self._pipelines]
@@ -587,7 +421,7 @@ class FailurePolicy:
         """How many shards have a failure record (the policy's only per-shard state)."""
         return len(self._shards)
 
-    def forget_pipeline(self, pipeline: str) -> None:
+    def forget_pipeline(self, pipeline: RunLabel) -> None:
         """Drop a pipeline and its shards' records (after the plugin persisted its status)."""
         p = self._pipelines.pop(pipeline, None)
         if p is None:
@@ -597,7 +431,7 @@ class FailurePolicy:
             if rec is not None and rec.pipeline == pipeline:
                 del self._shards[shard]
 
-    def status(self, pipeline: str) -> PipelineStatus:
+    def status(self, pipeline: RunLabel) -> PipelineStatus:
         """Where `pipeline` stands, with a one-sentence summary naming the layer that failed.
 
         >>> p = FailurePolicy(); p.pipeline_submitted("etl", ["a"]); p.shard_done("etl", "a")
@@ -635,65 +469,12 @@ class FailurePolicy:
 
     # ---- summaries
 
-    def _infra_clause(self, p: _Pipeline, retried: str) -> str:
-        parts = []
-        n_deaths = sum(p.deaths.values())
-        if n_deaths:
-            parts.append(
-                f"{_plural(n_deaths, 'worker death')} ({_breakdown(p.deaths)}) {retried}"
-            )
-        if p.memory_errors:
-            parts.append(f"{_plural(p.memory_errors, 'MemoryError')} in task code")
-        return ", and ".join(parts)
-
-    def _shard_story(self, shard: str, rec: _Shard) -> str:
-        name = _shard_name(shard)
-        if len(rec.causes) == 1:
-            (cause,) = rec.causes
-            if cause == Cause.MEMORY_ERROR:
-                return f"shard {name} raised MemoryError {_times(rec.infra)}"
-            return f"a worker {rec.last_words} at shard {name} {_times(rec.infra)}"
-        return f"shard {name} failed {_times(rec.infra)} ({_breakdown(rec.causes)})"
-
-    def _summary(self, status: str, p: _Pipeline) -> str:
-        text = self._story(status, p)
-        if p.memory_waits:
-            text = (f"{text.rstrip('.')}; {_plural(p.memory_waits, 'task')} waited "
-                    f"{_seconds(p.memory_waited)} in total for memory.")
-        return text
-
-    def _story(self, status: str, p: _Pipeline) -> str:
-        finished = f"{_plural(p.done, 'shard')} finished"
+    def _summary(self, status: str, p: PipelineCounts) -> str:
+        """The run's summary, about the shard that decided its abort or made it fail."""
         if status == "aborted":
             d = p.decision
             assert d is not None
-            rec = self._shards.get(d.shard)
-            if rec is not None and rec.infra:
-                story = self._shard_story(d.shard, rec)
-            else:
-                story = f"shard {_shard_name(d.shard)} failed {_times(d.count)}"
-            tally = [f"{_plural(p.done, 'shard')} had finished"]
-            if p.erred:
-                tally.append(f"{p.erred} erred")
-            left = p.unfinished()
-            if p.aborted or not left:
-                tally.append(f"{p.aborted} {_was(p.aborted)} aborted")
-            if left:
-                still = "still " if p.aborted else ""
-                tally.append(f"{left} {'is' if left == 1 else 'are'} {still}being aborted")
-            return f"{story}; the pipeline was aborted; {', '.join(tally)}."
-
-        if status == "running":
-            s = f"{p.done} of {_plural(p.submitted, 'shard')} finished so far"
-            if p.erred:
-                s += f", {p.erred} erred"
-            infra = self._infra_clause(p, "that oomguard retried")
-            if infra:
-                s += f", after {infra}"
-            if p.isolated:
-                s += f"; {_plural(p.isolated, 'shard')} retried alone after a shared memory kill"
-            return s + "."
-
+            return pipeline_summary(status, p, d.shard, self._shards.get(d.shard))
         if status == "failed":
             # The culprit is the first shard that failed and then erred for good; a shard
             # whose failures were retried into success is not it.
@@ -702,46 +483,7 @@ class FailurePolicy:
                 None,
             )
             if culprit is not None:
-                rec = self._shards[culprit]
-                if rec.last_kind == Kind.USER:
-                    story = (
-                        f"shard {_shard_name(culprit)} raised {rec.last_user or 'an exception'}"
-                        " past its retries"
-                    )
-                else:
-                    story = f"{self._shard_story(culprit, rec)} until Dask gave up on it"
-            else:
-                first = p.erred_shards[0] if p.erred_shards else "?"
-                story = f"shard {_shard_name(first)} erred"
-            others = p.erred - 1
-            tail = f"; {finished}"
-            if others > 0:
-                tail += f", {others} more erred"
-            return f"{story}{tail}."
-
-        # Succeeded, possibly after failures: never read as plain success when shards died.
-        if p.submitted == 0 and p.done == 0:
-            s = "no shards were submitted"
-        elif p.forgotten:
-            s = (
-                f"{p.done} of {_plural(p.submitted, 'shard')} finished and {p.forgotten} "
-                f"{_was(p.forgotten)} released or cancelled without a result"
-            )
-        else:
-            s = "the 1 shard finished" if p.done == 1 else f"all {p.done} shards finished"
-        infra = self._infra_clause(p, "that oomguard retried without using task retries")
-        if infra:
-            s += f", after {infra}"
-        if p.user:
-            s += f"; task retries absorbed {_plural(p.user, 'exception')}"
-        if p.isolated:
-            s += (
-                f"; {_plural(p.isolated, 'shard')} {_was(p.isolated)} retried alone after a "
-                "memory kill of a worker running several"
-            )
-        if p.displaced:
-            s += (
-                f"; {_plural(p.displaced, 'queued shard')} {_was(p.displaced)} moved off dead "
-                "workers without counting against them"
-            )
-        return s + "."
+                return pipeline_summary(status, p, culprit, self._shards[culprit])
+            first = p.erred_shards[0] if p.erred_shards else "?"
+            return pipeline_summary(status, p, first, None)
+        return pipeline_summary(status, p)

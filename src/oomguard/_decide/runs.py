@@ -21,12 +21,17 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NewType
 
 from dask.utils import key_split
 
 from .._protocol import PIPELINE_ANNOTATION as ANNOTATION
 
+#: A task key as `str(key)`: how reports, events and the policy name a shard.
+ShardKey = NewType("ShardKey", str)
+#: One run of a pipeline ("etl", "etl#2"): the policy's key for it. Not the pipeline's
+#: name, which several runs share.
+RunLabel = NewType("RunLabel", str)
 
 #: Steps Dask adds around the user's own (dropped), and the suffixes of the phases of one
 #: operation (`sum-partial`, `sum-aggregate`, `mean_chunk`, `mean_combine-partial`).
@@ -75,7 +80,7 @@ def collection_name(prefixes: Iterable[str], most: int = 3) -> str | None:
 class Run:
     """One run of a pipeline. `label` is unique in this scheduler's life ("etl", "etl#2")."""
 
-    label: str
+    label: RunLabel
     name: str
     started: float
     identity: tuple
@@ -94,8 +99,8 @@ class Runs:
     """
 
     def __init__(self) -> None:
-        self._of: dict[Any, tuple[Run, str]] = {}  # key -> (its run, str(key))
-        self._by_str: dict[str, Any] = {}
+        self._of: dict[Any, tuple[Run, ShardKey]] = {}  # key -> (its run, str(key))
+        self._by_str: dict[ShardKey, Any] = {}
         self._live: dict[tuple, Run] = {}  # identity -> the open run
         self._seen: dict[str, int] = {}  # name -> runs started, for labels
         self._ids = itertools.count(1)
@@ -146,7 +151,7 @@ class Runs:
 
     def _start(self, name: str, identity: tuple, now: float) -> Run:
         n = self._seen[name] = self._seen.get(name, 0) + 1
-        run = Run(label=name if n == 1 else f"{name}#{n}", name=name, started=now,
+        run = Run(label=RunLabel(name if n == 1 else f"{name}#{n}"), name=name, started=now,
                   identity=identity)
         self._live[identity] = run
         return run
@@ -155,7 +160,7 @@ class Runs:
         entry = self._of.get(key)
         return entry[0] if entry is not None else None
 
-    def key(self, s: str) -> Any:
+    def key(self, s: ShardKey) -> Any:
         """The tracked key whose str() is `s`, or None."""
         return self._by_str.get(s)
 

@@ -10,6 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .._decide import Forgive, Hold, Record, Release, Restrict, Stop, Widen
+from .._words import death_line
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -185,31 +186,6 @@ class DaskActions:
                 "action": "pipeline-aborted", "pipeline": d.exception.pipeline, "run": d.run,
                 "shard": d.exception.shard, "message": d.exception.message,
             })
-
-
-def death_line(event) -> str:
-    """One log line per classified death: cause, worker, shard, pipeline, signature.
-
-    >>> from oomguard._models import FailureEvent
-    >>> print(death_line(FailureEvent("infra", "oom_kill", "('load', 3)", "etl", "tcp://w:1",
-    ...     "w", "3f2a9c01d2e4", "oom_kill in load", {"summary": "kernel oom_kill counted",
-    ...     "executing_tasks": 2})))
-    worker tcp://w:1 on w died: oom_kill (kernel oom_kill counted); executing shard ('load', 3) and 1 more of pipeline 'etl'; signature 3f2a9c01d2e4
-    """
-    evidence = event.evidence or {}
-    summary = evidence.get("summary")
-    line = f"worker {event.worker or '?'} on {event.host or '?'} died: {event.cause}"
-    if summary:
-        line += f" ({summary})"
-    if event.shard:
-        more = (evidence.get("executing_tasks") or 1) - 1
-        line += f"; executing shard {event.shard}" + (f" and {more} more" if more > 0 else "")
-        line += f" of pipeline {event.pipeline!r}" if event.pipeline else " (no pipeline)"
-    else:
-        line += "; no task was executing"
-    if event.signature_id:
-        line += f"; signature {event.signature_id}"
-    return line
 
 
 def _scalar(v: Any) -> bool:

@@ -123,9 +123,9 @@ def apply_settings(plugin: Any, config: dict[str, Any]) -> dict[str, tuple[Any, 
     plugin.settings.update(new)
     plugin.config.update(config)
     core = plugin.core
-    core.pairing.grace = plugin.settings["report-grace-timeout"]
-    core.policy.max_shard_infra_failures = plugin.settings["max-shard-infra-failures"]
-    core.policy.abort_on_repeat_signature = plugin.settings["abort-on-repeat-signature"]
+    core.configure(report_grace=plugin.settings["report-grace-timeout"],
+                   max_shard_infra_failures=plugin.settings["max-shard-infra-failures"],
+                   abort_on_repeat_signature=plugin.settings["abort-on-repeat-signature"])
     core.larger_only = plugin.settings["memory-retry-larger-only"]
     plugin.store.max_events = plugin.settings["max-events"]
     if changed:
