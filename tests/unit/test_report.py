@@ -12,13 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from oomguard import ReportError
-from oomguard._evidence.report import (
-    EXAMPLE_ARGS,
+from oomguard._evidence.build import EXAMPLE_ARGS, build_report
+from oomguard._evidence.wire import (
     MAX_REPORT_BYTES,
     MIN_REPORT_BYTES,
     REASONS,
     SCHEMA_VERSION,
-    build_report,
     decode,
     encode,
     validate,
@@ -388,9 +387,9 @@ def test_decode_rejects_non_bytes():
 def test_docstring_examples():
     import doctest
 
-    from oomguard._evidence import classify as _classify, report as _report
+    from oomguard._evidence import build as _build, classify as _classify, wire as _wire
 
-    for module in (_report, _classify):
+    for module in (_wire, _build, _classify):
         assert doctest.testmod(module).failed == 0
 
 
