@@ -387,9 +387,14 @@ def test_decode_rejects_non_bytes():
 def test_docstring_examples():
     import doctest
 
-    from oomguard._evidence import build as _build, classify as _classify, wire as _wire
+    from oomguard._evidence import (
+        build as _build,
+        classify as _classify,
+        facts as _facts,
+        wire as _wire,
+    )
 
-    for module in (_wire, _build, _classify):
+    for module in (_wire, _build, _classify, _facts):
         assert doctest.testmod(module).failed == 0
 
 

@@ -12,7 +12,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from .classify import DeathFacts, crash_signal, describe_signal, evidence, explain, facts_from
+from .classify import DeathFacts, crash_signal, describe_signal, explain
+from .facts import evidence, facts_from
 from .wire import (
     COUNTER_INTS,
     COUNTER_KEYS,

@@ -39,7 +39,7 @@ executing       list (<= 64) of task dicts                    tasks executing at
                                                               started, bytes (growth.py)
 crash           {signal: str (<= 32) | None, text: str} |     the faulthandler crash file;
                 None                                          text <= max_bytes characters
-evidence        dict (<= 64 keys, each str <= 128) of         flat; see classify.evidence
+evidence        dict (<= 64 keys, each str <= 128) of         flat; see facts.evidence
                 str (<= 1024) | int | float | bool | None
 cgroup          {version: 1 | 2, path: str (<= 1024),         the worker's memory cgroup
                 before: counters | None, after: counters |    counters at worker start and
