@@ -61,6 +61,7 @@ The whole report, msgpack-encoded, must fit in ``max_bytes`` (at least `MIN_REPO
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -70,6 +71,7 @@ import msgpack
 from .._causes import DEATH_CAUSES, Cause
 from .._exceptions import ReportError
 from .._protocol import VALIDATION_REASONS
+from .cgroup import MemoryCounters
 
 SCHEMA_VERSION = 1
 MAX_REPORT_BYTES = 256 * 1024
@@ -92,8 +94,12 @@ EVIDENCE_KEY_MAX = 128
 EVIDENCE_STR_MAX = 1024
 
 INT_MIN, INT_MAX = -(2**63), 2**64 - 1  # what msgpack can carry
-COUNTER_INTS = ("oom_kill", "oom", "oom_group_kill", "failcnt", "peak", "limit", "usage")
-COUNTER_KEYS = ("version", "path", *COUNTER_INTS, "missing")
+# A counters dict is `MemoryCounters.to_dict()`: its keys are the dataclass's fields, in order,
+# and its counts and sizes are the `int | None` ones. Schema v1 fixes both (a unit test).
+COUNTER_KEYS = tuple(f.name for f in dataclasses.fields(MemoryCounters))
+COUNTER_INTS = tuple(
+    f.name for f in dataclasses.fields(MemoryCounters) if str(f.type) == "int | None"
+)
 _TASK_KEYS = ("key", "prefix", "start", "thread", "stack", "stack_time", "grew")
 _TASK_OPTIONAL = ("grew",)  # added within schema v1: reports from older nannies lack it
 _FIELDS = (
