@@ -69,6 +69,7 @@ from typing import Any
 
 from .._causes import Cause
 from .._units import format_bytes
+from .cgroup import V1_UNLIMITED
 
 #: Signals whose death means the process itself crashed in native code.
 NATIVE_SIGNALS = frozenset({"SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL"})
@@ -225,13 +226,10 @@ def _map(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-_UNLIMITED = 2**60  # cgroup v1 reports "no limit" as ~2**63 rounded down to a page
-
-
 def _of_limit(ev: Mapping[str, Any]) -> str:
     for key in ("limit_bytes", "memory_limit_bytes"):
         limit = _int(ev.get(key))
-        if limit and limit < _UNLIMITED:
+        if limit and limit < V1_UNLIMITED:  # V1_UNLIMITED and up mean no limit
             return f" of a {format_bytes(limit)} limit"
     return ""
 
