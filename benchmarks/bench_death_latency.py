@@ -38,7 +38,7 @@ import dask
 from distributed import Client, LocalCluster
 
 import oomguard
-from oomguard._evidence import report as _report
+from oomguard._evidence import wire as _wire
 from oomguard.worker_plugin import REPORT_HANDLER, OomguardWorkerPlugin
 
 TARGET_P95 = 1.0
@@ -199,7 +199,7 @@ def _wait_report(arrivals, seen: int, pids: set[int], timeout: float):
     while time.monotonic() < deadline:
         for arrived, raw in arrivals[seen:]:
             try:
-                report = _report.decode(bytes(raw))
+                report = _wire.decode(bytes(raw))
             except Exception:
                 continue
             if report.get("pid") in pids:

@@ -20,7 +20,8 @@ import time
 from collections.abc import Callable
 
 from oomguard._exceptions import ReportError
-from oomguard._evidence.report import EXAMPLE_ARGS, build_report, decode, encode, validate
+from oomguard._evidence.build import EXAMPLE_ARGS, build_report
+from oomguard._evidence.wire import decode, encode, validate
 
 TARGET_DECODE_PER_S = 1_000
 

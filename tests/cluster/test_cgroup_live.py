@@ -225,7 +225,7 @@ def test_worker_group_counts_what_the_worker_held_at_start_up(info, tmp_path):
     import dask
     from distributed import Client, LocalCluster
 
-    from oomguard._evidence import report as _report
+    from oomguard._evidence import wire as _wire
     from oomguard._evidence.classify import evidence_summary
     from oomguard.worker_plugin import CLEAN_EXIT_HANDLER, REPORT_HANDLER
 
@@ -248,7 +248,7 @@ def test_worker_group_counts_what_the_worker_held_at_start_up(info, tmp_path):
     ) as cluster, Client(cluster) as client:
         reports = []
         cluster.scheduler.handlers[REPORT_HANDLER] = lambda report: reports.append(
-            _report.decode(report)
+            _wire.decode(report)
         )
         cluster.scheduler.handlers[CLEAN_EXIT_HANDLER] = lambda worker, **kw: {"status": "ok"}
         client.wait_for_workers(1, timeout=120)

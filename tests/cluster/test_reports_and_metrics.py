@@ -16,7 +16,7 @@ import pytest
 from distributed import Client, LocalCluster, rpc
 
 import oomguard
-from oomguard._evidence import cgroup as _cgroup, report as _report
+from oomguard._evidence import build as _build, cgroup as _cgroup
 from oomguard.worker_plugin import REPORT_HANDLER
 
 pytestmark = pytest.mark.timeout(180)
@@ -32,7 +32,7 @@ def boom(x):
 
 
 def _valid_report(**over):
-    report = _report.build_report(**{**_report.EXAMPLE_ARGS, "time": time.time()})
+    report = _build.build_report(**{**_build.EXAMPLE_ARGS, "time": time.time()})
     report.update(over)
     return report
 

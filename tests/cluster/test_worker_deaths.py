@@ -18,7 +18,7 @@ import pytest
 from capabilities import require
 from distributed import Client, LocalCluster
 
-from oomguard._evidence import cgroup as _cgroup, report as _report
+from oomguard._evidence import cgroup as _cgroup, wire as _wire
 from oomguard.worker_plugin import CLEAN_EXIT_HANDLER, REPORT_HANDLER
 
 pytestmark = pytest.mark.timeout(240)
@@ -106,7 +106,7 @@ def _cluster(n_workers):
         reports = _Received()
 
         def receive(report: bytes) -> None:
-            reports.append(_report.decode(report))
+            reports.append(_wire.decode(report))
 
         def clean_exit(worker: str, requested: bool = False, pid: int | None = None) -> dict:
             reports.clean_exits.append((worker, requested))
@@ -157,7 +157,7 @@ def _the_report(new, pid):
     assert len(new) == 1, [(r["cause"], r["pid"]) for r in new]
     report = new[0]
     assert report["pid"] == pid
-    assert report["schema"] == _report.SCHEMA_VERSION
+    assert report["schema"] == _wire.SCHEMA_VERSION
     return report
 
 

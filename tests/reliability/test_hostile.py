@@ -1,6 +1,6 @@
 """Hostile input (issue 8, part 4): never trust what a worker sends.
 
-Property-based fuzzing of the report validator (`_report.decode` / `validate`) and the
+Property-based fuzzing of the report validator (`wire.decode` / `validate`) and the
 trace parser (`fingerprint`): at least 10,000 cases by default (100,000 with --long), each
 answered with a `ReportError` naming a field, or a clean report / a `Signature`; nothing
 else ever escapes. Then the same hostile payloads over Dask's comms to a real scheduler
@@ -29,7 +29,8 @@ from hypothesis import strategies as st
 
 import oomguard
 from oomguard import ReportError
-from oomguard._evidence.report import EXAMPLE_ARGS, REASONS, build_report, decode, encode, validate
+from oomguard._evidence.build import EXAMPLE_ARGS, build_report
+from oomguard._evidence.wire import REASONS, decode, encode, validate
 from oomguard._signature import Signature, fingerprint, fingerprint_dask
 from oomguard.worker_plugin import CLEAN_EXIT_HANDLER, REPORT_HANDLER
 

@@ -23,7 +23,7 @@ import msgpack
 import pytest
 from distributed import rpc
 
-from oomguard._evidence.report import EXAMPLE_ARGS, build_report
+from oomguard._evidence.build import EXAMPLE_ARGS, build_report
 from oomguard.worker_plugin import REPORT_HANDLER
 
 pytestmark = pytest.mark.timeout(300)

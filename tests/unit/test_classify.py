@@ -18,11 +18,10 @@ from oomguard._evidence.classify import (
     classify,
     crash_signal,
     describe_signal,
-    evidence,
     evidence_summary,
     explain,
-    facts_from,
 )
+from oomguard._evidence.facts import evidence, facts_from
 
 KILL, TERM = -signal.SIGKILL, -signal.SIGTERM
 SEGV, ABRT, BUS, FPE, ILL = (
@@ -34,7 +33,7 @@ SEGV, ABRT, BUS, FPE, ILL = (
 )
 MOVED = dict(oom_kill_before=0, oom_kill_after=1)
 
-# (id, facts, cause, rule) -- the table in _classify's docstring, row by row, plus precedence.
+# (id, facts, cause, rule) -- the table in classify's docstring, row by row, plus precedence.
 TABLE = [
     ("close-sigkill", dict(exitcode=KILL, requested_close=True), None, "R1"),
     ("close-oom", dict(exitcode=KILL, requested_close=True, **MOVED), None, "R1"),
@@ -526,7 +525,7 @@ def test_crash_while_terminating(facts, cause):
 
 
 def test_terminated_first_reads_the_crash_file_head():
-    from oomguard._evidence.classify import facts_from
+    from oomguard._evidence.facts import facts_from
 
     sigterm_then_segv = (
         "Current thread 0x00007f (most recent call first):\n  File \"x.py\", line 1 in f\n\n"

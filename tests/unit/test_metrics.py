@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from oomguard._causes import DEATH_CAUSES, Cause, Kind
 from oomguard._metrics import INTERNAL_ERROR_SITES, LATENCY_BUCKETS, OomguardMetrics, store_totals
 from oomguard._models import FailureEvent
-from oomguard._evidence.report import REASONS
+from oomguard._evidence.wire import REASONS
 from oomguard._store import FailureStore
 
 NAMES = (

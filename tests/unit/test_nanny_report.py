@@ -12,7 +12,7 @@ import os
 import pytest
 
 from oomguard import CgroupError
-from oomguard._evidence import cgroup as _cgroup, report as _report
+from oomguard._evidence import cgroup as _cgroup, wire as _wire
 from oomguard._evidence.flight import FlightRecorder
 from oomguard.worker_plugin._nanny import OomguardNannyPlugin, _Life
 from oomguard.worker_plugin._paths import crash_path, flight_path
@@ -34,7 +34,7 @@ def test_missing_crash_file_and_flight_record_are_named(tmp_path):
     missing = " | ".join(report["missing"])
     assert "crash file: not found" in missing
     assert "flight record" in missing
-    _report.validate(report)  # still a valid report
+    _wire.validate(report)  # still a valid report
 
 
 def test_corrupt_files_and_unreadable_cgroup_still_give_a_report(tmp_path):
@@ -51,7 +51,7 @@ def test_corrupt_files_and_unreadable_cgroup_still_give_a_report(tmp_path):
     assert "flight record" in missing
     assert "memory.oom_control" in missing or "memory.limit_in_bytes" in missing
     assert report["evidence"]["signal"] == "SIGSEGV"
-    _report.validate(report)
+    _wire.validate(report)
 
 
 def test_unknown_exit_code_is_exit_with_what_was_known(tmp_path):
@@ -217,7 +217,7 @@ def test_the_report_says_what_the_groups_peak_covers(tmp_path):
     assert (ev["peak_scope"], ev["charge_moved"], ev["rss_at_move_bytes"]) == (
         "worker", False, 9 * MiB)
     assert "before it joined its group" in ev["peak_covers"]
-    _report.validate(report)
+    _wire.validate(report)
 
 
 def test_a_worker_that_dies_before_it_is_up_is_reported_from_its_group(tmp_path, monkeypatch):

@@ -12,13 +12,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from oomguard import ReportError
-from oomguard._evidence.report import (
-    EXAMPLE_ARGS,
+from oomguard._evidence.build import EXAMPLE_ARGS, build_report
+from oomguard._evidence.wire import (
+    COUNTER_INTS,
+    COUNTER_KEYS,
     MAX_REPORT_BYTES,
     MIN_REPORT_BYTES,
     REASONS,
     SCHEMA_VERSION,
-    build_report,
     decode,
     encode,
     validate,
@@ -388,10 +389,26 @@ def test_decode_rejects_non_bytes():
 def test_docstring_examples():
     import doctest
 
-    from oomguard._evidence import classify as _classify, report as _report
+    from oomguard._evidence import (
+        build as _build,
+        classify as _classify,
+        facts as _facts,
+        wire as _wire,
+    )
 
-    for module in (_report, _classify):
+    for module in (_wire, _build, _classify, _facts):
         assert doctest.testmod(module).failed == 0
+
+
+def test_counter_keys_come_from_memory_counters_as_schema_v1_has_them():
+    # Derived from MemoryCounters' fields; reports are versioned, so set and order are fixed.
+    assert COUNTER_KEYS == (
+        "version", "path", "oom_kill", "oom", "oom_group_kill", "failcnt", "peak", "limit",
+        "usage", "missing",
+    )
+    assert COUNTER_INTS == (
+        "oom_kill", "oom", "oom_group_kill", "failcnt", "peak", "limit", "usage",
+    )
 
 
 def test_report_error_pickles_with_its_fields():

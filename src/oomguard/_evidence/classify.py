@@ -1,8 +1,9 @@
-"""Why did a worker process die? Facts in, one `Cause` out, plus evidence naming its sources.
+"""Why did a worker process die? Facts in, one `Cause` out, and the sentences that say why.
 
 Pure code: no Dask, no I/O. The nanny gathers the facts (exit status, cgroup ``oom_kill``
 counters before and after, its own ``worker-restart-memory`` event, the kernel log, the
-faulthandler crash file) and `classify` applies the rules below, first match wins.
+faulthandler crash file; `facts.facts_from`, with the evidence naming their sources in
+`facts.evidence`) and `classify` applies the rules below, first match wins.
 
 ====  =======================================================================  ================
 rule  when                                                                     cause
@@ -68,6 +69,7 @@ from typing import Any
 
 from .._causes import Cause
 from .._units import format_bytes
+from .cgroup import V1_UNLIMITED
 
 #: Signals whose death means the process itself crashed in native code.
 NATIVE_SIGNALS = frozenset({"SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL"})
@@ -84,15 +86,6 @@ _FATAL_ERROR_SIGNALS = {
     "illegal instruction": "SIGILL",
 }
 _FATAL_RE = re.compile(r"^Fatal Python error: ([^\n]*)", re.MULTILINE)
-
-_V1_OOM_SOURCE = "kernel cgroup counter memory.oom_control"
-_V2_OOM_SOURCE = "kernel cgroup counter memory.events"
-_PEAK_SOURCES = {
-    1: "kernel cgroup counter memory.max_usage_in_bytes",
-    2: "kernel cgroup counter memory.peak",
-}
-_LIMIT_SOURCES = {1: "kernel cgroup memory.limit_in_bytes", 2: "kernel cgroup memory.max"}
-_NANNY_EVENT_SOURCE = "nanny event worker-restart-memory"
 
 
 @dataclass(frozen=True)
@@ -233,241 +226,10 @@ def _map(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def _nanny_killed(event: Any) -> bool:
-    # The event dict (even an empty one) means it was seen; a bare True is accepted too.
-    return isinstance(event, Mapping) or event is True
-
-
-def _kernel_log_is_worker(victim: Mapping[str, Any], pid: Any) -> bool:
-    # A victim with another PID is a child process of the worker, not the worker itself.
-    vpid = _int(victim.get("pid"))
-    return vpid is None or _int(pid) is None or vpid == pid
-
-
-def facts_from(report_like: Mapping[str, Any]) -> DeathFacts:
-    """The classification facts of a report-like mapping (see `evidence` for its keys)."""
-    r = _map(report_like)
-    cg = _map(r.get("cgroup"))
-    before, after = _map(cg.get("before")), _map(cg.get("after"))
-    victim = r.get("kernel_log_victim")
-    crash = _map(r.get("crash"))
-    reading = _map(cg.get("reading"))
-    return DeathFacts(
-        exitcode=_int(r.get("exitcode")),
-        oom_kill_before=_int(before.get("oom_kill")),
-        oom_kill_after=_int(after.get("oom_kill")),
-        nanny_memory_kill=_nanny_killed(r.get("nanny_memory_kill")),
-        kernel_log_oom=isinstance(victim, Mapping)
-        and _kernel_log_is_worker(victim, r.get("pid")),
-        crash_signal=crash_signal(crash.get("text")),
-        requested_close=bool(r.get("requested_close")),
-        terminated_first=terminated_first(crash.get("text")),
-        oom_kill_reading=_int(reading.get("oom_kill")),
-        others_gone=_int(reading.get("others_gone")),
-    )
-
-
-def evidence(report_like: Mapping[str, Any]) -> dict[str, Any]:
-    """Flat evidence for one death; each value's source is in its key or a ``*_source`` key.
-
-    `report_like` holds report fields (``exitcode``, ``pid``, ``memory_limit``, ``crash``,
-    ``cgroup`` with ``before``/``after`` counters, ``rss_sampled``, ``rss_time``, ``time``,
-    ``host_memory``) and the nanny's extras ``nanny_memory_kill`` (the event dict, or a
-    bool), ``kernel_log_victim`` (a dict, e.g. ``{"pid": 12, "name": "python"}``) and
-    ``cgroup.placement`` (how the worker joined its group: ``own_group``, ``charge_moved``,
-    ``rss_at_move``, ``note``; it says what the peak covers). Malformed parts are skipped,
-    never raised on.
-
-    >>> ev = evidence({"exitcode": -9, "cgroup": {"version": 2,
-    ...     "before": {"oom_kill": 0}, "after": {"oom_kill": 1, "peak": 2**30}}})
-    >>> ev["signal"], ev["oom_kill_delta"], ev["oom_kill_source"], ev["peak_source"]
-    ('SIGKILL', 1, 'kernel cgroup counter memory.events', 'kernel cgroup counter memory.peak')
-    """
-    r = _map(report_like)
-    ev: dict[str, Any] = {}
-    code = _int(r.get("exitcode"))
-    ev["exitcode"] = code
-    ev["exitcode_source"] = "nanny: worker process exit status"
-    if code == 255:
-        ev["exitcode_note"] = "255 usually means the status was already reaped"
-    sig = describe_signal(code)
-    crash = _map(r.get("crash"))
-    text = crash.get("text") if isinstance(crash.get("text"), str) else None
-    fatal = crash_signal(text)
-    if sig is not None:
-        ev["signal"], ev["signal_source"] = sig, "exit status"
-    elif fatal is not None and code in UNKNOWN_EXITCODES:
-        ev["signal"], ev["signal_source"] = fatal, "faulthandler crash file"
-    if text is not None:
-        ev["crash_signal"] = fatal
-        ev["crash_stack"] = "Current thread" in text or "Stack (most recent call first)" in text
-        ev["crash_source"] = "faulthandler crash file"
-
-    cg = _map(r.get("cgroup"))
-    version = _int(cg.get("version"))
-    before, after = _map(cg.get("before")), _map(cg.get("after"))
-    if cg:
-        ev["cgroup_version"] = version
-        b, a = _int(before.get("oom_kill")), _int(after.get("oom_kill"))
-        ev["oom_kill_before"], ev["oom_kill_after"] = b, a
-        ev["oom_kill_delta"] = a - b if a is not None and b is not None else None
-        ev["oom_kill_source"] = _V2_OOM_SOURCE if version == 2 else _V1_OOM_SOURCE
-        if ev["oom_kill_delta"] is None:
-            ev["oom_kill_source"] += " (unreadable before or after the death)"
-        peak = _int(after.get("peak"))
-        if peak is None:
-            peak = _int(before.get("peak"))
-        if peak is not None:
-            ev["peak_bytes"] = peak
-            ev["peak_source"] = _PEAK_SOURCES.get(version or 1, _PEAK_SOURCES[1])
-        limit = _int(after.get("limit"))
-        if limit is None:
-            limit = _int(before.get("limit"))
-        if limit is not None:
-            ev["limit_bytes"] = limit
-            ev["limit_source"] = _LIMIT_SOURCES.get(version or 1, _LIMIT_SOURCES[1])
-        placement = _map(cg.get("placement"))
-        if placement and (placement.get("own_group") or peak is not None):
-            _placement_evidence(ev, placement, version)
-        _reading_evidence(ev, _map(cg.get("reading")), a, placement)
-        fb, fa = _int(before.get("failcnt")), _int(after.get("failcnt"))
-        if fb is not None and fa is not None:
-            ev["failcnt_delta"] = fa - fb
-            ev["failcnt_source"] = (
-                "kernel cgroup counter memory.events max"
-                if version == 2
-                else "kernel cgroup counter memory.failcnt"
-            )
-    mem_limit = _int(r.get("memory_limit"))
-    if mem_limit is not None:
-        ev["memory_limit_bytes"] = mem_limit
-        ev["memory_limit_source"] = "dask worker memory_limit"
-    rss = _int(r.get("rss_sampled"))
-    if rss is not None:
-        ev["rss_sampled_bytes"] = rss
-        ev["rss_source"] = "sampled RSS"
-        t, rt = _num(r.get("time")), _num(r.get("rss_time"))
-        if t is not None and rt is not None:
-            ev["rss_age_seconds"] = round(float(t - rt), 3)
-    host = _map(r.get("host_memory"))
-    if host:
-        ev["host_available_bytes"] = _int(host.get("available"))
-        ev["host_total_bytes"] = _int(host.get("total"))
-        ev["host_memory_source"] = "host memory after the death"
-
-    nanny = r.get("nanny_memory_kill")
-    ev["nanny_memory_kill"] = _nanny_killed(nanny)
-    ev["nanny_memory_kill_source"] = _NANNY_EVENT_SOURCE
-    if isinstance(nanny, Mapping) and _int(nanny.get("rss")) is not None:
-        ev["nanny_rss_bytes"] = nanny["rss"]
-        ev["nanny_rss_source"] = f"nanny RSS: the nanny's own reading, in its {_NANNY_EVENT_SOURCE}"
-
-    victim = r.get("kernel_log_victim")
-    if isinstance(victim, Mapping):
-        is_worker = _kernel_log_is_worker(victim, r.get("pid"))
-        if is_worker:
-            ev["oom_attribution"] = "the kernel log names this PID (records since it started)"
-            ev["oom_confirmed"] = True
-        ev["kernel_log_oom"] = is_worker
-        ev["kernel_log_victim_pid"] = _int(victim.get("pid"))
-        name = victim.get("name", victim.get("comm"))
-        if isinstance(name, str):
-            ev["kernel_log_victim_name"] = name[:256]
-        ev["kernel_log_victim_is_worker"] = is_worker
-        ev["kernel_log_source"] = "kernel log (dmesg)"
-    return ev
-
-
-def _reading_evidence(
-    ev: dict[str, Any], reading: Mapping[str, Any], after: int | None, placement
-) -> None:
-    """What the last reading of the worker's group says: did the kernel count an OOM kill
-    since, and is it this worker's (see R5 in the table above)?"""
-    count = _int(reading.get("oom_kill"))
-    if count is None:
-        return
-    ev["oom_kill_last_reading"] = count
-    age = _num(reading.get("age"))
-    if age is not None:
-        ev["last_reading_age_seconds"] = age
-    others, gone = _int(reading.get("others")), _int(reading.get("others_gone"))
-    ev["group_others"], ev["group_others_gone"] = others, gone
-    ev["reading_source"] = (
-        "the nanny's reading of the group while the worker ran (every sample interval): "
-        "oom_kill, and the other processes in cgroup.procs"
-    )
-    if after is None or after <= count:
-        ev["oom_kill_since_reading"] = 0 if after is not None else None
-        return
-    ev["oom_kill_since_reading"] = after - count
-    own = _map(placement).get("own_group") is True
-    if gone:
-        ev["oom_confirmed"] = False
-        ev["oom_attribution"] = (
-            f"not confirmed: {gone} other process(es) in the group stopped since the "
-            "reading, and the kill may be theirs"
-        )
-    else:
-        ev["oom_confirmed"] = True
-        ev["oom_attribution"] = (
-            "counted in the worker's own group" if own else
-            "counted in its shared group, and every other process there still runs"
-        )  # fmt: skip
-
-
-def _placement_evidence(ev: dict[str, Any], placement: Mapping[str, Any], version) -> None:
-    """What the group's peak covers, given how the nanny put the worker into it.
-
-    Charges stay where they were made (v1 moved them only with move_charge_at_immigrate,
-    which Linux 6.13 removed; v2 never): a peak is the worker's whole peak only when its
-    earlier charges moved with it.
-    """
-    if not placement.get("own_group"):
-        ev["peak_scope"] = "shared"
-        ev["peak_covers"] = (
-            "every process in the worker's cgroup, other processes included: the worker had "
-            "no group of its own"
-        )
-        return
-    ev["peak_scope"] = "worker"
-    moved = placement.get("charge_moved") is True and version != 2
-    ev["charge_moved"] = moved
-    rss = _int(placement.get("rss_at_move"))
-    if rss is not None:
-        ev["rss_at_move_bytes"] = rss
-        ev["rss_at_move_source"] = (
-            "the worker's RSS when the nanny moved it into its group (/proc/PID/status)"
-        )
-    if moved:
-        ev["peak_covers"] = (
-            "everything the worker charged: what it charged before it joined its group moved "
-            "with it (memory.move_charge_at_immigrate: anonymous and mapped file pages)"
-        )
-        return
-    if version == 2:
-        why = (
-            "cgroup v2 never moves charges; memory.peak is the group's highest "
-            "memory.current since the group was made"
-        )
-    else:
-        note = placement.get("note")
-        why = note[:300] if isinstance(note, str) and note else (
-            "memory.move_charge_at_immigrate was not set"
-        )
-    held = f" (RSS then: {format_bytes(rss)})" if rss is not None else ""
-    ev["peak_covers"] = (
-        "only what the worker charged after it joined its group; what it charged before it "
-        f"joined its group{held} stayed charged to the parent group: {why}"
-    )
-
-
-_UNLIMITED = 2**60  # cgroup v1 reports "no limit" as ~2**63 rounded down to a page
-
-
 def _of_limit(ev: Mapping[str, Any]) -> str:
     for key in ("limit_bytes", "memory_limit_bytes"):
         limit = _int(ev.get(key))
-        if limit and limit < _UNLIMITED:
+        if limit and limit < V1_UNLIMITED:  # V1_UNLIMITED and up mean no limit
             return f" of a {format_bytes(limit)} limit"
     return ""
 

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .._evidence import report as _report
+from .._evidence import wire as _wire
 from .._exceptions import ReportError
 
 logger = logging.getLogger("oomguard.scheduler")
@@ -42,7 +42,7 @@ class ReportIntake:
         *,
         max_items: int = 10_000,
         max_bytes: int = 256 * 2**20,
-        max_report_bytes: int = _report.MAX_REPORT_BYTES,
+        max_report_bytes: int = _wire.MAX_REPORT_BYTES,
         batch: int = 8,
         room: Callable[[], int | None] | None = None,
     ):
@@ -103,7 +103,7 @@ class ReportIntake:
             results: list[Result] = []
             for data, arrived, meta in items:
                 try:
-                    results.append((_report.decode(data, self.max_report_bytes), arrived, meta))
+                    results.append((_wire.decode(data, self.max_report_bytes), arrived, meta))
                 except ReportError as e:
                     results.append((e, arrived, meta))
                 except Exception as e:  # the validator's own bug: refuse, never crash

@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING, Any
 from distributed.core import Status
 from distributed.diagnostics.plugin import NannyPlugin
 
-from .._evidence import cgroup as _cgroup, report as _report
+from .._evidence import cgroup as _cgroup, wire as _wire
 from .. import _compat, _config
 from .._exceptions import CgroupError
+from .._evidence.build import build_report
 from .._evidence.flight import read_flight_record
 from .._log import follow_dask_logging
 from .._guard import Guard
@@ -664,7 +665,7 @@ class OomguardNannyPlugin(NannyPlugin):
             kernel_victim = _cgroup.kernel_oom_victims(log).get(pid)
         reading = life.reading.facts(death_time) if life and life.reading else None
         memory_kill = self._memory_kills.pop(pid, None)
-        report = _report.build_report(
+        report = build_report(
             worker=address or (life.address if life else "") or "",
             nanny=nanny.address if nanny is not None else "",
             name=life.name if life else (str(nanny.name) if nanny else ""),
@@ -689,7 +690,7 @@ class OomguardNannyPlugin(NannyPlugin):
             kernel_log_victim=kernel_victim,
             requested_close=requested,
             missing=missing,
-            max_bytes=self.max_report_size or _report.MAX_REPORT_BYTES,
+            max_bytes=self.max_report_size or _wire.MAX_REPORT_BYTES,
         )
         for path in (crash_path(self.crash_dir, pid), flight_path(self.crash_dir, pid)):
             _unlink(path)
@@ -701,7 +702,7 @@ class OomguardNannyPlugin(NannyPlugin):
         nanny = self._nanny
         if nanny is None:
             return
-        data = _report.encode(report)
+        data = _wire.encode(report)
         try:
             await getattr(nanny.scheduler, REPORT_HANDLER)(report=data)
             self.reports_sent += 1
