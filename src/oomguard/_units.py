@@ -1,6 +1,11 @@
-"""Bytes for people: the one way oomguard writes a size."""
+"""Bytes for people: the one way oomguard writes a size, and the size that means no limit."""
 
 from __future__ import annotations
+
+#: A memory limit this large or larger means none: cgroup v1 reports "no limit" as
+#: PAGE_COUNTER_MAX * PAGE_SIZE (9223372036854771712 with 4 KiB pages; larger pages round
+#: differently), v2 as "max".
+NO_LIMIT = 2**62
 
 
 def format_bytes(n: int | float) -> str:

@@ -226,7 +226,7 @@ def test_worker_group_counts_what_the_worker_held_at_start_up(info, tmp_path):
     from distributed import Client, LocalCluster
 
     from oomguard._evidence import wire as _wire
-    from oomguard._evidence.classify import evidence_summary
+    from oomguard._words import evidence_summary
     from oomguard.worker_plugin import CLEAN_EXIT_HANDLER, REPORT_HANDLER
 
     ok, reason = can_create_child(info)

@@ -13,12 +13,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from oomguard import Cause
+from oomguard._words import evidence_summary
 from oomguard._evidence.classify import (
     DeathFacts,
     classify,
     crash_signal,
     describe_signal,
-    evidence_summary,
     explain,
 )
 from oomguard._evidence.facts import evidence, facts_from

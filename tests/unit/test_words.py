@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import doctest
 
-from oomguard import _words
+from oomguard._words import aborts, causes, deaths, summaries
 
 
 def test_docstring_examples():
-    result = doctest.testmod(_words)
-    assert result.attempted > 0 and result.failed == 0
+    results = [doctest.testmod(module) for module in (aborts, causes, deaths, summaries)]
+    assert sum(r.attempted for r in results) > 0
+    assert [r.failed for r in results] == [0, 0, 0, 0]

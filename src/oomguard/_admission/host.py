@@ -9,6 +9,7 @@ import os
 from collections.abc import Callable
 
 from .._evidence import cgroup as _cgroup
+from .._units import NO_LIMIT
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -98,7 +99,7 @@ def cgroup_available(path: str, version: int | None = None) -> Callable[[], int 
             limit = None if raw == b"max" else int(raw)
         except (OSError, ValueError):
             return host_available()
-        if limit is None or limit >= _cgroup.V1_UNLIMITED:
+        if limit is None or limit >= NO_LIMIT:
             return host_available()
         return max(0, limit - usage)
 

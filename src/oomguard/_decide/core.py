@@ -26,10 +26,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .._causes import MEMORY_CAUSES, Cause, Kind, kind_of
-from .._evidence.classify import evidence_summary
 from .._models import FailureEvent
 from .._signature import scrub
-from .._words import NO_REPORT_SOURCE, UNASKED_EXIT_SOURCE, UNASKED_EXIT_SUMMARY
+from .._words import (
+    NO_REPORT_SOURCE,
+    UNASKED_EXIT_SOURCE,
+    UNASKED_EXIT_SUMMARY,
+    evidence_summary,
+)
 from . import memory
 from .blame import FLIGHT_RECORD, blame, culprit
 from .budget import DeathBudget

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 from .child import ChildGroup, can_create_child, cleanup_stale
 from .counters import (
-    V1_UNLIMITED,
     MemoryCounters,
     group_pids,
     read_memory_counters,
@@ -55,7 +54,6 @@ from .proc import host_memory, process_rss, process_running
 
 __all__ = [
     "KMSG_RECORD",
-    "V1_UNLIMITED",
     "CgroupInfo",
     "ChildGroup",
     "MemoryCounters",

@@ -8,11 +8,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from ..._units import NO_LIMIT
 from .files import read_text
-
-# v1 reports "no limit" as PAGE_COUNTER_MAX * PAGE_SIZE (9223372036854771712 with 4 KiB pages;
-# larger pages round differently), so anything this big means unlimited.
-V1_UNLIMITED = 2**62
 
 
 @dataclass(frozen=True)
@@ -109,7 +106,7 @@ def read_memory_counters(path: str, version: int) -> MemoryCounters:
             oom_group_kill=None,  # v2 only (memory.oom.group)
             failcnt=failcnt,
             peak=peak,
-            limit=None if limit is None or limit >= V1_UNLIMITED else limit,
+            limit=None if limit is None or limit >= NO_LIMIT else limit,
             usage=_int_file(path, "memory.usage_in_bytes", missing),
             missing=tuple(missing),
         )

@@ -1,0 +1,143 @@
+"""Why a shard stopped its pipeline: the abort messages, one paragraph each."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from .._causes import MEMORY_CAUSES, Cause
+from .._units import format_bytes
+from .causes import describe_cause, listing, plural, shard_name, shell_arg, subject, times
+
+if TYPE_CHECKING:
+    from .._decide.policy import PipelineCounts, ShardRecord
+    from .._models import FailureEvent
+
+
+# --------------------------------------------------------------------------- abort messages
+
+
+def abort_message(
+    event: FailureEvent,
+    cause: Cause,
+    shard: ShardRecord,
+    pipeline: PipelineCounts,
+    *,
+    reason: str,
+    max_failures: int,
+    repeat_worker: str,
+    workers: Sequence[str],
+    hosts: Sequence[str],
+    crashed: int,
+) -> str:
+    """Why the policy aborted `event.pipeline`: `shard` (its record) reached `max_failures`
+    (`reason` "count"), or died with one signature on `repeat_worker` and on `event.worker`
+    (`reason` "repeat"); what to do next. `crashed`: the pipeline's shards that crashed."""
+    evidence = event.evidence or {}
+    if len(shard.causes) == 1:
+        what = f"{subject(cause)} {describe_cause(cause, evidence)}"
+        if shard.infra > 1:
+            what += " each time"
+    else:
+        what = "; ".join(
+            f"{times(n)} {subject(c)} "
+            f"{describe_cause(c, evidence if c == cause else None)}"
+            for c, n in shard.causes.most_common()
+        )
+    summary = evidence.get("summary")
+    if isinstance(summary, str) and summary:
+        what += f" (last time: {summary})"
+
+    if reason == "count":
+        why = (
+            f"it failed {times(shard.infra)}, reaching max-shard-infra-failures "
+            f"({max_failures}), so another retry would most likely "
+            "fail the same way"
+        )
+    else:
+        why = (
+            f"it died with the same signature on two different workers "
+            f"({repeat_worker} and {event.worker}), so neither one bad node nor "
+            "preemption explains it"
+        )
+
+    p = pipeline
+    tally = f"{plural(p.done, 'shard')} done, {crashed} crashed at least once"
+    if p.erred:
+        tally += f", {p.erred} erred"
+    tally += f", {p.unfinished()} unfinished now being aborted"
+
+    if cause in MEMORY_CAUSES:
+        todo = (
+            "give this shard more memory (a larger worker memory limit, or split its "
+            "input so the shard is smaller), then resubmit"
+        )
+    elif cause is Cause.NATIVE_CRASH:
+        todo = (
+            "fix the native crash at the signature's stack (often a C extension, or a "
+            "bad input reaching one), then resubmit"
+        )
+    else:
+        todo = (
+            "find out what keeps killing the workers (preemption, an outside OOM killer "
+            "such as earlyoom or systemd-oomd, pod limits), since the shard may not be at "
+            "fault, then resubmit"
+        )
+    sig = event.signature_title or "unknown"
+    if event.signature_id:
+        sig += f" (id {event.signature_id})"
+    return (
+        f"oomguard aborted pipeline {event.pipeline!r} because shard "
+        f"{shard_name(event.shard)} failed "
+        f"{times(shard.infra)}: {what}. "
+        f"Crash signature: {sig}. "
+        f"Workers: {listing(workers) or 'unknown'}; hosts: {listing(hosts) or 'unknown'}. "
+        f"oomguard treats the shard as a deterministic crasher because {why}. "
+        f"Pipeline tally: {tally}. "
+        f"Next: {todo}; `oomguard report --shard {shell_arg(event.shard)}` shows every "
+        "failure of this shard with its evidence."
+    )
+
+
+def no_larger_message(limit: int) -> str:
+    """The reason to abort when no worker is larger than `limit` bytes.
+
+    >>> no_larger_message(4 * 2**30)
+    'no worker has more than 4 GiB; the shard needed more'
+    """
+    return f"no worker has more than {format_bytes(limit)}; the shard needed more"
+
+
+def _what(event: FailureEvent) -> str:
+    evidence = event.evidence or {}
+    what = f"{subject(event.cause)} {describe_cause(event.cause, evidence)}"
+    summary = evidence.get("summary")
+    if isinstance(summary, str) and summary:
+        what += f" ({summary})"
+    return what
+
+
+def no_larger_abort_message(event: FailureEvent, limit: int) -> str:
+    """Why a shard that ran out of memory alone under `limit` bytes stopped its pipeline."""
+    return (
+        f"oomguard aborted pipeline {event.pipeline!r} at once because shard "
+        f"{shard_name(event.shard)} ran out of memory on {event.worker or 'a worker'} (memory "
+        f"limit {format_bytes(limit)}), running alone there: {_what(event)}. oomguard "
+        f"retries such a shard only on a worker with a larger memory limit, but "
+        f"{no_larger_message(limit)}; retrying it on a worker of the same size would only "
+        "kill another worker. Next: add workers with a larger memory limit, or split the "
+        "shard's input so it needs less, then resubmit; `oomguard report --shard "
+        f"{shell_arg(event.shard)}` shows the evidence."
+    )
+
+
+def over_budget_message(event: FailureEvent, deaths: int, allowed: int) -> str:
+    """Why a task on more dead workers than Dask's allowed-failures was stopped."""
+    where = f"pipeline {event.pipeline!r}" if event.pipeline else "its task"
+    return (
+        f"oomguard stopped {where} because shard {shard_name(event.shard)} was on {deaths} "
+        f"workers that died, more than Dask's allowed-failures ({allowed}) permits; the "
+        f"last one, {event.worker or 'a worker'}: {_what(event)}. Dask alone would raise "
+        "KilledWorker here. Next: `oomguard report --shard "
+        f"{shell_arg(event.shard)}` shows each death with its evidence."
+    )
