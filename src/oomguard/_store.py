@@ -415,7 +415,7 @@ class FailureStore:
             self._file = os.path.abspath(self.path)
             os.makedirs(os.path.dirname(self._file), exist_ok=True)
         if os.path.exists(self._file) and os.path.getsize(self._file) > 0:
-            _inspect(self._file, len(self.migrations))  # read-only: refuse before any write
+            check_file(self._file, len(self.migrations))  # read-only: refuse before any write
         conn = _connect(self._file)
         try:
             conn.execute("PRAGMA journal_mode = WAL")
@@ -851,8 +851,10 @@ def _connect(file: str) -> sqlite3.Connection:
     return conn
 
 
-def _inspect(file: str, known: int) -> None:
-    """Refuse, before writing a byte, a file we must not touch."""
+def check_file(file: str, known: int) -> None:
+    """Refuse, before writing a byte, a file we must not touch: StoreError naming `file` and
+    the fix when it is not SQLite, is another application's, or has a schema version above
+    `known`. Opens the file read-only."""
     try:
         with open(file, "rb") as f:
             magic = f.read(16)
