@@ -177,11 +177,11 @@ def _check_store(path: str) -> tuple[str | None, bool]:
 
 
 def _check_sqlite(path: str, known: int) -> tuple[str | None, bool]:
-    from .._store import _inspect
+    from .._store import check_file
 
     # Read-only; StoreError for not SQLite, another app's, too new. It builds a file URI,
     # which needs an absolute path.
-    _inspect(os.path.abspath(path), known)
+    check_file(os.path.abspath(path), known)
     with open(path, "rb") as f:
         header = f.read(100)
     try:

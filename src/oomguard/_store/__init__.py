@@ -1,0 +1,56 @@
+"""The failure history: every failure event, one deduplicated row per signature, and the
+last status of every pipeline run, in one SQLite file (stdlib `sqlite3`). Knows nothing of
+Dask.
+
+Writes never touch the disk on the caller's thread: `add()` and `upsert_pipeline()` append
+to a bounded in-memory queue (O(1), no I/O, never blocks; a full queue returns False and is
+counted in `overflow`). One writer thread commits the queue in batches, one transaction
+each, every `batch_interval` seconds or every `BATCH_EVENTS` items. Reads run on the
+caller's thread with that thread's own connection; the file is in WAL mode, so a read never
+waits for the writer. Exactly one `FailureStore` may write a given file at a time.
+
+Durability: WAL with `synchronous=NORMAL`. A commit is written to the WAL file (the OS page
+cache) before `flush()` returns True, so it survives the process being SIGKILLed; it is
+not fsynced, so a power loss or kernel crash may lose the last commits (never corrupt the
+file). A failure history is diagnostics, not a ledger: we trade that for write speed.
+
+Deduplication: `signatures` holds one row per signature id across every host: count,
+first/last seen (event times), title and grouping version (from the latest write), and the
+example trace (the first non-empty one given to `add()`). The distinct hosts, workers,
+shards, pipelines and causes of a signature live in `signature_members` (empty strings are
+not recorded), at most `member_rows` of each: the first to arrive (within one batch, the
+smallest), so a signature hit by millions of shards stays small. A returned SignatureRow
+lists at most `member_cap` of those, sorted; the `cause` and `pipeline` filters of
+`signatures()` see only them. `distinct_counts()` counts on past them: exact until a value
+goes unstored, a lower bound after (see there). Rows already stored past the bound (by an
+older oomguard, or a larger `member_rows`) are kept.
+
+A pipeline is stored per run, keyed by (name, `started`): a second run of "etl", or the
+name reused by a new scheduler, does not overwrite the first.
+
+Retention, in the writer's commits: past `max_events` the oldest events (in insertion
+order) are deleted, signatures never, so counts survive; past `max_pipelines` runs the
+least recently updated finished ones, never a running one.
+
+Schema: `PRAGMA user_version` is the number of migrations applied; `MIGRATIONS[i]` takes
+version i to i+1 in one transaction. `PRAGMA application_id` marks the file as ours. A
+file from a newer oomguard, from another application, or that is not SQLite is refused
+with `StoreError` naming the path, and left byte-for-byte untouched.
+"""
+
+from __future__ import annotations
+
+from .schema import APPLICATION_ID, MEMBER_FIELDS, MIGRATIONS, check_file
+from .store import FailureStore
+from .writer import BATCH_EVENTS, WAL_CHECKPOINT_PAGES, WRITER_CACHE_KIB
+
+__all__ = [
+    "APPLICATION_ID",
+    "BATCH_EVENTS",
+    "MEMBER_FIELDS",
+    "MIGRATIONS",
+    "WAL_CHECKPOINT_PAGES",
+    "WRITER_CACHE_KIB",
+    "FailureStore",
+    "check_file",
+]

@@ -1,0 +1,233 @@
+"""The reads of a FailureStore: queries on the caller's thread, each thread with its own
+read-only connection; the file is in WAL mode, so a read never waits for the writer."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sqlite3
+import threading
+from typing import Any
+
+from .._models import FailureEvent, PipelineStatus, SignatureRow
+from .schema import MEMBER_FIELDS, PIPELINE_COLUMNS, connect
+
+_EVENT_COLUMNS = ("id, time, kind, cause, shard, pipeline, worker, host, signature_id, "
+                  "signature_title, evidence, attempt")  # fmt: skip
+# Each member list comes back as one JSON array: one row per signature, not one per member.
+_SELECT_SIGNATURE = (
+    "SELECT id, title, grouping_version, count, first_seen, last_seen, example, "
+    + ", ".join(
+        "(SELECT json_group_array(value) FROM (SELECT value FROM signature_members"
+        f" WHERE signature_id = s.id AND field = {code} ORDER BY value LIMIT :cap))"
+        for code in range(len(MEMBER_FIELDS))
+    )
+    + " FROM signatures s"
+)
+
+
+def _read(method):
+    """Counts the call as a read in progress (see `FailureStore.close`); refuses a read of
+    a closed store with RuntimeError."""
+
+    @functools.wraps(method)
+    def read(self, *args, **kwargs):
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"FailureStore({self.path!r}) is closed.")
+            self._reads += 1
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            with self._lock:
+                self._reads -= 1
+                self._reads_done.notify_all()
+
+    return read
+
+
+class ReaderMixin:
+    """events(), shard(), signatures(), signature(), distinct_counts() and the pipeline reads
+    of a FailureStore. FailureStore.__init__ sets the state below; close() waits for the
+    reads in progress (`_reads`) before it closes their connections (`_readers`)."""
+
+    path: str
+    member_cap: int
+    _file: str
+    _lock: threading.Lock
+    _closed: bool
+    _thread: threading.Thread | None
+    _local: threading.local
+    _readers: list[sqlite3.Connection]
+    _reads: int
+    _reads_done: threading.Condition
+
+    def _reader(self) -> sqlite3.Connection:
+        """This thread's read connection; only inside a method marked `@_read`."""
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            return conn
+        if self._thread is None or self._closed:
+            state = "closed" if self._closed else "not started"
+            raise RuntimeError(f"FailureStore({self.path!r}) is {state}; reads need start().")
+        conn = connect(self._file)
+        conn.execute("PRAGMA query_only = 1")
+        with self._lock:
+            self._readers.append(conn)
+        self._local.conn = conn
+        return conn
+
+    @_read
+    def events(
+        self,
+        *,
+        kind: str | None = None,
+        cause: str | None = None,
+        pipeline: str | None = None,
+        shard: str | None = None,
+        signature: str | None = None,
+        since: float | None = None,
+        limit: int | None = 1000,
+    ) -> list[FailureEvent]:
+        """Stored events, newest first (by event time), matching every filter given.
+
+        >>> [e.shard for e in store.events(cause="oom_kill", since=time.time() - 3600)]
+        ["('load-0a1b', 17)"]
+        """
+        where, args = [], []
+        for column, value in (("kind", kind), ("cause", cause), ("pipeline", pipeline),
+                              ("shard", shard), ("signature_id", signature)):  # fmt: skip
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        if since is not None:
+            where.append("time >= ?")
+            args.append(since)
+        sql = f"SELECT {_EVENT_COLUMNS} FROM events"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY time DESC, id DESC LIMIT ?"
+        args.append(_limit(limit))
+        return [_event(r) for r in self._reader().execute(sql, args)]
+
+    @_read
+    def shard(self, key: str) -> list[FailureEvent]:
+        """One shard's history, oldest first.
+
+        >>> [(e.attempt, e.cause) for e in store.shard("('load-0a1b', 17)")]
+        [(1, 'oom_kill'), (2, 'oom_kill')]
+        """
+        sql = f"SELECT {_EVENT_COLUMNS} FROM events WHERE shard = ? ORDER BY time, id"
+        return [_event(r) for r in self._reader().execute(sql, (key,))]
+
+    @_read
+    def signatures(
+        self,
+        *,
+        cause: str | None = None,
+        pipeline: str | None = None,
+        since: float | None = None,
+        limit: int | None = 100,
+    ) -> list[SignatureRow]:
+        """Signatures seen with `cause` / in `pipeline` / last seen at or after `since`,
+        by count (lifetime, across every host) descending, then last seen descending.
+
+        >>> [(s.title, s.count, len(s.hosts)) for s in store.signatures(limit=20)]
+        [('MemoryError in parse_block', 3, 3)]
+        """
+        where = []
+        args: dict[str, Any] = {"cap": self.member_cap, "limit": _limit(limit)}
+        for code, value in ((4, cause), (3, pipeline)):
+            if value is not None:
+                where.append(f"EXISTS (SELECT 1 FROM signature_members m WHERE "
+                             f"m.signature_id = s.id AND m.field = {code} "
+                             f"AND m.value = :f{code})")  # fmt: skip
+                args[f"f{code}"] = value
+        if since is not None:
+            where.append("s.last_seen >= :since")
+            args["since"] = since
+        sql = _SELECT_SIGNATURE
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY count DESC, last_seen DESC LIMIT :limit"
+        return [_signature(r) for r in self._reader().execute(sql, args)]
+
+    @_read
+    def signature(self, signature_id: str) -> SignatureRow | None:
+        """One signature, or None.
+
+        >>> store.signature("3f2a9c").hosts
+        ['node-1', 'node-2', 'node-3']
+        """
+        r = self._reader().execute(
+            _SELECT_SIGNATURE + " WHERE id = :id", {"id": signature_id, "cap": self.member_cap}
+        ).fetchone()
+        return None if r is None else _signature(r)
+
+    @_read
+    def distinct_counts(self, signature_id: str) -> dict[str, int]:
+        """The number of distinct hosts, workers, shards, pipelines and causes of a
+        signature (a SignatureRow lists at most `member_cap` of each).
+
+        Exact until a field of the signature has had more distinct values than
+        `member_rows`, the rows the store keeps of it. Past that, a lower bound: the stored
+        rows plus the most values one write batch brought that were not stored (so it
+        still grows when a batch brings more), never a value counted twice.
+
+        >>> store.distinct_counts("3f2a9c")
+        {'hosts': 3, 'workers': 3, 'shards': 1, 'pipelines': 1, 'causes': 1}
+        """
+        counts = dict.fromkeys(MEMBER_FIELDS, 0)
+        for code, n in self._reader().execute(
+            "SELECT field, n FROM signature_distinct WHERE signature_id = ?", (signature_id,)
+        ):
+            counts[MEMBER_FIELDS[code]] = n
+        return counts
+
+    def pipeline(self, name: str) -> PipelineStatus | None:
+        """The status of the latest run (greatest `started`) of one pipeline, or None.
+
+        >>> store.pipeline("nightly").status
+        'aborted'
+        """
+        runs = self.pipeline_runs(name, limit=1)
+        return runs[0] if runs else None
+
+    @_read
+    def pipeline_runs(self, name: str, limit: int | None = 100) -> list[PipelineStatus]:
+        """The runs of one pipeline, newest (greatest `started`) first.
+
+        >>> [(p.started, p.status) for p in store.pipeline_runs("nightly")]
+        [(1790086400.0, 'running'), (1790000000.0, 'aborted')]
+        """
+        # (name, started) is the key: no two runs of a name share `started`.
+        sql = (f"SELECT {PIPELINE_COLUMNS} FROM pipelines WHERE name = ? "
+               "ORDER BY started DESC LIMIT ?")  # fmt: skip
+        return [PipelineStatus(*r) for r in self._reader().execute(sql, (name, _limit(limit)))]
+
+    @_read
+    def pipelines(self, limit: int | None = 100) -> list[PipelineStatus]:
+        """Pipeline runs (a name may come more than once), most recently updated first.
+
+        >>> [p.name for p in store.pipelines(limit=2)]
+        ['nightly', 'backfill']
+        """
+        sql = (f"SELECT {PIPELINE_COLUMNS} FROM pipelines "
+               "ORDER BY updated DESC, rowid DESC LIMIT ?")  # fmt: skip
+        return [PipelineStatus(*r) for r in self._reader().execute(sql, (_limit(limit),))]
+
+
+def _event(r: tuple) -> FailureEvent:
+    return FailureEvent(id=r[0], time=r[1], kind=r[2], cause=r[3], shard=r[4], pipeline=r[5],
+                        worker=r[6], host=r[7], signature_id=r[8], signature_title=r[9],
+                        evidence=json.loads(r[10]), attempt=r[11])  # fmt: skip
+
+
+def _signature(r: tuple) -> SignatureRow:
+    lists = {name: json.loads(r[7 + code]) for code, name in enumerate(MEMBER_FIELDS)}
+    return SignatureRow(id=r[0], title=r[1], grouping_version=r[2], count=r[3],
+                        first_seen=r[4], last_seen=r[5], example=r[6], **lists)  # fmt: skip
+
+
+def _limit(limit: int | None) -> int:
+    return -1 if limit is None else max(0, int(limit))

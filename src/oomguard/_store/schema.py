@@ -1,0 +1,207 @@
+"""The store's file format, and opening a file: the schema (APPLICATION_ID, MIGRATIONS,
+MEMBER_FIELDS), refusing a file we must not touch (`check_file`), SQLite's JSON functions,
+and migrating a file to the schema this oomguard knows."""
+
+from __future__ import annotations
+
+import pathlib
+import sqlite3
+
+from .._exceptions import StoreError
+
+#: "OOMG": marks a SQLite file as an oomguard store.
+APPLICATION_ID = 0x4F4F4D47
+
+#: MIGRATIONS[i] takes the schema from version i to i + 1. Append; never edit a released one.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        f"PRAGMA application_id = {APPLICATION_ID}",
+        """CREATE TABLE events (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused, even after retention
+            time REAL NOT NULL,
+            kind TEXT NOT NULL,
+            cause TEXT NOT NULL,
+            shard TEXT NOT NULL,
+            pipeline TEXT NOT NULL,
+            worker TEXT NOT NULL,
+            host TEXT NOT NULL,
+            signature_id TEXT NOT NULL,
+            signature_title TEXT NOT NULL,
+            evidence TEXT NOT NULL,  -- JSON object
+            attempt INTEGER NOT NULL,
+            grouping_version INTEGER NOT NULL
+        )""",
+        "CREATE INDEX events_time ON events(time)",
+        "CREATE INDEX events_shard ON events(shard, time)",
+        "CREATE INDEX events_signature ON events(signature_id, time)",
+        "CREATE INDEX events_pipeline ON events(pipeline, time)",
+        "CREATE INDEX events_cause ON events(cause, time)",
+        """CREATE TABLE signatures (
+            id TEXT PRIMARY KEY,
+            title TEXT NOT NULL,
+            grouping_version INTEGER NOT NULL,
+            count INTEGER NOT NULL,
+            first_seen REAL NOT NULL,
+            last_seen REAL NOT NULL,
+            example TEXT NOT NULL
+        )""",
+        "CREATE INDEX signatures_rank ON signatures(count DESC, last_seen DESC)",
+        # field: the index of the SignatureRow list in MEMBER_FIELDS.
+        """CREATE TABLE signature_members (
+            signature_id TEXT NOT NULL,
+            field INTEGER NOT NULL,
+            value TEXT NOT NULL,
+            PRIMARY KEY (signature_id, field, value)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE signature_distinct (
+            signature_id TEXT NOT NULL,
+            field INTEGER NOT NULL,
+            n INTEGER NOT NULL,
+            PRIMARY KEY (signature_id, field)
+        ) WITHOUT ROWID""",
+        # Fires only for members really inserted (INSERT OR IGNORE skips duplicates).
+        """CREATE TRIGGER signature_members_count AFTER INSERT ON signature_members BEGIN
+            INSERT INTO signature_distinct (signature_id, field, n)
+            VALUES (NEW.signature_id, NEW.field, 1)
+            ON CONFLICT (signature_id, field) DO UPDATE SET n = n + 1;
+        END""",
+        """CREATE TABLE pipelines (
+            name TEXT PRIMARY KEY,
+            status TEXT NOT NULL,
+            shards_done INTEGER NOT NULL,
+            shards_failed INTEGER NOT NULL,
+            shards_aborted INTEGER NOT NULL,
+            infra_failures INTEGER NOT NULL,
+            user_failures INTEGER NOT NULL,
+            summary TEXT NOT NULL,
+            abort_reason TEXT NOT NULL,
+            updated REAL NOT NULL
+        )""",
+        "CREATE INDEX pipelines_updated ON pipelines(updated)",
+    ),
+    (
+        # Runs, not names: a pipeline's second run (or a name reused after a restart) gets
+        # a row of its own. Rows stored before runs existed become the run started at 0.0.
+        """CREATE TABLE pipeline_runs (
+            name TEXT NOT NULL,
+            started REAL NOT NULL,  -- when the run began; 0.0 when not known
+            status TEXT NOT NULL,
+            shards_done INTEGER NOT NULL,
+            shards_failed INTEGER NOT NULL,
+            shards_aborted INTEGER NOT NULL,
+            infra_failures INTEGER NOT NULL,
+            user_failures INTEGER NOT NULL,
+            summary TEXT NOT NULL,
+            abort_reason TEXT NOT NULL,
+            updated REAL NOT NULL,
+            PRIMARY KEY (name, started)
+        )""",
+        # In rowid order: pipelines() breaks ties of `updated` by rowid.
+        """INSERT INTO pipeline_runs SELECT name, 0.0, status, shards_done, shards_failed,
+            shards_aborted, infra_failures, user_failures, summary, abort_reason, updated
+            FROM pipelines ORDER BY rowid""",
+        "DROP TABLE pipelines",  # and its index
+        "ALTER TABLE pipeline_runs RENAME TO pipelines",
+        "CREATE INDEX pipelines_updated ON pipelines(updated)",
+        # Bounded members: `stored` counts a field's rows in signature_members (at most the
+        # writer's member_rows), `n` its distinct values (see FailureStore.distinct_counts).
+        # Until now every member was stored, so stored = n; the writer now counts per batch.
+        "ALTER TABLE signature_distinct ADD COLUMN stored INTEGER NOT NULL DEFAULT 0",
+        "UPDATE signature_distinct SET stored = n",
+        "DROP TRIGGER signature_members_count",
+    ),
+)
+
+#: The SignatureRow lists kept in signature_members; the position is the stored code.
+MEMBER_FIELDS = ("hosts", "workers", "shards", "pipelines", "causes")
+
+# In PipelineStatus's field order.
+PIPELINE_COLUMNS = ("name, status, shards_done, shards_failed, shards_aborted, "
+                     "infra_failures, user_failures, summary, abort_reason, started")  # fmt: skip
+
+
+def connect(file: str) -> sqlite3.Connection:
+    # Autocommit mode: transactions are explicit. check_same_thread off so close() can close
+    # every connection; each is still used by one thread only.
+    conn = sqlite3.connect(file, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA busy_timeout = 5000")
+    return conn
+
+
+def check_file(file: str, known: int) -> None:
+    """Refuse, before writing a byte, a file we must not touch: StoreError naming `file` and
+    the fix when it is not SQLite, is another application's, or has a schema version above
+    `known`. Opens the file read-only."""
+    try:
+        with open(file, "rb") as f:
+            magic = f.read(16)
+    except OSError as e:
+        raise StoreError(f"Cannot read the failure store {file}: {e}.") from e
+    if magic != b"SQLite format 3\x00":
+        # SQLite would take a file shorter than its header for an empty database and
+        # write over it; whatever it is, it is not ours.
+        raise StoreError(
+            f"The failure store {file} is not a SQLite database (it does not start with the "
+            "SQLite header). oomguard left it untouched: move it aside, or point "
+            "oomguard.scheduler.store at another path."
+        )
+    uri = pathlib.Path(file).as_uri() + "?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+    except sqlite3.Error as e:
+        raise StoreError(f"Cannot open the failure store {file}: {e}.") from e
+    try:
+        app = conn.execute("PRAGMA application_id").fetchone()[0]
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+    except sqlite3.DatabaseError as e:
+        raise StoreError(
+            f"The failure store {file} is not a usable SQLite database ({e}). oomguard left "
+            "it untouched: move it aside, or point oomguard.scheduler.store at another path."
+        ) from e
+    finally:
+        conn.close()
+    if app not in (0, APPLICATION_ID) or (app == 0 and tables):
+        raise StoreError(
+            f"{file} is a SQLite database of another application (application_id {app}, "
+            f"{tables} schema objects), not an oomguard failure store. oomguard left it "
+            "untouched: point oomguard.scheduler.store at another path."
+        )
+    if version > known:
+        raise StoreError(
+            f"The failure store {file} has schema version {version}, but this oomguard "
+            f"knows versions up to {known}: it was written by a newer oomguard. Upgrade "
+            "oomguard, or point oomguard.scheduler.store at another path. The file was left "
+            "untouched."
+        )
+
+
+def require_json(conn: sqlite3.Connection, file: str) -> None:
+    try:
+        conn.execute("SELECT json_group_array(1)").fetchone()
+    except sqlite3.OperationalError as e:
+        raise StoreError(
+            f"The failure store {file} needs SQLite's JSON functions, which this Python's "
+            f"SQLite {sqlite3.sqlite_version} lacks ({e}). Use a Python built with SQLite "
+            ">= 3.38, or with the JSON1 extension."
+        ) from e
+
+
+def migrate(conn: sqlite3.Connection, file: str, migrations: tuple[tuple[str, ...], ...]) -> None:
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    for target in range(version + 1, len(migrations) + 1):
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for statement in migrations[target - 1]:
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {target}")  # in the same transaction
+            conn.execute("COMMIT")
+        except sqlite3.Error as e:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise StoreError(
+                f"Migrating the failure store {file} from schema version {target - 1} to "
+                f"{target} failed ({e}); it was rolled back and the file is at version "
+                f"{target - 1}."
+            ) from e
+

@@ -1,0 +1,169 @@
+"""FailureStore: the failure history of one scheduler, its configuration, state and
+lifecycle (start, close); its writes and reads are in `writer` and `reads`."""
+
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import sqlite3
+import tempfile
+import threading
+
+from .reads import ReaderMixin
+from .schema import MIGRATIONS, check_file, connect, migrate, require_json
+from .writer import CREATE_BATCH_MEMBERS, WAL_CHECKPOINT_PAGES, WRITER_CACHE_KIB, WriterMixin
+
+
+class FailureStore(WriterMixin, ReaderMixin):
+    """The persistent failure history of one scheduler (see the package docstring,
+    `oomguard._store`).
+
+    `path` is a file (its directory is created), or ":memory:" for a private temporary
+    file that `close()` deletes (WAL needs a real file, so tests get the same semantics).
+
+    >>> store = FailureStore(":memory:")
+    >>> store.start()
+    >>> store.add(event)                    # from the event loop: queued, no I/O
+    True
+    >>> store.flush()                       # committed
+    True
+    >>> [row.count for row in store.signatures(limit=1)]
+    [1]
+    >>> store.close()
+    """
+
+    #: Longest list returned per SignatureRow field; distinct_counts() has the true numbers.
+    member_cap: int = 1000
+    #: The schema's migrations; a subclass may append (tests do).
+    migrations: tuple[tuple[str, ...], ...] = MIGRATIONS
+
+    written: int  # events committed by this instance
+    overflow: int  # items refused because the queue was full
+    write_errors: int  # items refused as bad data, or lost with a failed transaction
+    last_error: str
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        max_events: int = 1_000_000,
+        queue_size: int = 100_000,
+        batch_interval: float = 0.05,
+        max_pipelines: int = 10_000,
+        member_rows: int = 1_000,
+    ) -> None:
+        if not isinstance(max_events, int) or max_events < 1:
+            raise ValueError(f"max_events must be a positive integer, got {max_events!r}.")
+        if not isinstance(queue_size, int) or queue_size < 1:
+            raise ValueError(f"queue_size must be a positive integer, got {queue_size!r}.")
+        if not isinstance(max_pipelines, int) or max_pipelines < 1:
+            raise ValueError(f"max_pipelines must be a positive integer, got {max_pipelines!r}.")
+        if not isinstance(member_rows, int) or member_rows < 1:
+            raise ValueError(f"member_rows must be a positive integer, got {member_rows!r}.")
+        if not batch_interval > 0:
+            raise ValueError(f"batch_interval must be > 0 seconds, got {batch_interval!r}.")
+        self.path = path
+        self.max_events = max_events
+        self.queue_size = queue_size
+        self.batch_interval = float(batch_interval)
+        self.max_pipelines = max_pipelines
+        self.member_rows = member_rows
+        self.written = 0
+        self.overflow = 0
+        self.write_errors = 0
+        self.last_error = ""
+        self._file = ""  # the real file: `path`, or a temporary one for ":memory:"
+        self._tmpdir: str | None = None
+        self._queue: collections.deque[tuple] = collections.deque()
+        self._lock = threading.Lock()  # makes "check length, append, count" one step
+        self._enqueued = 0  # items ever queued; an item's sequence number is its rank
+        self._processed = 0  # items taken from the queue: committed, or lost (see _lost)
+        self._lost: collections.deque[tuple[int, int]] = collections.deque(maxlen=1024)
+        self._done = threading.Condition()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._conn: sqlite3.Connection | None = None  # the writer's
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+        # Reads in progress on any thread: close() waits for them before it closes the
+        # readers' connections (closing one under a running query crashes the process).
+        self._reads = 0
+        self._reads_done = threading.Condition(self._lock)
+        self._event_count = 0
+        self._last_log = 0.0
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Open the file, migrate its schema and start the writer thread. Idempotent.
+
+        Raises StoreError (naming the path) for a file that is not a usable oomguard store.
+
+        >>> FailureStore("/var/lib/oomguard/history.sqlite3").start()
+        """
+        if self._thread is not None:
+            return
+        if self._closed:
+            raise RuntimeError(f"FailureStore({self.path!r}) is closed; make a new one.")
+        if self.path == ":memory:":
+            self._tmpdir = tempfile.mkdtemp(prefix="oomguard-store-")
+            self._file = os.path.join(self._tmpdir, "store.sqlite3")
+        else:
+            self._file = os.path.abspath(self.path)
+            os.makedirs(os.path.dirname(self._file), exist_ok=True)
+        if os.path.exists(self._file) and os.path.getsize(self._file) > 0:
+            check_file(self._file, len(self.migrations))  # read-only: refuse before any write
+        conn = connect(self._file)
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
+            conn.execute(f"PRAGMA wal_autocheckpoint = {WAL_CHECKPOINT_PAGES}")
+            conn.execute("PRAGMA temp_store = MEMORY")  # the per-batch GROUP BY and DISTINCT
+            require_json(conn, self._file)
+            migrate(conn, self._file, self.migrations)
+            conn.execute(CREATE_BATCH_MEMBERS)  # TEMP: the connection's own, not the file's
+            self._event_count = conn.execute("SELECT count(*) FROM events").fetchone()[0]
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+        self._thread = threading.Thread(target=self._run, name="oomguard-store", daemon=True)
+        self._thread.start()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Commit what is queued, stop the writer, close every connection. Idempotent; safe
+        when start() never ran (then nothing queued is written).
+
+        >>> store.close()
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True  # reads from now on are refused
+        if self._thread is not None:
+            self._stopping = True
+            self._wake.set()
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                self._error(f"close(): the writer did not stop within {timeout}s; "
+                            f"{len(self._queue)} queued items were not written")  # fmt: skip
+                return  # the writer still owns its connection; it exits on its own
+        with self._lock:
+            if not self._reads_done.wait_for(lambda: self._reads == 0, timeout):
+                self._error(f"close(): {self._reads} reads still running after {timeout}s; "
+                            "their connections stay open")  # fmt: skip
+                readers = []
+            else:
+                readers, self._readers = self._readers, []
+        for conn in readers + ([self._conn] if self._conn is not None else []):
+            try:
+                conn.close()
+            except sqlite3.Error:
+                pass
+        self._conn = None
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
