@@ -90,8 +90,7 @@ class Handlers:
 
     plugin: OomguardSchedulerPlugin  # the plugin served
     reports: int  # death reports accepted (handed to the core)
-    rejected: dict[str, int]  # reports and notices refused, by reason
-    overflow: int  # death reports refused unread, or past the pairing's cap
+    rejected: dict[str, int]  # reports and notices refused here, by reason
     latencies: list[float]  # seconds from a death to its report, the last 1,000
     unguarded_nannies: dict[str, str]  # nanny -> why its worker runs without oomguard
     _cgroup_nannies: set[str]  # nannies whose workers have their own cgroup
@@ -101,7 +100,6 @@ class Handlers:
         self.plugin = plugin
         self.reports = 0
         self.rejected = {}
-        self.overflow = 0
         self.latencies = []
         self.unguarded_nannies = {}
         self._cgroup_nannies = set()
@@ -146,11 +144,9 @@ class Handlers:
                                 "wrong_type")
                 self.reject(e)
                 return {"status": "rejected", "reason": e.reason, "field": e.field}
-            if plugin.core.pairing.only_unmatched_fit():
-                # Refused before decoding: decoding a storm only to drop it starves the loop.
-                self.refused(OVERFLOW)
-                return {"status": OVERFLOW}
-            # The sender is checked against the report's worker once it is decoded.
+            # Refused unread (and counted) by the intake when it is full or the pairing has
+            # no room (`room`): decoding a storm only to drop it starves the loop. The
+            # sender is checked against the report's worker once it is decoded.
             if not plugin.intake.submit(bytes(report), getattr(comm, "peer_address", None)):
                 self.refused(OVERFLOW)
                 return {"status": OVERFLOW}
@@ -212,15 +208,13 @@ class Handlers:
                     plugin.metrics.set_cgroup_workers(len(self._cgroup_nannies))
                 if clean.get("cause") is None:
                     continue
-                refused = dict(plugin.core.pairing.refused)
+                before = dict(plugin.core.pairing.refused)
                 out = plugin.core.reported(clean, time.monotonic())
-                for reason, n in plugin.core.pairing.refused.items():
-                    if n != refused.get(reason, 0):
-                        self.refused(reason)
-                        break
+                reason = _refusal(before, plugin.core.pairing.refused)
+                if reason is None:
+                    self.reports += 1  # accepted
                 else:
-                    # Accepted; with overflow and rejected, every report is counted once.
-                    self.reports += 1
+                    self.refused(reason)  # counted by the pairing, which refused it
                 plugin.apply(out)
 
     def unguarded_nanny(self, nanny: str, reason: str) -> None:
@@ -250,11 +244,13 @@ class Handlers:
         return pairing.max_reports - len(pairing)
 
     def refused(self, reason: str) -> None:
-        if reason == OVERFLOW:
-            self.overflow += 1
-            self.plugin.metrics.report_rejected(OVERFLOW)
-        else:
-            self.reject(ReportError("report", f"refused ({reason})", reason))
+        """A death report refused by the intake or the pairing, which count it (`counts`):
+        the metric, and a line in the log for the first of a reason other than overflow."""
+        self.plugin.metrics.report_rejected(reason)
+        if reason != OVERFLOW:
+            e = ReportError("report", f"refused ({reason})", reason)
+            self.plugin.guard.once(e.reason, "oomguard: rejected a death report (%s); "
+                                   "further ones are counted", e)
 
     def reject(self, e: ReportError) -> None:
         plugin = self.plugin
@@ -264,10 +260,16 @@ class Handlers:
                           "are counted", e)
 
     def counts(self) -> dict[str, Any]:
-        """Death reports so far: `reports` accepted, `rejected` by reason, and `overflow`
-        (refused unread, or past the pairing's cap). Each is counted once."""
-        return {"reports": self.reports, "rejected": dict(self.rejected),
-                "overflow": self.overflow}
+        """Death reports so far, each counted once, by what took or refused it: `reports`
+        accepted (here), `rejected` by reason (here; a duplicate by the pairing), and
+        `overflow`: refused unread by the intake, or past the pairing's cap."""
+        core, intake = self.plugin.core, self.plugin.intake
+        refused = dict(core.pairing.refused) if core is not None else {}
+        overflow = refused.pop(OVERFLOW, 0) + (intake.overflow if intake is not None else 0)
+        rejected = dict(self.rejected)
+        for reason, n in refused.items():
+            rejected[reason] = rejected.get(reason, 0) + n
+        return {"reports": self.reports, "rejected": rejected, "overflow": overflow}
 
     async def query(self, comm=None, what: str = "", **filters: Any) -> Any:
         """RPC for `oomguard.Failures` and `oomguard report`: JSON-able rows."""
@@ -302,3 +304,8 @@ class Handlers:
         if isinstance(rows, list):
             return [r.to_dict() for r in rows]
         return rows.to_dict()
+
+
+def _refusal(before: dict[str, int], after: dict[str, int]) -> str | None:
+    """The reason whose count went up between two readings of `DeathPairing.refused`."""
+    return next((reason for reason, n in after.items() if n != before.get(reason, 0)), None)
