@@ -126,7 +126,7 @@ class LoopProbe:
         if plugin is None:
             return
         for obj, names in ((plugin, ("update_graph", "transition", "add_worker", "log_event",
-                                     "_apply_guarded", "_persist_pipelines")),
+                                     "_apply_guarded", "persist_pipelines")),
                            (plugin.core, ("tick",)), (plugin.intake, ("on_batch",))):
             for name in names:
                 setattr(obj, name, self._timed(getattr(obj, name), name))

@@ -32,6 +32,8 @@ from .._protocol import (
 if TYPE_CHECKING:
     from distributed import Scheduler
 
+    from ._plugin import OomguardSchedulerPlugin
+
 logger = logging.getLogger("oomguard.scheduler")
 
 
@@ -78,11 +80,30 @@ def _host(address: str) -> str:
 
 
 class Handlers:
-    """Registers the RPCs on the scheduler and removes them on close."""
+    """The RPCs, registered on the scheduler by the plugin's start() and removed on close.
 
-    def __init__(self, plugin) -> None:
+    They keep what they count and what nannies tell them, and reach the plugin only through
+    its public surface: what it holds (`scheduler`, `core`, `intake`, `store`, `policy`,
+    `guard`, `metrics`) and what it does (`apply`, `persist_pipelines`, `worker_state`,
+    `metrics_snapshot`).
+    """
+
+    plugin: OomguardSchedulerPlugin  # the plugin served
+    reports: int  # death reports accepted (handed to the core)
+    rejected: dict[str, int]  # reports and notices refused here, by reason
+    latencies: list[float]  # seconds from a death to its report, the last 1,000
+    unguarded_nannies: dict[str, str]  # nanny -> why its worker runs without oomguard
+    _cgroup_nannies: set[str]  # nannies whose workers have their own cgroup
+    _nannies: dict[str, str]  # worker -> nanny, kept past the worker's removal
+
+    def __init__(self, plugin: OomguardSchedulerPlugin) -> None:
         self.plugin = plugin
-        self._nannies: dict[str, str] = {}  # worker -> nanny, kept past the worker's removal
+        self.reports = 0
+        self.rejected = {}
+        self.latencies = []
+        self.unguarded_nannies = {}
+        self._cgroup_nannies = set()
+        self._nannies = {}
 
     def register(self, scheduler: Scheduler) -> None:
         scheduler.handlers[REPORT_HANDLER] = self.report
@@ -97,7 +118,7 @@ class Handlers:
                 del scheduler.handlers[name]
 
     def _nanny_of(self, worker: str) -> str | None:
-        ws = self.plugin._workers.get(worker)
+        ws = self.plugin.worker_state(worker)
         if ws is not None and ws.nanny:
             self._nannies[worker] = ws.nanny
             if len(self._nannies) > 100_000:
@@ -123,11 +144,9 @@ class Handlers:
                                 "wrong_type")
                 self.reject(e)
                 return {"status": "rejected", "reason": e.reason, "field": e.field}
-            if plugin.core.pairing.only_unmatched_fit():
-                # Refused before decoding: decoding a storm only to drop it starves the loop.
-                self.refused(OVERFLOW)
-                return {"status": OVERFLOW}
-            # The sender is checked against the report's worker once it is decoded.
+            # Refused unread (and counted) by the intake when it is full or the pairing has
+            # no room (`room`): decoding a storm only to drop it starves the loop. The
+            # sender is checked against the report's worker once it is decoded.
             if not plugin.intake.submit(bytes(report), getattr(comm, "peer_address", None)):
                 self.refused(OVERFLOW)
                 return {"status": OVERFLOW}
@@ -153,7 +172,7 @@ class Handlers:
         with self.plugin.guard("report"):
             # A removal that waited for this is decided now (its held tasks go back to Dask).
             core = self.plugin.core
-            self.plugin._apply(core.clean_exit(worker, time.monotonic(), requested, pid))
+            self.plugin.apply(core.clean_exit(worker, time.monotonic(), requested, pid))
         return {"status": "ok"}
 
     async def unguarded(self, comm=None, nanny: Any = None, reason: Any = "", **extra: Any):
@@ -179,42 +198,40 @@ class Handlers:
                     continue
                 if not self.trusted(peer, clean["worker"]):
                     continue
-                latencies = plugin.stats["latencies"]
+                latencies = self.latencies
                 latencies.append(max(0.0, arrived - clean["time"]))
                 del latencies[:-1000]
                 plugin.metrics.report_latency(latencies[-1])
                 cgroup_name = ((clean.get("cgroup") or {}).get("path") or "").rsplit("/", 1)[-1]
                 if cgroup_name.startswith(WORKER_GROUP_PREFIX):
-                    plugin._cgroup_workers.add(clean["nanny"])
-                    plugin.metrics.set_cgroup_workers(len(plugin._cgroup_workers))
+                    self._cgroup_nannies.add(clean["nanny"])
+                    plugin.metrics.set_cgroup_workers(len(self._cgroup_nannies))
                 if clean.get("cause") is None:
                     continue
-                refused = dict(plugin.core.pairing.refused)
+                before = dict(plugin.core.pairing.refused)
                 out = plugin.core.reported(clean, time.monotonic())
-                for reason, n in plugin.core.pairing.refused.items():
-                    if n != refused.get(reason, 0):
-                        self.refused(reason)
-                        break
+                reason = _refusal(before, plugin.core.pairing.refused)
+                if reason is None:
+                    self.reports += 1  # accepted
                 else:
-                    # Accepted; with overflow and rejected, every report is counted once.
-                    plugin.stats["reports"] += 1
-                plugin._apply(out)
+                    self.refused(reason)  # counted by the pairing, which refused it
+                plugin.apply(out)
 
     def unguarded_nanny(self, nanny: str, reason: str) -> None:
-        plugin = self.plugin
-        if nanny not in plugin.unguarded:
+        if nanny not in self.unguarded_nannies:
             logger.warning("oomguard: the nanny %s runs its worker WITHOUT oomguard: %s",
                            nanny, reason)
-        plugin.unguarded[nanny] = reason
-        plugin.metrics.set_unguarded_nannies(len(plugin.unguarded))
+        self.unguarded_nannies[nanny] = reason
+        self.plugin.metrics.set_unguarded_nannies(len(self.unguarded_nannies))
 
     def prune_unguarded(self) -> None:
         """Nannies are counted as unguarded while a worker of theirs is here."""
-        plugin = self.plugin
-        live = {ws.nanny for ws in plugin.scheduler.workers.values()}
-        for nanny in [n for n in plugin.unguarded if n not in live]:
-            del plugin.unguarded[nanny]
-        plugin.metrics.set_unguarded_nannies(len(plugin.unguarded))
+        if not self.unguarded_nannies:
+            return
+        live = {ws.nanny for ws in self.plugin.scheduler.workers.values()}
+        for nanny in [n for n in self.unguarded_nannies if n not in live]:
+            del self.unguarded_nannies[nanny]
+        self.plugin.metrics.set_unguarded_nannies(len(self.unguarded_nannies))
 
     def room(self) -> int | None:
         """How many more death reports the pairing could take (the intake counts those
@@ -227,20 +244,32 @@ class Handlers:
         return pairing.max_reports - len(pairing)
 
     def refused(self, reason: str) -> None:
-        plugin = self.plugin
-        if reason == OVERFLOW:
-            plugin.stats["overflow"] += 1
-            plugin.metrics.report_rejected(OVERFLOW)
-        else:
-            self.reject(ReportError("report", f"refused ({reason})", reason))
+        """A death report refused by the intake or the pairing, which count it (`counts`):
+        the metric, and a line in the log for the first of a reason other than overflow."""
+        self.plugin.metrics.report_rejected(reason)
+        if reason != OVERFLOW:
+            e = ReportError("report", f"refused ({reason})", reason)
+            self.plugin.guard.once(e.reason, "oomguard: rejected a death report (%s); "
+                                   "further ones are counted", e)
 
     def reject(self, e: ReportError) -> None:
         plugin = self.plugin
-        rejected = plugin.stats["rejected"]
-        rejected[e.reason] = rejected.get(e.reason, 0) + 1
+        self.rejected[e.reason] = self.rejected.get(e.reason, 0) + 1
         plugin.metrics.report_rejected(e.reason)
         plugin.guard.once(e.reason, "oomguard: rejected a death report (%s); further ones "
                           "are counted", e)
+
+    def counts(self) -> dict[str, Any]:
+        """Death reports so far, each counted once, by what took or refused it: `reports`
+        accepted (here), `rejected` by reason (here; a duplicate by the pairing), and
+        `overflow`: refused unread by the intake, or past the pairing's cap."""
+        core, intake = self.plugin.core, self.plugin.intake
+        refused = dict(core.pairing.refused) if core is not None else {}
+        overflow = refused.pop(OVERFLOW, 0) + (intake.overflow if intake is not None else 0)
+        rejected = dict(self.rejected)
+        for reason, n in refused.items():
+            rejected[reason] = rejected.get(reason, 0) + n
+        return {"reports": self.reports, "rejected": rejected, "overflow": overflow}
 
     async def query(self, comm=None, what: str = "", **filters: Any) -> Any:
         """RPC for `oomguard.Failures` and `oomguard report`: JSON-able rows."""
@@ -257,7 +286,7 @@ class Handlers:
             return row.to_dict() if row else None
         if what == "pipelines":
             await asyncio.to_thread(store.flush)
-            plugin._persist_pipelines(final=True)
+            plugin.persist_pipelines(final=True)
             await asyncio.to_thread(store.flush)
             rows = await asyncio.to_thread(store.pipelines, filters.get("limit", 100))
             return [r.to_dict() for r in rows]
@@ -275,3 +304,8 @@ class Handlers:
         if isinstance(rows, list):
             return [r.to_dict() for r in rows]
         return rows.to_dict()
+
+
+def _refusal(before: dict[str, int], after: dict[str, int]) -> str | None:
+    """The reason whose count went up between two readings of `DeathPairing.refused`."""
+    return next((reason for reason, n in after.items() if n != before.get(reason, 0)), None)

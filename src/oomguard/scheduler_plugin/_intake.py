@@ -61,7 +61,7 @@ class ReportIntake:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.overflow = 0
+        self.overflow = 0  # refused unread: the one count of these (`Handlers.counts`)
         self.accepted = 0
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:

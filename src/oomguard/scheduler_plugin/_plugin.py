@@ -1,7 +1,7 @@
 """The scheduler side: a thin adapter between Dask's hooks and the decision core.
 
 Dask's hooks become plain events for `oomguard._decide.DecisionCore`; its decisions become
-Dask transitions here, in one place (`_apply`). Dask's own death count stays in force as a
+Dask transitions here, in one place (`apply`). Dask's own death count stays in force as a
 backstop one above `allowed_failures`; the core keeps the exact bound itself, holds the
 tasks of a dead worker until its death is decided, and forgives Dask's count for tasks that
 were only queued there.
@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -31,6 +32,9 @@ from ._intake import ReportIntake
 
 if TYPE_CHECKING:
     from distributed import Scheduler
+    from distributed.scheduler import WorkerState
+
+    from .._models import PipelineStatus
 
 logger = logging.getLogger("oomguard.scheduler")
 
@@ -47,6 +51,27 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
     name = SCHEDULER_PLUGIN
     idempotent = True
 
+    # Configuration: all that is pickled and shipped. The rest is set by `_reset`.
+    config: dict[str, Any]  # oomguard.scheduler.* as given, keys with dashes
+    # Opened by start() (where `core` stays None, oomguard is off), released by close().
+    scheduler: Scheduler | None  # the scheduler served; None before start and after close
+    settings: dict[str, Any]  # oomguard.scheduler.*, validated at start
+    store: FailureStore | None  # the failure history
+    core: DecisionCore | None  # every decision: pure, fed by the hooks and the RPCs
+    intake: ReportIntake | None  # death reports between the RPC and the core
+    actions: DaskActions | None  # the one place that changes Dask's state
+    dashboard_path: str  # the dashboard page's path, "" without one
+    # Here from the start.
+    metrics: OomguardMetrics  # this plugin's collector, served on /metrics
+    guard: Guard  # catches, logs and counts the plugin's own errors
+    handlers: Handlers  # the RPCs, with their own counts (scheduler_plugin/_handlers.py)
+    _tasks: list[asyncio.Task]  # the tick and gauge loops
+    _saved_allowed_failures: int | None  # Dask's count before start, given back at close
+    _started: bool  # start() ran to its end: the tick loop may check for removal
+    _original_task_erred: Callable[..., Any] | None  # Dask's "task-erred" handler, wrapped
+    _workers: dict[str, WorkerState]  # address -> WorkerState, to read after removal
+    _persisted: dict[str, PipelineStatus]  # run -> last status written
+
     def __init__(self, **config: Any):
         # Keys as in oomguard.scheduler.* with dashes or underscores; unset ones come from
         # the scheduler's Dask config in start().
@@ -55,26 +80,22 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         self._reset()
 
     def _reset(self) -> None:
-        self.scheduler: Scheduler | None = None
-        self.settings: dict[str, Any] = {}  # oomguard.scheduler.*, validated at start
-        self.store: FailureStore | None = None
-        self.core: DecisionCore | None = None
-        self.intake: ReportIntake | None = None
+        self.scheduler = None
+        self.settings = {}
+        self.store = None
+        self.core = None
+        self.intake = None
+        self.actions = None
+        self.dashboard_path = ""
         self.metrics = OomguardMetrics()
         self.guard = Guard(self.metrics, logger)
         self.handlers = Handlers(self)
-        self.dashboard_path = ""
-        self._tasks: list[asyncio.Task] = []
-        self._saved_allowed_failures: int | None = None
-        self.actions: DaskActions | None = None
+        self._tasks = []
+        self._saved_allowed_failures = None
         self._started = False
         self._original_task_erred = None
-        self._workers: dict[str, Any] = {}  # address -> WorkerState, to read after removal
-        self._persisted: dict[str, Any] = {}  # run -> last status written
-        self._cgroup_workers: set[str] = set()  # nannies whose workers have their own cgroup
-        self.unguarded: dict[str, str] = {}  # nanny -> why its worker runs without oomguard
-        self.stats: dict[str, Any] = {"reports": 0, "rejected": {}, "overflow": 0,
-                                      "internal_errors": 0, "latencies": []}
+        self._workers = {}
+        self._persisted = {}
 
     def __getstate__(self):
         return {"config": self.config}
@@ -86,6 +107,16 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
     @property
     def policy(self):
         return self.core.policy if self.core is not None else None
+
+    @property
+    def unguarded(self) -> dict[str, str]:
+        """Nanny -> why its worker runs without oomguard (`Handlers.unguarded_nannies`)."""
+        return self.handlers.unguarded_nannies
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """The death reports so far (`Handlers.counts`) and the latest latencies."""
+        return {**self.handlers.counts(), "latencies": list(self.handlers.latencies)}
 
     def apply_settings(self, config: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
         """Take `install(client, **config)` settings while running (`_setup.apply_settings`)."""
@@ -159,11 +190,10 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
                 # In slices, yielding between them: a storm of expired reports must not
                 # stall the event loop.
                 while out := self.core.tick(time.monotonic(), limit=16):
-                    self._apply(out)
+                    self.apply(out)
                     await asyncio.sleep(0)
-                self._persist_pipelines()
-                if self.unguarded:
-                    self.handlers.prune_unguarded()
+                self.persist_pipelines()
+                self.handlers.prune_unguarded()
 
     async def close(self) -> None:
         scheduler = self.scheduler
@@ -177,14 +207,14 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         if self.intake is not None:
             await asyncio.to_thread(self.intake.close)
         with self.guard("close"):
-            self._apply(self.core.close())
+            self.apply(self.core.close())
         if self._saved_allowed_failures is not None:
             scheduler.allowed_failures = self._saved_allowed_failures
         self.handlers.unregister(scheduler)
         if self._original_task_erred is not None:
             scheduler.stream_handlers["task-erred"] = self._original_task_erred
         if self.store is not None:
-            self._persist_pipelines(final=True)
+            self.persist_pipelines(final=True)
             await asyncio.to_thread(self.store.close)
         self.scheduler = None
 
@@ -214,7 +244,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             return
         self._workers[worker] = ws
         with self.guard("add_worker"):
-            self._apply(self.core.worker_added(worker, ws.memory_limit))
+            self.apply(self.core.worker_added(worker, ws.memory_limit))
 
     def log_event(self, topic, msg):
         if topic == ADMISSION_TOPIC:
@@ -233,7 +263,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             out = self.core.removed(self._removal(msg, ws), time.monotonic())
             now = [d for d in out if isinstance(d, Hold)]
             later = [d for d in out if not isinstance(d, Hold)]
-            self._apply(now)
+            self.apply(now)
             if later:
                 asyncio.get_running_loop().call_soon(self._apply_guarded, later)
 
@@ -287,7 +317,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
                 )
                 if memory:  # INFRA: retried like a death, never from the user's retries
                     ts.retries += 1
-                self._apply([d for d in out if isinstance(d, Record)])
+                self.apply([d for d in out if isinstance(d, Record)])
         self._original_task_erred(key=key, stimulus_id=stimulus_id, **msg)
         self._apply_guarded([d for d in out if not isinstance(d, Record)])
 
@@ -295,13 +325,17 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
 
     def _apply_guarded(self, decisions: list) -> None:
         with self.guard("apply"):
-            self._apply(decisions)
+            self.apply(decisions)
 
-    def _apply(self, decisions: list) -> None:
+    def apply(self, decisions: list) -> None:
+        """Carry out the core's decisions on Dask and the store (on the event loop)."""
         self.actions.apply(decisions)
 
+    def worker_state(self, address: str) -> WorkerState | None:
+        """Dask's record of a worker, kept here until its removal is handled."""
+        return self._workers.get(address)
 
-    def _persist_pipelines(self, final: bool = False) -> None:
+    def persist_pipelines(self, final: bool = False) -> None:
         """Write the runs that changed; drop runs whose keys are all forgotten."""
         policy = self.core.policy
         names = policy.pipelines() if final else policy.take_dirty()
@@ -319,8 +353,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
 
     def metrics_snapshot(self) -> dict:
         core = self.core
-        out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.stats.items()
-               if k != "latencies"}
+        out = self.handlers.counts()
         out["internal_errors"] = self.guard.count
         if core is not None:
             out.update(unguarded=dict(self.unguarded))
