@@ -32,7 +32,7 @@ from oomguard._cli.doctor.checks import (
 )
 from oomguard._cli.doctor.cgroup import check_cgroup
 from oomguard._cli.doctor.text import FIX, KILLERS, LAYOUTS
-from oomguard.worker_plugin._paths import default_crash_dir
+from oomguard._evidence.paths import default_crash_dir
 
 FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "cgroup"
 K8S_CTR = (

@@ -15,7 +15,7 @@ from oomguard import CgroupError
 from oomguard._evidence import cgroup as _cgroup, wire as _wire
 from oomguard._evidence.flight import FlightRecorder
 from oomguard.worker_plugin._nanny import OomguardNannyPlugin, _Life
-from oomguard.worker_plugin._paths import crash_path, flight_path
+from oomguard._evidence.paths import crash_path, flight_path
 
 
 def _plugin(tmp_path) -> OomguardNannyPlugin:

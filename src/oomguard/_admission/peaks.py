@@ -138,7 +138,7 @@ def configured_ledger() -> str:
     resolves it (`oomguard.worker.admission.ledger`, else `<crash-dir>/memory-ledger.json`).
     ConfigError names a bad setting."""
     from .config import AdmissionConfig
-    from ..worker_plugin._paths import configured_crash_dir
+    from .._evidence.paths import configured_crash_dir
 
     return AdmissionConfig.from_dask(configured_crash_dir()).ledger
 

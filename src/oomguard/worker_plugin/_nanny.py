@@ -45,7 +45,7 @@ from .._protocol import (
 )
 from .._units import format_bytes
 from .._admission.config import AdmissionConfig
-from ._paths import configured_crash_dir, crash_path, flight_path
+from .._evidence.paths import configured_crash_dir, crash_path, flight_path
 from .._admission.startup import Start, StartupReservations, startup_peak
 from ._worker import OomguardWorkerPlugin
 

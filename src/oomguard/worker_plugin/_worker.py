@@ -22,7 +22,7 @@ from .._guard import Guard
 from .._protocol import WORKER_PLUGIN
 from .._log import follow_dask_logging
 from ._admission import install_admission
-from ._paths import configured_crash_dir, crash_path, flight_path
+from .._evidence.paths import configured_crash_dir, crash_path, flight_path
 
 if TYPE_CHECKING:
     from distributed import Worker

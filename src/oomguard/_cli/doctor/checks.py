@@ -173,7 +173,7 @@ def diagnose(
     from ... import _config
     from .cgroup import check_cgroup, host_path
     from ..._exceptions import ConfigError
-    from ...worker_plugin._paths import default_crash_dir
+    from ..._evidence.paths import default_crash_dir
 
     info = _cgroup.detect(root=root)
     layout, checks = check_cgroup(root, info=info, probe=probe)
