@@ -29,8 +29,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("oomguard.worker")
 
-#: Fatal signals faulthandler.enable() covers; SIGTERM is registered separately with
-#: chain=True so its default action (termination) still happens after the dump.
+#: The most frames the sampler keeps of one executing task's stack (the innermost ones).
 _STACK_LIMIT = 64
 
 
