@@ -1,4 +1,4 @@
-"""Waits shared by the tests that run real clusters.
+"""Waits and set-up shared by the tests that run real clusters.
 
 Not a tests/cluster/conftest.py: tests/kernel imports the root conftest by its bare name
 (`from conftest import ...`), which a second conftest.py would shadow. Here, beside
@@ -10,6 +10,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from typing import TypeVar
+
+from capabilities import require
+from oomguard._evidence.cgroup import CgroupInfo, can_create_child
 
 T = TypeVar("T")
 
@@ -44,3 +47,10 @@ def wait_installed(client, n: int = 2, timeout: float = 60.0) -> None:
         return len(got) >= n and all(got.values())
 
     wait_for(installed, "worker plugins were not installed", timeout, interval=0.1)
+
+
+def require_worker_groups(info: CgroupInfo | None = None) -> None:
+    """Skip the test (fail it under OOMGUARD_STRICT=1) where per-worker memory cgroups
+    cannot be made: a real probe, `can_create_child`."""
+    ok, reason = can_create_child(info)
+    require(ok, f"per-worker memory cgroups cannot be made here: {reason}")

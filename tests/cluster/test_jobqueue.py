@@ -18,7 +18,7 @@ import dask
 import distributed
 import pytest
 from capabilities import require
-from cluster_helpers import wait_for, wait_installed
+from cluster_helpers import require_worker_groups, wait_for, wait_installed
 from distributed import Client
 
 import oomguard
@@ -53,8 +53,7 @@ def _gone(pid: int) -> bool:
 def test_jobqueue_worker_oom_killed_and_classified(tmp_path, monkeypatch):
     require(JobQueueLocalCluster is not None,
             "dask-jobqueue is not installed (it is in the `test` extra)")
-    ok, reason = _cgroup.can_create_child()
-    require(ok, f"per-worker memory cgroups cannot be made here: {reason}")
+    require_worker_groups()
 
     # The job's process inherits this environment (dask_jobqueue.local runs the job
     # script's words with tornado's Subprocess): this module on its path, so the worker

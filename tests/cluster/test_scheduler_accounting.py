@@ -15,12 +15,10 @@ import time
 import dask
 import distributed
 import pytest
-from capabilities import require
-from cluster_helpers import wait_for, wait_installed
+from cluster_helpers import require_worker_groups, wait_for, wait_installed
 from distributed import Client, LocalCluster
 
 import oomguard
-from oomguard._evidence import cgroup as _cgroup
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -40,8 +38,7 @@ def work(i, seconds=0.05):
 
 @pytest.fixture
 def cluster(tmp_path):
-    ok, reason = _cgroup.can_create_child()
-    require(ok, f"per-worker memory cgroups cannot be made here: {reason}")
+    require_worker_groups()
     with dask.config.set(
         {
             "oomguard.worker.cgroup-limit": "true",

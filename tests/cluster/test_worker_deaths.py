@@ -15,11 +15,10 @@ import time
 
 import dask
 import pytest
-from capabilities import require
-from cluster_helpers import wait_for
+from cluster_helpers import require_worker_groups, wait_for
 from distributed import Client, LocalCluster
 
-from oomguard._evidence import cgroup as _cgroup, report as _report
+from oomguard._evidence import report as _report
 from oomguard.worker_plugin import CLEAN_EXIT_HANDLER, REPORT_HANDLER
 
 pytestmark = pytest.mark.timeout(240)
@@ -72,8 +71,7 @@ def creep_task(limit):
 
 @pytest.fixture(scope="module")
 def cluster():
-    ok, reason = _cgroup.can_create_child()
-    require(ok, f"per-worker memory cgroups cannot be made here: {reason}")
+    require_worker_groups()
     with dask.config.set(
         {
             "distributed.nanny.preload": ["oomguard.worker_plugin"],
