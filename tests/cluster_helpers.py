@@ -1,16 +1,56 @@
-"""Small waits shared by the cluster tests."""
+"""Waits and set-up shared by the tests that run real clusters.
+
+Not a tests/cluster/conftest.py: tests/kernel imports the root conftest by its bare name
+(`from conftest import ...`), which a second conftest.py would shadow. Here, beside
+capabilities.py, every test folder can import it (`from cluster_helpers import wait_for`).
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from capabilities import require
+from oomguard._evidence.cgroup import CgroupInfo, can_create_child
+
+T = TypeVar("T")
+
+
+def wait_for(
+    probe: Callable[[], T],
+    what: str | Callable[[], str],
+    timeout: float = 60.0,
+    interval: float = 0.05,
+) -> T:
+    """Call `probe` every `interval` seconds until it returns something truthy; return that.
+
+    After `timeout` seconds fail with `what` (a callable gives the text then, to show the
+    state that was waited on). The probe runs at least once, even with a timeout of 0.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            text = what() if callable(what) else what
+            raise AssertionError(f"{text} (waited {timeout:g} s)")
+        time.sleep(interval)
 
 
 def wait_installed(client, n: int = 2, timeout: float = 60.0) -> None:
     """Wait until `n` workers run oomguard's worker plugin (installed at runtime)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def installed() -> bool:
         got = client.run(lambda dask_worker: "oomguard-worker" in dask_worker.plugins)
-        if len(got) >= n and all(got.values()):
-            return
-        time.sleep(0.1)
-    raise AssertionError("worker plugins were not installed")
+        return len(got) >= n and all(got.values())
+
+    wait_for(installed, "worker plugins were not installed", timeout, interval=0.1)
+
+
+def require_worker_groups(info: CgroupInfo | None = None) -> None:
+    """Skip the test (fail it under OOMGUARD_STRICT=1) where per-worker memory cgroups
+    cannot be made: a real probe, `can_create_child`."""
+    ok, reason = can_create_child(info)
+    require(ok, f"per-worker memory cgroups cannot be made here: {reason}")

@@ -12,7 +12,7 @@ import time
 import dask
 import distributed
 import pytest
-from cluster_helpers import wait_installed
+from cluster_helpers import wait_for, wait_installed
 from distributed import Client, LocalCluster
 
 import oomguard
@@ -57,14 +57,6 @@ def inc(x: int) -> int:
 
 def lines(path) -> int:
     return len(path.read_text().split()) if path.exists() else 0
-
-
-def wait_for(predicate, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} (waited {timeout:.0f} s)")
-        time.sleep(0.05)
 
 
 def state_on_worker(key, dask_worker):

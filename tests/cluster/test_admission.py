@@ -18,6 +18,7 @@ import time
 import dask
 import pytest
 from capabilities import require
+from cluster_helpers import wait_installed
 from distributed import Client, LocalCluster
 
 import oomguard
@@ -184,18 +185,8 @@ def dask_cluster(tmp_path_factory):
         with LocalCluster(
             n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
         ) as cluster, Client(cluster) as client:
-            _wait_plugin(client)
+            wait_installed(client, 1, timeout=30)
             yield client, ledger
-
-
-def _wait_plugin(client):
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        got = client.run(lambda dask_worker: "oomguard-worker" in dask_worker.plugins)
-        if got and all(got.values()):
-            return
-        time.sleep(0.1)
-    raise AssertionError("worker plugin was not installed")
 
 
 def _hold_everything(ledger_path):

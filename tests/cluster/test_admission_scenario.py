@@ -28,6 +28,7 @@ import urllib.request
 import dask
 import pytest
 from _memgroup import MiB, leave, memory_group, mib
+from cluster_helpers import wait_for
 from distributed import Client, LocalCluster, wait
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -112,7 +113,8 @@ def _run(tmp_path, *, annotate: bool) -> dict:
                 n_workers=WORKERS, threads_per_worker=1, processes=True, dashboard_address=":0"
             ) as cluster, Client(cluster) as client:
                 oomguard.install(client)
-                _wait_for(lambda: _all(client.run(_admission_ready)), "admission on every worker")
+                wait_for(lambda: _all(client.run(_admission_ready)),
+                         "no admission on every worker", interval=0.2)
                 pids = client.run(os.getpid)
                 with open(os.path.join(group.path, "memory.max_usage_in_bytes"), "w") as f:
                     f.write("0")  # the peak of the tasks, not of the workers' start
@@ -176,16 +178,6 @@ def _waits_as_shown(client: Client) -> dict:
 
 def _all(answers: dict) -> bool:
     return len(answers) == WORKERS and all(answers.values())
-
-
-def _wait_for(probe, what: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value or time.monotonic() > deadline:
-            assert value, f"no {what} after {timeout:g} s"
-            return value
-        time.sleep(0.2)
 
 
 def _line(got: dict) -> str:

@@ -17,6 +17,7 @@ import time
 
 import pytest
 from capabilities import require
+from cluster_helpers import require_worker_groups
 
 from oomguard._evidence.cgroup import (
     ChildGroup,
@@ -229,8 +230,7 @@ def test_worker_group_counts_what_the_worker_held_at_start_up(info, tmp_path):
     from oomguard._words import evidence_summary
     from oomguard.worker_plugin import CLEAN_EXIT_HANDLER, REPORT_HANDLER
 
-    ok, reason = can_create_child(info)
-    require(ok, f"per-worker memory cgroups cannot be made here: {reason}")
+    require_worker_groups(info)
     preload = tmp_path / "hold_at_start.py"
     preload.write_text(HOLD_AT_START)
     limit = 400 * MiB
@@ -313,8 +313,7 @@ def test_a_worker_too_big_for_its_limit_at_start_up_is_explained(info, tmp_path,
     import dask
     from distributed import LocalCluster
 
-    ok, reason = can_create_child(info)
-    require(ok, f"per-worker memory cgroups cannot be made here: {reason}")
+    require_worker_groups(info)
     preload = tmp_path / "hold_at_start.py"
     preload.write_text(HOLD_AT_START)
     config = {
@@ -371,8 +370,7 @@ def test_a_restart_too_big_for_its_limit_does_not_loop(info, tmp_path, caplog):
     import dask
     from distributed import Client, LocalCluster
 
-    ok, reason = can_create_child(info)
-    require(ok, f"per-worker memory cgroups cannot be made here: {reason}")
+    require_worker_groups(info)
     preload = tmp_path / "hold_from_the_second_start.py"
     preload.write_text(HOLD_FROM_THE_SECOND_START.format(mark=str(tmp_path / "started")))
     config = {

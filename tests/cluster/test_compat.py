@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import time
 
 import dask
 import distributed
@@ -19,6 +18,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 import oomguard
+from cluster_helpers import wait_for
 from oomguard import _compat
 
 pytestmark = pytest.mark.timeout(180)
@@ -32,22 +32,14 @@ def kill_myself(i: int) -> int:
     return i
 
 
-def _poll(predicate, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.1)
-    raise AssertionError("condition not reached in time")
-
-
 def test_every_internal_is_present_on_this_release(caplog, tmp_path):
     version = distributed.__version__
     with caplog.at_level(logging.INFO, logger="oomguard"):
         with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                           dashboard_address=":0") as cl, Client(cl) as client:
             oomguard.install(client, store=str(tmp_path / "s.sqlite3"))
-            _poll(lambda: "(nanny) on distributed" in caplog.text)
+            wait_for(lambda: "(nanny) on distributed" in caplog.text, "no nanny's setup line",
+                     timeout=30.0, interval=0.1)
     for side in ("scheduler", "nanny"):
         line = (f"oomguard {oomguard.__version__} ({side}) on distributed {version}: every "
                 f"Dask internal it uses is present")
@@ -81,7 +73,8 @@ def test_a_nanny_without_an_essential_internal_sends_no_report(monkeypatch, capl
                           dashboard_address=":0") as cl, Client(cl) as client:
             with caplog.at_level(logging.INFO, logger="oomguard"):
                 oomguard.install(client, store=str(tmp_path / "s.sqlite3"))
-                _poll(lambda: "(nanny) on distributed" in caplog.text)
+                wait_for(lambda: "(nanny) on distributed" in caplog.text,
+                         "no nanny's setup line", timeout=30.0, interval=0.1)
             assert "no Dask.no_such_internal, so nothing here works" in caplog.text
             [nanny] = cl.workers.values()
             assert getattr(nanny, "_oomguard_nanny_plugin", None) is None
@@ -91,6 +84,7 @@ def test_a_nanny_without_an_essential_internal_sends_no_report(monkeypatch, capl
                 fut.result(timeout=60)
             # The scheduler side still records the death, from Dask's removal alone.
             failures = oomguard.Failures(client)
-            [event] = _poll(lambda: failures.events(cause="worker_lost"))
+            [event] = wait_for(lambda: failures.events(cause="worker_lost"),
+                               "no worker_lost death", timeout=30.0, interval=0.1)
             assert event.shard == "unwatched-0"
             assert "no death report" in event.evidence["source"]

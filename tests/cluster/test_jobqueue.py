@@ -18,7 +18,7 @@ import dask
 import distributed
 import pytest
 from capabilities import require
-from cluster_helpers import wait_installed
+from cluster_helpers import require_worker_groups, wait_for, wait_installed
 from distributed import Client
 
 import oomguard
@@ -41,25 +41,19 @@ def allocate(nbytes):
     return len(block)
 
 
-def _gone(pid: int, timeout: float) -> bool:
+def _gone(pid: int) -> bool:
     """True once `pid` has exited (a zombie counts: LocalJob never reaps its job)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-                    return True
-        except FileNotFoundError:
-            return True
-        time.sleep(0.1)
-    return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
 
 
 def test_jobqueue_worker_oom_killed_and_classified(tmp_path, monkeypatch):
     require(JobQueueLocalCluster is not None,
             "dask-jobqueue is not installed (it is in the `test` extra)")
-    ok, reason = _cgroup.can_create_child()
-    require(ok, f"per-worker memory cgroups cannot be made here: {reason}")
+    require_worker_groups()
 
     # The job's process inherits this environment (dask_jobqueue.local runs the job
     # script's words with tornado's Subprocess): this module on its path, so the worker
@@ -142,5 +136,6 @@ def test_jobqueue_worker_oom_killed_and_classified(tmp_path, monkeypatch):
             assert new_group == os.path.join(os.path.dirname(group),
                                              f"oomguard-worker-{new_pid}"), new_group
             client.retire_workers(close_workers=True)
-            assert _gone(job_pid, timeout=60), "the job's nanny did not exit"
+            wait_for(lambda: _gone(job_pid), "the job's nanny did not exit", timeout=60,
+                     interval=0.1)
             assert not os.path.exists(group) and not os.path.exists(new_group)

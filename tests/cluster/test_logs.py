@@ -11,13 +11,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import distributed
 import pytest
 from distributed import Client
 
 import oomguard
+from cluster_helpers import wait_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -27,17 +27,20 @@ def kill_myself(i: int) -> int:
     return i
 
 
-def _wait_for(path, proc, log):
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
+def _wait_for_scheduler(path, proc, log):
+    """The address in the scheduler file, once written; fails at once if the scheduler died."""
+
+    def address():
         if path.exists():
             try:
                 return json.loads(path.read_text())["address"]
             except (ValueError, KeyError):
                 pass
         assert proc.poll() is None, log.read_text()[-3000:]
-        time.sleep(0.1)
-    raise AssertionError(f"not started: {log.read_text()[-3000:]}")
+        return None
+
+    return wait_for(address, lambda: f"not started: {log.read_text()[-3000:]}", timeout=90,
+                    interval=0.1)
 
 
 def test_deaths_and_aborts_are_logged_with_dasks_level_and_time(tmp_path):
@@ -55,7 +58,7 @@ def test_deaths_and_aborts_are_logged_with_dasks_level_and_time(tmp_path):
              "--port", "0", "--dashboard-address", ":0", "--scheduler-file", str(sched_file),
              "--preload", "oomguard.scheduler_plugin"],
             env=env, stdout=subprocess.DEVNULL, stderr=open(s_log, "w")))
-        address = _wait_for(sched_file, procs[0], s_log)
+        address = _wait_for_scheduler(sched_file, procs[0], s_log)
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
              "--no-dashboard", "--preload-nanny", "oomguard.worker_plugin"],

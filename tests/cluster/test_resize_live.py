@@ -8,12 +8,10 @@ import time
 
 import dask
 import pytest
-from capabilities import require
-from cluster_helpers import wait_installed
+from cluster_helpers import require_worker_groups, wait_installed
 from distributed import Client, LocalCluster, Nanny
 
 import oomguard
-from oomguard._evidence import cgroup as _cgroup
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -30,8 +28,7 @@ def hungry(i, nbytes):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    ok, reason = _cgroup.can_create_child()
-    require(ok, f"per-worker memory cgroups cannot be made here: {reason}")
+    require_worker_groups()
     store = tmp_path_factory.mktemp("resize") / "failures.sqlite3"
     with dask.config.set(
         {

@@ -15,12 +15,10 @@ import time
 import dask
 import distributed
 import pytest
-from capabilities import require
-from cluster_helpers import wait_installed
+from cluster_helpers import require_worker_groups, wait_for, wait_installed
 from distributed import Client, LocalCluster
 
 import oomguard
-from oomguard._evidence import cgroup as _cgroup
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -40,8 +38,7 @@ def work(i, seconds=0.05):
 
 @pytest.fixture
 def cluster(tmp_path):
-    ok, reason = _cgroup.can_create_child()
-    require(ok, f"per-worker memory cgroups cannot be made here: {reason}")
+    require_worker_groups()
     with dask.config.set(
         {
             "oomguard.worker.cgroup-limit": "true",
@@ -126,7 +123,8 @@ def test_only_the_executing_task_is_blamed(cluster):
     os.kill(pid, signal.SIGKILL)
     assert queued.result(timeout=60) == 2
     failures = oomguard.Failures(client)
-    _poll(lambda: failures.shard("running-0"))
+    wait_for(lambda: failures.shard("running-0"), "no failure of running-0", timeout=20.0,
+             interval=0.1)
     assert [e.cause for e in failures.shard("running-0")] == ["sigkill"]
     assert failures.shard("queued-0") == []
     running.cancel()
@@ -189,10 +187,15 @@ def test_infra_kills_do_not_consume_retries(cluster, tmp_path):
         assert fut.result(timeout=120) == 1
         t.join()
     assert len(killed) == 2
-    _poll(
-        lambda: len(failures.shard("flaky-1")) >= 4,
-        what=lambda: (failures.events(), client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins["oomguard"].stats)),
-    )
+
+    def so_far() -> str:
+        events = failures.events()
+        stats = client.run_on_scheduler(
+            lambda dask_scheduler: dask_scheduler.plugins["oomguard"].stats
+        )
+        return f"fewer than 4 failures of flaky-1; {(events, stats)}"
+
+    wait_for(lambda: len(failures.shard("flaky-1")) >= 4, so_far, timeout=20.0, interval=0.1)
     causes = [e.cause for e in failures.shard("flaky-1")]
     # raise, kill, raise, kill, success: both retries went to the user errors.
     assert causes == ["exception", "sigkill", "exception", "sigkill"]
@@ -226,10 +229,12 @@ def test_random_sigkills_without_a_crasher_complete(cluster):
             os.kill(pids[victim], signal.SIGKILL)
             kills.append(victim)
             # Preemption: wait for the replacement worker before the next kill.
-            _poll(
+            wait_for(
                 lambda: victim not in client.scheduler_info()["workers"]
                 and len(client.scheduler_info()["workers"]) == 2,
+                f"no replacement for {victim}",
                 timeout=60,
+                interval=0.1,
             )
 
     with distributed.span("survivor"):
@@ -261,7 +266,8 @@ def test_random_sigkills_without_a_crasher_complete(cluster):
     assert len(kills) == n_kills
     assert sorted(results) == list(range(n))
     failures = oomguard.Failures(client)
-    _poll(lambda: len(failures.events(cause="sigkill")) >= n_kills, timeout=30)
+    wait_for(lambda: len(failures.events(cause="sigkill")) >= n_kills,
+             f"fewer than {n_kills} sigkill deaths", timeout=30, interval=0.1)
     time.sleep(3.5)  # past the grace timeout: nothing more may arrive
     deaths = failures.events(cause="sigkill")
     # Exactly one event per kill (one thread per worker: one executing task at most).
@@ -281,7 +287,8 @@ def test_restarted_scheduler_keeps_history(cluster, tmp_path):
     time.sleep(1.0)
     os.kill(pid, signal.SIGKILL)
     failures = oomguard.Failures(client)
-    _poll(lambda: failures.shard("history-0"))
+    wait_for(lambda: failures.shard("history-0"), "no failure of history-0", timeout=20.0,
+             interval=0.1)
     fut.cancel()
     before = [e.to_dict() for e in failures.events()]
     assert before
@@ -292,12 +299,3 @@ def test_restarted_scheduler_keeps_history(cluster, tmp_path):
         oomguard.install(client2, store=str(store_path))
         after = [e.to_dict() for e in oomguard.Failures(client2).events()]
     assert after == before
-
-
-def _poll(predicate, timeout=20.0, what=None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"condition not reached in time; {what() if what else ''}")

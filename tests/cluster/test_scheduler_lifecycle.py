@@ -14,6 +14,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 import oomguard
+from cluster_helpers import wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -30,16 +31,6 @@ def short_of_memory(marker_dir):
         open(marker, "w").close()
         raise MemoryError("could not allocate 8 GiB")
     return "ok"
-
-
-def _poll(predicate, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError("condition not reached in time")
 
 
 @pytest.fixture
@@ -86,11 +77,13 @@ def test_lost_with_its_nanny_is_worker_lost(tmp_path):
                     # time.sleep, not a test function: the worker process started here
                     # cannot import this test module.
                     fut = client.submit(time.sleep, 60, key="lost-0", pure=False)
-                    _poll(lambda: any(client.processing().values()))
+                    wait_for(lambda: any(client.processing().values()),
+                             "lost-0 never reached a worker", timeout=20.0, interval=0.1)
                     time.sleep(1.0)
                     os.killpg(proc.pid, signal.SIGKILL)  # nanny and worker together
                 failures = oomguard.Failures(client)
-                [event] = _poll(lambda: failures.events(cause="worker_lost"), timeout=30)
+                [event] = wait_for(lambda: failures.events(cause="worker_lost"),
+                                   "no worker_lost death", timeout=30, interval=0.1)
                 assert event.shard == "lost-0"  # one task, one thread: it was executing
                 assert event.kind == "infra"
                 assert "no death report" in event.evidence["source"]
@@ -106,9 +99,11 @@ def test_graceful_closes_are_not_failures(cluster):
     client.restart()  # every worker killed by its nanny on request
     client.wait_for_workers(2, timeout=60)
     cl.scale(1)  # scale-down, as adaptive does
-    _poll(lambda: len(client.scheduler_info()["workers"]) == 1)
+    wait_for(lambda: len(client.scheduler_info()["workers"]) == 1, "not scaled down to 1",
+             timeout=20.0, interval=0.1)
     client.retire_workers(list(client.scheduler_info()["workers"]))
-    _poll(lambda: len(client.scheduler_info()["workers"]) == 0)
+    wait_for(lambda: len(client.scheduler_info()["workers"]) == 0, "workers not retired",
+             timeout=20.0, interval=0.1)
     time.sleep(3)  # past the grace timeout
     assert oomguard.Failures(client).events() == []
     stats = client.run_on_scheduler(

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import pathlib
-import time
 
 import pytest
 from distributed import Client, LocalCluster
 
+from cluster_helpers import wait_for
 from oomguard._signature import fingerprint, fingerprint_dask
 
 FIXTURES = str(pathlib.Path(__file__).resolve().parent.parent / "fixtures")
@@ -26,14 +26,16 @@ def shardapp(monkeypatch):
 
 
 def _wait_for_dump(path: pathlib.Path, timeout: float = 30) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        text = path.read_text() if path.exists() else ""
+    def text() -> str:
+        return path.read_text() if path.exists() else ""
+
+    def dump() -> str:
         # faulthandler writes the crashing thread, then the others, then "Extension modules".
-        if "Current thread" in text and "Extension modules" in text:
-            return text
-        time.sleep(0.1)
-    raise AssertionError(f"no faulthandler dump in {path} after {timeout}s: {text!r}")
+        got = text()
+        return got if "Current thread" in got and "Extension modules" in got else ""
+
+    return wait_for(dump, lambda: f"no faulthandler dump in {path}: {text()!r}", timeout,
+                    interval=0.1)
 
 
 @pytest.mark.timeout(120)

@@ -15,10 +15,10 @@ import time
 
 import dask
 import pytest
-from capabilities import require
+from cluster_helpers import require_worker_groups, wait_for
 from distributed import Client, LocalCluster
 
-from oomguard._evidence import cgroup as _cgroup, wire as _wire
+from oomguard._evidence import wire as _wire
 from oomguard.worker_plugin import CLEAN_EXIT_HANDLER, REPORT_HANDLER
 
 pytestmark = pytest.mark.timeout(240)
@@ -71,8 +71,7 @@ def creep_task(limit):
 
 @pytest.fixture(scope="module")
 def cluster():
-    ok, reason = _cgroup.can_create_child()
-    require(ok, f"per-worker memory cgroups cannot be made here: {reason}")
+    require_worker_groups()
     with dask.config.set(
         {
             "distributed.nanny.preload": ["oomguard.worker_plugin"],
@@ -126,15 +125,6 @@ class _Received(list):
         self.clean_exits: list[str] = []
 
 
-def _wait_for(predicate, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def _kill_via(cluster, client, reports, fn, *args, send=None, settle=1.0):
     """Run fn on the first worker; optionally send it a signal 0.8 s later; return the
     worker's pid, the task's key and the reports that arrived."""
@@ -146,7 +136,7 @@ def _kill_via(cluster, client, reports, fn, *args, send=None, settle=1.0):
     if send is not None:
         time.sleep(0.8)
         os.kill(pid, send)
-    assert _wait_for(lambda: len(reports) > before), "no death report arrived"
+    wait_for(lambda: len(reports) > before, "no death report arrived", timeout=30.0)
     time.sleep(settle)  # a second report for the same death would arrive by now
     fut.cancel()
     new = reports[before:]
@@ -300,9 +290,12 @@ def test_clean_close_and_retirement_send_nothing(cluster):
     # Each nanny decides "report or clean exit" when its worker process is gone: wait for
     # those decisions, not a fixed time (a sleep can end first on a slow machine and see
     # nothing). The retired nanny closes after its worker process stopped.
-    assert _wait_for(lambda: nanny.status.name == "closed", 60), nanny.status
-    assert _wait_for(lambda: (addr, True) in reports.clean_exits, 60), reports.clean_exits
+    wait_for(lambda: nanny.status.name == "closed",
+             lambda: f"the retired nanny did not close: {nanny.status}", 60)
+    wait_for(lambda: (addr, True) in reports.clean_exits,
+             lambda: f"no clean exit of {addr}: {reports.clean_exits}", 60)
     client.restart()  # a requested restart of every worker is not a failure either
     # A restart's kill has no teardown: this clean exit is the nanny's decision itself.
-    assert _wait_for(lambda: (other, True) in reports.clean_exits, 60), reports.clean_exits
+    wait_for(lambda: (other, True) in reports.clean_exits,
+             lambda: f"no clean exit of {other}: {reports.clean_exits}", 60)
     assert reports[before:] == []
