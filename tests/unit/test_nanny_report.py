@@ -14,7 +14,8 @@ import pytest
 from oomguard import CgroupError
 from oomguard._evidence import cgroup as _cgroup, report as _report
 from oomguard._evidence.flight import FlightRecorder
-from oomguard.worker_plugin._nanny import OomguardNannyPlugin, _Life
+from oomguard.worker_plugin._life import _Life
+from oomguard.worker_plugin._nanny import OomguardNannyPlugin
 from oomguard.worker_plugin._paths import crash_path, flight_path
 
 

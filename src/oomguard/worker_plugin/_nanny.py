@@ -4,8 +4,8 @@ Dask's nanny reads the exit code in `WorkerProcess.mark_stopped` and drops it; `
 has no worker-exit hook (dask/distributed#5465). So, on this nanny instance only, we wrap:
 
 - `nanny.instantiate` and `nanny.process._wait_until_connected`: before each worker start,
-  take a start-up lease from the host's memory ledger (`_startup`); right after the worker
-  process is spawned, before it has imported anything, put it in its own memory cgroup
+  take a start-up lease from the host's memory ledger (`_admission.startup`); right after the
+  worker process is spawned, before it has imported anything, put it in its own memory cgroup
   (charges stay where they were made, so a later move would leave its start-up memory out
   of the group's peak and limit); once it is up, remember its PID and snapshot the counters,
   and release the lease with the start-up peak;
@@ -13,6 +13,10 @@ has no worker-exit hook (dask/distributed#5465). So, on this nanny instance only
 - `nanny.log_event`: notice `worker-restart-memory`, the nanny's own memory kill.
 
 Each wrap checks for the attribute first and says in the log when it is missing.
+
+This module is the hooks; the plugin's other two halves are mixed in: `_placement` (each
+worker's memory cgroup) and `_reporting` (the evidence after an exit, and the report).
+What it knows of the running worker process is a `_life._Life`.
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ import asyncio
 import logging
 import os
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from distributed.core import Status
@@ -33,6 +36,7 @@ from .._log import follow_dask_logging
 from .._guard import Guard
 from .._protocol import NANNY_PLUGIN, STARTUP_TOPIC
 from .._admission.config import AdmissionConfig
+from ._life import _Life, _Reading
 from ._paths import configured_crash_dir
 from .._admission.startup import Start, StartupReservations, startup_peak
 from ._placement import PlacementMixin, _Placement
@@ -46,60 +50,6 @@ logger = logging.getLogger("oomguard.nanny")
 
 
 _CLOSING = (Status.closing, Status.closed, Status.closing_gracefully, Status.failed)
-
-
-@dataclass
-class _Life:
-    """What the nanny knows of one worker process while it lives."""
-
-    pid: int
-    started: float
-    address: str | None
-    name: str
-    memory_limit: int | None
-    group: _cgroup.ChildGroup | None = None
-    cgroup_path: str | None = None
-    cgroup_version: int | None = None
-    cgroup_before: dict | None = None
-    placement: dict | None = None  # _Placement.facts(): what the group's peak covers
-    missing: list[str] = field(default_factory=list)
-    started_monotonic: float = field(default_factory=time.monotonic)
-    reading: _Reading | None = None  # the group's last reading while the worker ran
-
-
-@dataclass(frozen=True)
-class _Reading:
-    """The worker's group, read while the worker was running: its oom_kill count and the
-    other processes in it. A death is judged against this, not against the worker's start:
-    an OOM kill of another process there before this reading is not this worker's."""
-
-    time: float
-    oom_kill: int
-    others: tuple[int, ...]
-
-    @classmethod
-    def take(cls, life: _Life) -> _Reading | None:
-        """None when unreadable, or when the worker is already on its way out (the count
-        may then include its own kill)."""
-        if life.cgroup_path is None or life.cgroup_version is None:
-            return None
-        oom_kill = _cgroup.read_oom_kill(life.cgroup_path, life.cgroup_version)
-        pids = _cgroup.group_pids(life.cgroup_path)
-        if oom_kill is None or not _cgroup.process_running(life.pid):
-            return None
-        me = os.getpid()
-        return cls(time.time(), oom_kill, tuple(p for p in pids if p not in (life.pid, me)))
-
-    def facts(self, death_time: float) -> dict[str, Any]:
-        """For the report: how old it is at the death, and whether every other process in
-        the group then is still running (if one is not, a kill counted since could be its)."""
-        gone = [p for p in self.others if not _cgroup.process_running(p)]
-        return {
-            "oom_kill": self.oom_kill,
-            "age": round(max(death_time - self.time, 0.0), 3),
-            "others": len(self.others),
-            "others_gone": len(gone),
-        }
 
 
 class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
