@@ -21,7 +21,7 @@ import sys
 import time
 
 from oomguard._evidence import cgroup as _cgroup
-from oomguard.worker_plugin._nanny import _Life, _Reading
+from oomguard.worker_plugin._life import _Life, _Reading
 
 
 def _per_call(fn, seconds: float) -> float:

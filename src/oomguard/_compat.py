@@ -12,8 +12,8 @@ How the differences between the supported releases are handled (`docs/deploying.
 
 - a worker that dies while its nanny starts is restarted by distributed before 2026.7.0
   (later releases fail the start): after an OOM kill by its own group's limit at start-up,
-  the nanny plugin starts the next workers without that limit (`_nanny.py`), so the
-  restarts cannot loop on any release;
+  the nanny plugin starts the next workers without that limit
+  (`worker_plugin/_placement.py`), so the restarts cannot loop on any release;
 - `WorkerProcess._wait_until_connected` gained an argument: the wrapper passes all through;
 - `register_*_plugin(..., idempotent=)` became keyword-only: oomguard passes it by keyword;
 - `SchedulerPlugin.update_graph` is called with `dependencies=` in 2024.12: taken by `**kw`.

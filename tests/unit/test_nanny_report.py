@@ -14,7 +14,8 @@ import pytest
 from oomguard import CgroupError
 from oomguard._evidence import cgroup as _cgroup, wire as _wire
 from oomguard._evidence.flight import FlightRecorder
-from oomguard.worker_plugin._nanny import OomguardNannyPlugin, _Life
+from oomguard.worker_plugin._life import _Life
+from oomguard.worker_plugin._nanny import OomguardNannyPlugin
 from oomguard._evidence.paths import crash_path, flight_path
 
 
@@ -108,7 +109,7 @@ def test_install_rejects_an_unknown_setting_by_name():
 
 
 def test_stale_group_predicate_only_takes_dead_worker_pids():
-    from oomguard.worker_plugin._nanny import _dead_worker_group
+    from oomguard.worker_plugin._placement import _dead_worker_group
 
     assert _dead_worker_group(f"oomguard-worker-{os.getpid()}") is False  # alive
     assert _dead_worker_group("oomguard-worker-not-a-pid") is False
@@ -223,7 +224,7 @@ def test_the_report_says_what_the_groups_peak_covers(tmp_path):
 def test_a_worker_that_dies_before_it_is_up_is_reported_from_its_group(tmp_path, monkeypatch):
     import asyncio
 
-    from oomguard.worker_plugin._nanny import _Placement
+    from oomguard.worker_plugin._placement import _Placement
 
     plugin = _plugin(tmp_path)
     lives = []

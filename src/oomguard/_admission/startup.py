@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 from .ledger import HostLedger
 from .ledger_file import STARTUP_PEAK
-from .._protocol import STARTUP_TOPIC as EVENT_TOPIC
 from .._units import format_bytes
 from .config import AdmissionConfig
 

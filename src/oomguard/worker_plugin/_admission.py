@@ -36,7 +36,6 @@ from distributed.worker_state_machine import ExecuteFailureEvent, RescheduleEven
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.registry import REGISTRY, Collector
 
-from .. import _config
 from .._admission.config import AdmissionConfig
 from .._admission.ledger import Admission
 from .._exceptions import AdmissionTimeout

@@ -4,8 +4,8 @@ Dask's nanny reads the exit code in `WorkerProcess.mark_stopped` and drops it; `
 has no worker-exit hook (dask/distributed#5465). So, on this nanny instance only, we wrap:
 
 - `nanny.instantiate` and `nanny.process._wait_until_connected`: before each worker start,
-  take a start-up lease from the host's memory ledger (`_startup`); right after the worker
-  process is spawned, before it has imported anything, put it in its own memory cgroup
+  take a start-up lease from the host's memory ledger (`_admission.startup`); right after the
+  worker process is spawned, before it has imported anything, put it in its own memory cgroup
   (charges stay where they were made, so a later move would leave its start-up memory out
   of the group's peak and limit); once it is up, remember its PID and snapshot the counters,
   and release the lease with the start-up peak;
@@ -13,6 +13,10 @@ has no worker-exit hook (dask/distributed#5465). So, on this nanny instance only
 - `nanny.log_event`: notice `worker-restart-memory`, the nanny's own memory kill.
 
 Each wrap checks for the attribute first and says in the log when it is missing.
+
+This module is the hooks; the plugin's other two halves are mixed in: `_placement` (each
+worker's memory cgroup) and `_reporting` (the evidence after an exit, and the report).
+What it knows of the running worker process is a `_life._Life`.
 """
 
 from __future__ import annotations
@@ -20,33 +24,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from distributed.core import Status
 from distributed.diagnostics.plugin import NannyPlugin
 
-from .._evidence import cgroup as _cgroup, wire as _wire
+from .._evidence import cgroup as _cgroup
 from .. import _compat, _config
-from .._exceptions import CgroupError
-from .._evidence.build import build_report
-from .._evidence.flight import read_flight_record
 from .._log import follow_dask_logging
 from .._guard import Guard
-from .._protocol import (
-    CLEAN_EXIT_HANDLER,
-    DEATH_TOPIC,
-    NANNY_PLUGIN,
-    REPORT_HANDLER,
-    STARTUP_TOPIC,
-    WORKER_GROUP_PREFIX,
-)
-from .._units import format_bytes
+from .._protocol import NANNY_PLUGIN, STARTUP_TOPIC
 from .._admission.config import AdmissionConfig
-from .._evidence.paths import configured_crash_dir, crash_path, flight_path
+from ._life import _Life, _Reading
+from .._evidence.paths import configured_crash_dir
 from .._admission.startup import Start, StartupReservations, startup_peak
+from ._placement import PlacementMixin, _Placement
+from ._reporting import ReportingMixin, remove_files
 from ._worker import OomguardWorkerPlugin
 
 if TYPE_CHECKING:
@@ -58,84 +52,7 @@ logger = logging.getLogger("oomguard.nanny")
 _CLOSING = (Status.closing, Status.closed, Status.closing_gracefully, Status.failed)
 
 
-@dataclass
-class _Life:
-    """What the nanny knows of one worker process while it lives."""
-
-    pid: int
-    started: float
-    address: str | None
-    name: str
-    memory_limit: int | None
-    group: _cgroup.ChildGroup | None = None
-    cgroup_path: str | None = None
-    cgroup_version: int | None = None
-    cgroup_before: dict | None = None
-    placement: dict | None = None  # _Placement.facts(): what the group's peak covers
-    missing: list[str] = field(default_factory=list)
-    started_monotonic: float = field(default_factory=time.monotonic)
-    reading: _Reading | None = None  # the group's last reading while the worker ran
-
-
-@dataclass(frozen=True)
-class _Reading:
-    """The worker's group, read while the worker was running: its oom_kill count and the
-    other processes in it. A death is judged against this, not against the worker's start:
-    an OOM kill of another process there before this reading is not this worker's."""
-
-    time: float
-    oom_kill: int
-    others: tuple[int, ...]
-
-    @classmethod
-    def take(cls, life: _Life) -> _Reading | None:
-        """None when unreadable, or when the worker is already on its way out (the count
-        may then include its own kill)."""
-        if life.cgroup_path is None or life.cgroup_version is None:
-            return None
-        oom_kill = _cgroup.read_oom_kill(life.cgroup_path, life.cgroup_version)
-        pids = _cgroup.group_pids(life.cgroup_path)
-        if oom_kill is None or not _cgroup.process_running(life.pid):
-            return None
-        me = os.getpid()
-        return cls(time.time(), oom_kill, tuple(p for p in pids if p not in (life.pid, me)))
-
-    def facts(self, death_time: float) -> dict[str, Any]:
-        """For the report: how old it is at the death, and whether every other process in
-        the group then is still running (if one is not, a kill counted since could be its)."""
-        gone = [p for p in self.others if not _cgroup.process_running(p)]
-        return {
-            "oom_kill": self.oom_kill,
-            "age": round(max(death_time - self.time, 0.0), 3),
-            "others": len(self.others),
-            "others_gone": len(gone),
-        }
-
-
-@dataclass
-class _Placement:
-    """How one worker process was put into a memory group of its own, or why it was not."""
-
-    pid: int
-    group: _cgroup.ChildGroup | None = None
-    charge_moved: bool | None = None  # its earlier charges moved with it (v1 only)
-    rss_at_move: int | None = None
-    note: str = ""  # why the charges did not move
-    before: dict | None = None  # the group's counters right after the move
-    at: float = field(default_factory=time.time)
-    at_monotonic: float = field(default_factory=time.monotonic)
-    missing: list[str] = field(default_factory=list)
-
-    def facts(self) -> dict[str, Any]:
-        return {
-            "own_group": self.group is not None,
-            "charge_moved": self.charge_moved,
-            "rss_at_move": self.rss_at_move,
-            "note": self.note,
-        }
-
-
-class OomguardNannyPlugin(NannyPlugin):
+class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
     """Turns every worker-process death into one death report sent to the scheduler.
 
     Load with ``dask worker --preload-nanny oomguard.worker_plugin``, or at runtime with
@@ -206,23 +123,6 @@ class OomguardNannyPlugin(NannyPlugin):
             self.sample_interval = _config.get_seconds("worker.sample-interval")
         if self.max_report_size is None:
             self.max_report_size = _config.get_bytes("worker.max-report-size")
-
-    def _decide_cgroups(self) -> None:
-        if self.cgroup_limit == "false":
-            return
-        ok, reason = _cgroup.can_create_child()
-        if ok:
-            self._use_cgroups = True
-            # Groups of workers whose nanny died with them (SIGKILL of the whole host
-            # process tree) cannot be removed by that nanny: sweep them here.
-            _cgroup.cleanup_stale(f"{WORKER_GROUP_PREFIX}", stale=_dead_worker_group)
-        elif self.cgroup_limit == "true":
-            raise CgroupError(
-                f"oomguard.worker.cgroup-limit is true but a per-worker memory cgroup "
-                f"cannot be made here: {reason}. Set it to 'auto' to go on without one."
-            )
-        else:
-            logger.info("oomguard: no per-worker memory cgroups (%s)", reason)
 
     async def setup(self, nanny: Nanny) -> None:
         follow_dask_logging()
@@ -429,141 +329,6 @@ class OomguardNannyPlugin(NannyPlugin):
             life.reading = _Reading.take(life)
         self._life = life
 
-    def _wrap_wait_until_connected(self, wp: Any) -> None:
-        """Move each new worker process into its group as soon as it exists: Dask's
-        `WorkerProcess.start` awaits `_wait_until_connected` right after the spawn."""
-        if not self._use_cgroups or getattr(wp, "_oomguard_placing", False):
-            return
-        if not hasattr(wp, "_wait_until_connected"):  # logged at setup by _compat.check
-            wp._oomguard_placing = True
-            return
-        original = wp._wait_until_connected
-
-        async def _wait_until_connected(*args, **kwargs):
-            process = getattr(wp, "process", None)
-            pid = getattr(process, "pid", None)
-            if isinstance(pid, int) and not self._closing:
-                self._guard(self._place_at_spawn, "spawn", pid)
-            self._connecting += 1
-            try:
-                return await original(*args, **kwargs)
-            finally:
-                self._connecting -= 1
-
-        wp._wait_until_connected = _wait_until_connected
-        wp._oomguard_placing = True
-
-    def _place_at_spawn(self, pid: int) -> None:
-        nanny = self._nanny
-        if nanny is None or (self._placed is not None and self._placed.pid == pid):
-            return
-        if self._placed is not None:
-            # The previous spawn never came up, and Dask spawns again (distributed before
-            # 2026.7.0 restarts a worker that dies while its nanny starts).
-            self._discard(self._placed)
-        self._placed = self._place(pid, nanny.memory_manager.memory_limit)
-
-    def _place(self, pid: int, limit: int | None) -> _Placement:
-        """Make the worker's own group and move it in, its charges too where the kernel can."""
-        placed = _Placement(pid)
-        group = None
-        if self._unlimited:
-            limit = None
-        try:
-            group = _cgroup.ChildGroup.create(f"{WORKER_GROUP_PREFIX}{pid}", limit)
-            # Set before the move: the kernel reads it when the process joins.
-            moves, why = group.set_move_charge()
-            placed.rss_at_move = _cgroup.process_rss(pid)
-            try:
-                group.add_pid(pid)
-            except CgroupError as e:
-                if not moves:
-                    raise
-                # v1 refuses the whole move when the charge does not fit under the limit.
-                group.set_move_charge(False)
-                moves, why = False, f"moving its charge was refused ({e}); moved without it"
-                group.add_pid(pid)
-        except Exception as e:
-            placed.missing.append(f"per-worker cgroup: {e}")
-            if group is not None:
-                group.remove()
-            return placed
-        placed.group = group
-        placed.charge_moved = moves and group.version == 1
-        placed.note = why
-        placed.before = group.counters().to_dict()
-        return placed
-
-    async def _after_the_previous_start(self, timeout: float = 10.0) -> None:
-        """A restart waits until the previous start stopped waiting for its worker.
-
-        Dask restarts a worker that died while starting from its exit callback, at once.
-        Before 2026.7.0 the previous start's `_wait_until_connected` can still be polling
-        then: it takes the new worker's message off the queue, drops it (another uid), and
-        the new start waits for ever, and `Nanny.close` with it. Seen when a worker killed
-        by its own group's limit at start-up was restarted (tests/cluster/test_cgroup_live.py).
-        The previous wait ends within one poll (0.1 s) once its process is gone."""
-        deadline = time.monotonic() + timeout
-        while self._connecting and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-
-    def _killed_while_starting(self, nanny: Nanny) -> bool:
-        """Is this a restart of a worker that its own group's limit killed while the nanny
-        was starting? distributed before 2026.7.0 restarts it there, and that restart races
-        the first start's wait for its worker (which can then wait forever); 2026.7.0 and
-        later fail the nanny's start instead, which is what oomguard makes of it here."""
-        if nanny.status not in (Status.init, Status.starting):
-            return False
-        if self._placed is not None:  # not yet seen by _on_exit
-            placed, self._placed = self._placed, None
-            self._discard(placed)
-        return self._start_kills > 0
-
-    def _on_failed_start(self) -> None:
-        """The worker process died or hung before it was up: say so when its own group's
-        limit killed it (the limit now holds its start-up memory too), and remove the group."""
-        placed = self._placed
-        process = self._nanny.process if self._nanny is not None else None
-        if placed is None or (process is not None and process.pid == placed.pid):
-            return  # nothing placed, or it is alive after all: its group stays
-        self._placed = None
-        self._discard(placed)
-
-    def _discard(self, placed: _Placement) -> None:
-        """Remove the group of a worker process that never came up, saying so when its own
-        limit killed it."""
-        if placed.group is None:
-            return
-        self._killed_by_its_limit(placed)
-        placed.group.remove()
-
-    def _killed_by_its_limit(self, placed: _Placement) -> None:
-        """A worker process that never came up: say so when its own group's limit killed it
-        (the limit holds its start-up memory too)."""
-        counters = placed.group.counters()
-        if counters.oom_kill:
-            self._start_kills += 1
-            logger.error(
-                "oomguard: worker process %d was OOM-killed while starting: its memory "
-                "cgroup's limit (%s, Dask's memory_limit) is below what it needs to start "
-                "(peak %s). Raise the worker's memory_limit, or set "
-                "oomguard.worker.cgroup-limit: false.",
-                placed.pid,
-                format_bytes(counters.limit) if counters.limit else "none",
-                format_bytes(counters.peak) if counters.peak is not None else "unknown",
-            )
-            if not self._unlimited:
-                # distributed before 2026.7.0 restarts a worker that dies while its nanny
-                # starts (later releases fail the start), and the same limit would kill each
-                # one: the loop never ends. Restarts of any release meet the same limit.
-                # Said once; the spawns after it run without a limit.
-                self._unlimited = True
-                logger.warning(
-                    "oomguard: the next workers of this nanny start without oomguard's "
-                    "memory cgroup limit (as without oomguard), so a restart cannot be "
-                    "killed the same way again; their groups still count OOM kills."
-                )
-
     def _wrap_mark_stopped(self, wp: Any) -> None:
         if getattr(wp, "_oomguard_wrapped", False):
             return
@@ -621,117 +386,12 @@ class OomguardNannyPlugin(NannyPlugin):
             coro = self._send_clean_exit(address, requested, pid)
             if life is not None and life.group is not None:
                 life.group.remove()
-            for path in (crash_path(self.crash_dir, pid), flight_path(self.crash_dir, pid)):
-                _unlink(path)
+            remove_files(self.crash_dir, pid)
         else:
             coro = self._report(pid, exitcode, requested, address, life, death_time)
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    async def _report(self, pid, exitcode, requested, address, life, death_time) -> None:
-        try:
-            report = await asyncio.to_thread(
-                self._build, pid, exitcode, requested, address, life, death_time
-            )
-            if report is not None and report.get("cause") is not None:
-                await self._send(report)
-            else:
-                await self._send_clean_exit(address, requested, pid)
-        except Exception:
-            self._internal_error("report")
-
-    def _build(self, pid, exitcode, requested, address, life, death_time) -> dict | None:
-        """Gather the evidence (files, counters, kernel log) and build the report."""
-        assert self.crash_dir is not None
-        nanny = self._nanny
-        missing: list[str] = list(life.missing) if life else ["worker start not observed"]
-        crash_text = _read_text(crash_path(self.crash_dir, pid), missing)
-        flight = read_flight_record(flight_path(self.crash_dir, pid))
-        missing.extend(flight["missing"])
-        executing = _executing(flight)
-        sample = flight["sample"] or {}
-        cgroup_after = None
-        if life is not None and life.cgroup_path is not None:
-            counters = _cgroup.read_memory_counters(life.cgroup_path, life.cgroup_version)
-            cgroup_after = counters.to_dict()
-            missing.extend(f"cgroup after the death: {m}" for m in counters.missing)
-        kernel_victim = None
-        if exitcode in (-9, 255, None):
-            # Only records since the worker started: an old line may name a recycled PID.
-            since = life.started_monotonic - 1.0 if life is not None else None
-            # From the buffer's start: on a slow host a whole buffer takes well over 0.2 s.
-            log = _cgroup.read_kernel_log(since_monotonic=since, timeout=2.0)
-            kernel_victim = _cgroup.kernel_oom_victims(log).get(pid)
-        reading = life.reading.facts(death_time) if life and life.reading else None
-        memory_kill = self._memory_kills.pop(pid, None)
-        report = build_report(
-            worker=address or (life.address if life else "") or "",
-            nanny=nanny.address if nanny is not None else "",
-            name=life.name if life else (str(nanny.name) if nanny else ""),
-            host=socket.gethostname(),
-            pid=pid,
-            exitcode=exitcode,
-            time=death_time,
-            started=life.started if life else None,
-            memory_limit=life.memory_limit if life else None,
-            executing=executing,
-            crash_text=crash_text,
-            cgroup_before=life.cgroup_before if life else None,
-            cgroup_after=cgroup_after,
-            cgroup_path=life.cgroup_path if life else None,
-            cgroup_version=life.cgroup_version if life else None,
-            cgroup_placement=life.placement if life else None,
-            cgroup_reading=reading,
-            rss_sampled=sample.get("rss"),
-            rss_time=sample.get("time"),
-            host_memory=_cgroup.host_memory(),
-            nanny_memory_kill=memory_kill,
-            kernel_log_victim=kernel_victim,
-            requested_close=requested,
-            missing=missing,
-            max_bytes=self.max_report_size or _wire.MAX_REPORT_BYTES,
-        )
-        for path in (crash_path(self.crash_dir, pid), flight_path(self.crash_dir, pid)):
-            _unlink(path)
-        if life is not None and life.group is not None:
-            life.group.remove()
-        return report
-
-    async def _send(self, report: dict) -> None:
-        nanny = self._nanny
-        if nanny is None:
-            return
-        data = _wire.encode(report)
-        try:
-            await getattr(nanny.scheduler, REPORT_HANDLER)(report=data)
-            self.reports_sent += 1
-            return
-        except Exception as e:
-            # No scheduler plugin: still leave a trace in the scheduler's event log.
-            logger.warning(
-                "oomguard: scheduler did not take the death report (%s); "
-                "sending it as a '%s' event instead",
-                e,
-                DEATH_TOPIC,
-            )
-        nanny.log_event(DEATH_TOPIC, {"report": data})
-        self.reports_sent += 1
-
-    async def _send_clean_exit(self, address: str | None, requested: bool,
-                               pid: int | None) -> None:
-        """No report: the worker (process `pid`) ended with status 0 or its stop was
-        `requested` (the scheduler decides its removal at once, not after the grace
-        timeout)."""
-        nanny = self._nanny
-        if nanny is None or not address:
-            return
-        try:
-            await asyncio.wait_for(getattr(nanny.scheduler, CLEAN_EXIT_HANDLER)(
-                worker=address, requested=bool(requested),
-                pid=pid if isinstance(pid, int) and pid > 0 else None), 2)
-        except Exception:
-            pass  # no scheduler plugin, or the scheduler is gone: nothing to correct
 
     # --- never take the nanny down ----------------------------------------------------
 
@@ -747,67 +407,3 @@ class OomguardNannyPlugin(NannyPlugin):
     @property
     def errors(self) -> int:
         return self.guard.count
-
-
-def _dead_worker_group(name: str) -> bool:
-    """A per-worker group whose worker PID no longer exists."""
-    try:
-        pid = int(name[len(WORKER_GROUP_PREFIX):])
-    except ValueError:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False
-    return False
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def _read_text(path: str, missing: list[str], limit: int = 1 << 20) -> str | None:
-    try:
-        with open(path, "rb") as f:
-            data = f.read(limit)
-    except FileNotFoundError:
-        missing.append("crash file: not found")
-        return None
-    except OSError as e:
-        missing.append(f"crash file: {e.strerror or e}")
-        return None
-    return data.decode("utf-8", "replace") or None
-
-
-def _executing(flight: dict) -> list[dict]:
-    """Join the executing slots with the last sample's stacks."""
-    sample = flight.get("sample") or {}
-    tasks = sample.get("tasks") if isinstance(sample.get("tasks"), dict) else {}
-    out = []
-    for slot in flight["executing"]:
-        seen = tasks.get(slot["key"]) or {}
-        out.append(
-            {
-                "key": slot["key"],
-                "prefix": _prefix(slot["key"]),
-                "start": float(slot["start"]),
-                "thread": int(seen.get("thread") or 0),
-                "stack": seen.get("stack"),
-                "stack_time": sample.get("time") if seen else None,
-                "grew": seen.get("grew") if seen else None,
-            }
-        )
-    return out
-
-
-def _prefix(key: str) -> str:
-    from distributed.utils import key_split
-
-    if key.startswith("(") and "," in key:
-        key = key[1:].split(",", 1)[0].strip("'\"")
-    return key_split(key)

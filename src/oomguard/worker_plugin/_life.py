@@ -1,0 +1,66 @@
+"""A worker process's life as its nanny sees it: what is known of it from its start, and
+the latest reading of its memory group, against which its death is judged.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._evidence import cgroup as _cgroup
+
+
+@dataclass
+class _Life:
+    """What the nanny knows of one worker process while it lives."""
+
+    pid: int
+    started: float
+    address: str | None
+    name: str
+    memory_limit: int | None
+    group: _cgroup.ChildGroup | None = None
+    cgroup_path: str | None = None
+    cgroup_version: int | None = None
+    cgroup_before: dict | None = None
+    placement: dict | None = None  # _Placement.facts(): what the group's peak covers
+    missing: list[str] = field(default_factory=list)
+    started_monotonic: float = field(default_factory=time.monotonic)
+    reading: _Reading | None = None  # the group's last reading while the worker ran
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """The worker's group, read while the worker was running: its oom_kill count and the
+    other processes in it. A death is judged against this, not against the worker's start:
+    an OOM kill of another process there before this reading is not this worker's."""
+
+    time: float
+    oom_kill: int
+    others: tuple[int, ...]
+
+    @classmethod
+    def take(cls, life: _Life) -> _Reading | None:
+        """None when unreadable, or when the worker is already on its way out (the count
+        may then include its own kill)."""
+        if life.cgroup_path is None or life.cgroup_version is None:
+            return None
+        oom_kill = _cgroup.read_oom_kill(life.cgroup_path, life.cgroup_version)
+        pids = _cgroup.group_pids(life.cgroup_path)
+        if oom_kill is None or not _cgroup.process_running(life.pid):
+            return None
+        me = os.getpid()
+        return cls(time.time(), oom_kill, tuple(p for p in pids if p not in (life.pid, me)))
+
+    def facts(self, death_time: float) -> dict[str, Any]:
+        """For the report: how old it is at the death, and whether every other process in
+        the group then is still running (if one is not, a kill counted since could be its)."""
+        gone = [p for p in self.others if not _cgroup.process_running(p)]
+        return {
+            "oom_kill": self.oom_kill,
+            "age": round(max(death_time - self.time, 0.0), 3),
+            "others": len(self.others),
+            "others_gone": len(gone),
+        }

@@ -1,0 +1,119 @@
+"""The layout docs/architecture.md describes: small modules, families in packages, imports
+that only go down the layers, and no import cycle."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import oomguard
+
+SRC = pathlib.Path(oomguard.__file__).parent
+
+#: Each layer may import only from the layers after it (and from itself). The top-level
+#: modules (`_exceptions`, `_protocol`, `_models`, ...) are the vocabulary every layer uses.
+LAYERS = [
+    {"_cli"},
+    {"_client", "scheduler_plugin", "worker_plugin"},
+    {"_decide", "_store", "_admission", "_evidence"},
+    {"_signature"},
+]
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    out = {}
+    for path in SRC.rglob("*.py"):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(["oomguard", *parts])] = path
+    return out
+
+
+def _imports(name: str, path: pathlib.Path, *, lazy: bool = False) -> set[str]:
+    """The oomguard modules `name` imports when it is imported (with `lazy`, also those
+    imported inside functions); never what is imported under TYPE_CHECKING."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    tree = ast.parse(path.read_text())
+    typing_only = {
+        id(n) for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for n in ast.walk(node)
+    }
+    for node in ast.walk(tree) if lazy else tree.body:
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            if module.startswith("oomguard"):
+                found.add(module)
+                found.update(f"{module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("oomguard"))
+    return found
+
+
+def _graph(*, lazy: bool = False) -> dict[str, set[str]]:
+    modules = _modules()
+    return {
+        name: {m for m in _imports(name, path, lazy=lazy) if m in modules and m != name}
+        for name, path in modules.items()
+    }
+
+
+def test_no_module_over_500_lines():
+    sizes = {p.relative_to(SRC).as_posix(): len(p.read_text().splitlines()) for p in
+             SRC.rglob("*.py")}
+    assert {p: n for p, n in sizes.items() if n > 500} == {}
+
+
+def test_at_most_16_modules_loose_at_the_top():
+    loose = sorted(p.name for p in SRC.glob("*.py"))
+    assert len(loose) <= 16, loose
+
+
+def test_no_import_cycle():
+    graph = _graph()
+    done: set[str] = set()
+
+    def visit(node: str, stack: list[str]) -> None:
+        if node in stack:
+            raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(node):] +
+                                                             [node]))
+        if node in done:
+            return
+        for nxt in sorted(graph[node]):
+            # A package's own __init__ importing its submodules is how packages work.
+            if not nxt.startswith(node + "."):
+                visit(nxt, [*stack, node])
+        done.add(node)
+
+    for name in sorted(graph):
+        visit(name, [])
+
+
+def test_imports_only_go_down_the_layers():
+    def layer(name: str) -> int | None:
+        family = name.split(".")[1] if "." in name else ""
+        for i, members in enumerate(LAYERS):
+            if family in members:
+                return i
+        return None  # the top-level vocabulary: below every layer
+
+    wrong = []
+    for name, targets in _graph(lazy=True).items():
+        if name == "oomguard":
+            continue  # the public surface re-exports from every layer
+        here = layer(name)
+        for target in targets:
+            there = layer(target)
+            if here is None and there is not None:
+                wrong.append(f"{name} -> {target}")
+            elif here is not None and there is not None and there < here:
+                wrong.append(f"{name} -> {target}")
+    assert wrong == []
