@@ -2,11 +2,12 @@
 
 One owner per concern, each in its own module: `runs` (which run a key belongs to),
 `deaths` (pairing removals with reports, each death decided once), `blame` (who was
-executing), `budget` (deaths per key, Dask's bound kept exactly), `memory` and `resize`
-(after a memory kill: a larger worker, waited for a while, or an abort) and the
-`FailurePolicy` (per-shard evidence and the abort); `signatures` names each crash, and the
-words a person reads come from `oomguard._words`. The scheduler plugin turns Dask's hooks
-into calls here and applies the returned decisions; nothing here touches Dask.
+executing), `evidence` (what a death says, as the records it writes), `budget` (deaths per
+key, Dask's bound kept exactly), `memory` and `resize` (after a memory kill: a larger
+worker, waited for a while, or an abort) and the `FailurePolicy` (per-shard evidence and
+the abort); `signatures` names each crash, and the words a person reads come from
+`oomguard._words`. The scheduler plugin turns Dask's hooks into calls here and applies the
+returned decisions; nothing here touches Dask.
 
 Invariants (tests/unit/test_decide_model.py checks them over random interleavings):
 - a key is charged at most one death per removal, and stops (`Stop`) no later than the
@@ -25,28 +26,21 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .._causes import MEMORY_CAUSES, Cause, Kind, kind_of
+from .._causes import MEMORY_CAUSES, Cause, kind_of
 from .._models import FailureEvent
 from .._signature import scrub
-from .._words import (
-    NO_REPORT_SOURCE,
-    UNASKED_EXIT_SOURCE,
-    UNASKED_EXIT_SUMMARY,
-    evidence_summary,
-)
 from . import memory
-from .blame import FLIGHT_RECORD, blame, culprit
+from .blame import blame
 from .budget import DeathBudget
 from .deaths import Death, DeathPairing, Removal
 from .decisions import Decision, Forgive, Hold, Record, Release, Stop
+from .evidence import DeathEvidence, death_cause
 from .policy import AbortDecision, FailurePolicy
 from .resize import LargerRetry, Resized
 from .runs import Run, RunLabel, Runs, ShardKey, collection_name
-from .signatures import death_signature, exception_class, task_signature, trace_example
+from .signatures import exception_class, task_signature
 
 _RUNNABLE = ("waiting", "processing", "queued", "no-worker")
-#: Memory deaths that can be shared: several tasks growing together on one worker.
-_SHARED_MEMORY = (Cause.OOM_KILL, Cause.MEMORY_TERMINATE)
 #: Pipeline names of forgotten keys kept for deaths they cause later (~100 bytes each).
 _FORGOTTEN_NAMES = 10_000
 
@@ -232,10 +226,7 @@ class DecisionCore:
             return self._not_a_death(death.removal)
         self.deaths += 1
         report, removal = death.report, death.removal
-        if report is not None:
-            cause = Cause(report["cause"])
-        else:
-            cause = Cause.EXIT if death.exited else Cause.WORKER_LOST
+        cause = death_cause(death)
         b = blame(death)
         out: list[Decision] = []
         forgiven = self._displace(b.displaced)
@@ -249,32 +240,13 @@ class DecisionCore:
             if key is not None and key not in charged:  # a report whose removal never came
                 self.budget.charge([key])
                 self.budget.settle(key, blamed=True)
-        shared = (cause in _SHARED_MEMORY and b.certain
-                  and sum(k is not None for k in keys.values()) > 1)
-        evidence = self._evidence(death, cause, b.source, len(keys))
-        likely = culprit(report["executing"]) if shared else None
-        if likely is not None:
-            evidence.update(likely_culprit=likely.shard, likely_culprit_grew=likely.grew,
-                            likely_culprit_share=round(likely.share, 2))
-            evidence["summary"] = f"{evidence.get('summary') or cause.value}; {likely.describe()}"
-        when = report["time"] if report is not None else removal.time
-        host = report["host"] if report is not None else removal.host
-        entries = {e["key"]: e for e in report["executing"]} if report is not None else {}
+        told = DeathEvidence.of(death, cause, b, keys)
+        shared, likely = told.shared, told.likely
         decisions: list[tuple[AbortDecision, Any]] = []
-        # One death, one crash, one signature for all its events: from the likely
-        # culprit's stack when one is named, else from the first executing task's.
-        first = likely.shard if likely is not None else next(iter(keys), "")
-        sig = death_signature(cause, report, entries.get(first), first)
-        example = trace_example(report, entries.get(first), first)
         for s, key in (keys or {"": None}).items():
             run = self.runs.of(key) if key is not None else None
-            event = FailureEvent(
-                kind=Kind.INFRA.value, cause=cause.value, shard=s,
-                pipeline=self._pipeline(s, run), worker=death.worker, host=host,
-                signature_id=sig.id, signature_title=sig.title, evidence=evidence,
-                attempt=self.policy.attempt(s) if s else 1, time=when,
-            )
-            out.append(Record(event, sig.grouping_version, example, death=s == first))
+            event = told.event(s, self._pipeline(s, run), self.policy.attempt(s) if s else 1)
+            out.append(told.record(event))
             if key is None:
                 continue
             if run is not None and key not in self.stopped:
@@ -291,10 +263,8 @@ class DecisionCore:
         for key in charged - set(keys.values()):
             # Charged without blame (no report said what ran): Dask's bound still holds.
             if self.budget.over(key) and key not in self.stopped:
-                s = str(key)
                 run = self.runs.of(key)
-                event = FailureEvent(Kind.INFRA.value, cause.value, s, run.name if run else "",
-                                     death.worker, host, "", "", evidence, time=when)
+                event = told.unblamed_event(str(key), run.name if run else "")
                 decisions.append((self._over_budget(key, run, event), key))
         for d, key in decisions:
             out += self._abort(d, key)
@@ -346,43 +316,14 @@ class DecisionCore:
         return [Release(tuple(free))] if free else []
 
     def _amend(self, death: Death) -> list[Decision]:
-        report = death.report
-        cause = Cause(report["cause"])
-        evidence = self._evidence(death, cause, FLIGHT_RECORD, len(report["executing"]))
-        evidence["late_report"] = True
+        told = DeathEvidence.late(death)
         out: list[Decision] = []
-        entries = report["executing"] or [None]
-        first = entries[0]["key"] if entries[0] else ""
-        sig = death_signature(cause, report, entries[0], first)
-        for entry in entries:
+        for entry in death.report["executing"] or [None]:
             s = entry["key"] if entry else ""
             run = self.runs.of(self.runs.key(s)) if s else None
-            event = FailureEvent(
-                kind=Kind.INFRA.value, cause=cause.value, shard=s,
-                pipeline=self._pipeline(s, run), worker=death.worker,
-                host=report["host"], signature_id=sig.id, signature_title=sig.title,
-                evidence=evidence, attempt=max(1, self.policy.attempt(s) - 1) if s else 1,
-                time=report["time"],
-            )
-            out.append(Record(event, sig.grouping_version,
-                              trace_example(report, entries[0], first),
-                              amends=death.lost_at or 0.0))
+            attempt = max(1, self.policy.attempt(s) - 1) if s else 1  # of the event it amends
+            out.append(told.record(told.event(s, self._pipeline(s, run), attempt)))
         return out
-
-    def _evidence(self, death: Death, cause: Cause, source: str, n: int) -> dict:
-        report = death.report
-        if report is not None:
-            evidence = dict(report["evidence"])
-        elif death.exited:
-            evidence = {"source": UNASKED_EXIT_SOURCE, "exitcode": 0,
-                        "summary": UNASKED_EXIT_SUMMARY}
-        else:
-            evidence = {"source": NO_REPORT_SOURCE}
-        evidence["blame"] = source
-        if n > 1:
-            evidence["executing_tasks"] = n
-        evidence.setdefault("summary", evidence_summary(evidence, str(cause)))
-        return evidence
 
     # --- memory: isolation -----------------------------------------------------------
 
