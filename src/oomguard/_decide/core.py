@@ -4,10 +4,11 @@ One owner per concern, each in its own module: `runs` (which run a key belongs t
 `deaths` (pairing removals with reports, each death decided once), `blame` (who was
 executing), `evidence` (what a death says, as the records it writes), `budget` (deaths per
 key, Dask's bound kept exactly), `memory` and `resize` (after a memory kill: a larger
-worker, waited for a while, or an abort) and the `FailurePolicy` (per-shard evidence and
-the abort); `signatures` names each crash, and the words a person reads come from
-`oomguard._words`. The scheduler plugin turns Dask's hooks into calls here and applies the
-returned decisions; nothing here touches Dask.
+worker, waited for a while, or an abort), `isolation` (after a memory kill shared by
+several tasks: each runs alone) and the `FailurePolicy` (per-shard evidence and the abort);
+`signatures` names each crash, and the words a person reads come from `oomguard._words`.
+The scheduler plugin turns Dask's hooks into calls here and applies the returned
+decisions; nothing here touches Dask.
 
 Invariants (tests/unit/test_decide_model.py checks them over random interleavings):
 - a key is charged at most one death per removal, and stops (`Stop`) no later than the
@@ -35,6 +36,7 @@ from .budget import DeathBudget
 from .deaths import Death, DeathPairing, Removal
 from .decisions import Decision, Forgive, Hold, Record, Release, Stop
 from .evidence import DeathEvidence, death_cause
+from .isolation import Isolation
 from .policy import AbortDecision, FailurePolicy
 from .resize import LargerRetry, Resized
 from .runs import Run, RunLabel, Runs, ShardKey, collection_name
@@ -75,8 +77,7 @@ class DecisionCore:
         self.workers: dict[str, int | None] = {}  # address -> memory limit
         self.held: set = set()
         self.stopped: dict[Any, Stop] = {}  # key -> the Stop that erred it
-        self.suspects: deque = deque()  # held after a shared memory kill, run one at a time
-        self.isolating: Any = None
+        self.isolation = Isolation(self.held, self.stopped, self.budget)
         self.larger = LargerRetry(self.policy, self.runs)  # retries on a larger worker
         self._now = 0.0
         self.gone: list[RunLabel] = []  # runs whose last key was forgotten: persist, drop
@@ -97,6 +98,16 @@ class DecisionCore:
     def resized(self) -> dict[Any, Resized]:
         """Keys retried on larger workers (`LargerRetry`)."""
         return self.larger.resized
+
+    @property
+    def suspects(self) -> deque:
+        """Keys held after a shared memory kill, to run alone one at a time (`Isolation`)."""
+        return self.isolation.suspects
+
+    @property
+    def isolating(self) -> Any:
+        """The suspect running alone, or None (`Isolation`)."""
+        return self.isolation.isolating
 
     # --- graphs and task states (hot path: O(1)) -------------------------------------
 
@@ -119,7 +130,7 @@ class DecisionCore:
                     self.policy.shard_done(run.label, key)
                 else:
                     self.policy.shard_erred(run.label, key, aborted=key in self.stopped)
-            return self._isolated_done(key)
+            return self.isolation.done(key)
         if finish == "forgotten":
             return self.forget(key)
         if key in self.stopped and finish in ("processing", "no-worker", "queued"):
@@ -148,12 +159,11 @@ class DecisionCore:
         self.budget.forget(key)
         self.stopped.pop(key, None)
         self.larger.forget(key)
-        out = self._isolated_done(key)
+        out = self.isolation.done(key)
         if key in self.held:  # so the plugin forgets what it saved for the key too
             self.held.discard(key)
             out.append(Release((key,)))
-        if key in self.suspects:
-            self.suspects.remove(key)
+        self.isolation.discard(key)
         return out
 
     # --- workers ---------------------------------------------------------------------
@@ -211,8 +221,7 @@ class DecisionCore:
             out += self._decide(death)
         held = tuple(k for k in self.held if k not in self.stopped)
         self.held.clear()
-        self.suspects.clear()
-        self.isolating = None
+        self.isolation.clear()
         if held:
             out.append(Release(held))
         return [d for d in out if not isinstance(d, Hold)]
@@ -241,7 +250,6 @@ class DecisionCore:
                 self.budget.charge([key])
                 self.budget.settle(key, blamed=True)
         told = DeathEvidence.of(death, cause, b, keys)
-        shared, likely = told.shared, told.likely
         decisions: list[tuple[AbortDecision, Any]] = []
         for s, key in (keys or {"": None}).items():
             run = self.runs.of(key) if key is not None else None
@@ -250,8 +258,8 @@ class DecisionCore:
             if key is None:
                 continue
             if run is not None and key not in self.stopped:
-                d = self.policy.record(event, run=run.label, may_decide=not shared)
-                if d is None and not shared and cause in MEMORY_CAUSES and self.larger_only:
+                d = self.policy.record(event, run=run.label, may_decide=not told.shared)
+                if d is None and not told.shared and cause in MEMORY_CAUSES and self.larger_only:
                     limit = report.get("memory_limit") if report is not None else None
                     d, resize = self.larger.retry(key, run.label, event, limit, self.workers,
                                                   self._now)
@@ -268,16 +276,12 @@ class DecisionCore:
                 decisions.append((self._over_budget(key, run, event), key))
         for d, key in decisions:
             out += self._abort(d, key)
-        if self.isolating is not None and (self.isolating in charged
-                                           or self.isolating in keys.values()):
-            self.isolating = None  # it died again: alone (judged above) or shared again
-        if shared:
+        self.isolation.died(charged, keys.values())
+        if told.shared:
             # The likely culprit runs alone first: its verdict comes soonest.
-            hog = keys.get(likely.shard) if likely is not None else None
-            self._isolate(sorted((k for k in keys.values() if k is not None),
-                                 key=lambda k: k != hog))
+            self._isolate(keys.values(), keys.get(told.likely.shard) if told.likely else None)
         out += self._release_decided(removal)
-        return out + self._next_isolated()
+        return out + self.isolation.next()
 
     def _not_a_death(self, removal: Removal) -> list[Decision]:
         """A removal that was a requested stop: its tasks were only displaced.
@@ -286,11 +290,9 @@ class DecisionCore:
         # Stopped keys were never charged nor held at the removal.
         forgiven = self._displace({s: k for s, k in removal.processing.items()
                                    if k not in self.stopped})
-        if self.isolating is not None and self.isolating in forgiven:
-            self.suspects.appendleft(self.isolating)  # it ran alone: it goes first again
-            self.isolating = None
+        self.isolation.displaced(forgiven)
         out: list[Decision] = [Forgive(tuple(forgiven))] if forgiven else []
-        return out + self._release_decided(removal) + self._next_isolated()
+        return out + self._release_decided(removal) + self.isolation.next()
 
     def _displace(self, tasks: dict[ShardKey, Any]) -> list:
         """{str: key} of tasks that were on a dead worker but are not to blame: take back
@@ -309,8 +311,8 @@ class DecisionCore:
             return []
         free = []
         for key in removal.processing.values():
-            if (key in self.held and key not in self.stopped and key not in self.suspects
-                    and key != self.isolating and self.budget.undecided(key) == 0):
+            if (key in self.held and key not in self.stopped and not self.isolation.waits(key)
+                    and self.budget.undecided(key) == 0):
                 self.held.discard(key)
                 free.append(key)
         return [Release(tuple(free))] if free else []
@@ -327,33 +329,10 @@ class DecisionCore:
 
     # --- memory: isolation -----------------------------------------------------------
 
-    def _isolate(self, keys: list) -> None:
-        for key in keys:
-            if key not in self.stopped and key not in self.suspects and key != self.isolating:
-                self.suspects.append(key)
-                self.held.add(key)
-                if (run := self.runs.of(key)) is not None:
-                    self.policy.isolated(run.label)
-
-    def _next_isolated(self) -> list[Decision]:
-        while self.isolating is None and self.suspects:
-            key = self.suspects.popleft()
-            if key in self.stopped or key not in self.held:
-                continue
-            if self.budget.undecided(key):
-                # Still on a worker whose death is undecided: that decision comes first.
-                self.suspects.appendleft(key)
-                return []
-            self.isolating = key
-            self.held.discard(key)
-            return [Release((key,))]
-        return []
-
-    def _isolated_done(self, key: Any) -> list[Decision]:
-        if key is not None and key == self.isolating:
-            self.isolating = None
-            return self._next_isolated()
-        return []
+    def _isolate(self, keys: Iterable, first: Any) -> None:
+        for key in self.isolation.queue(keys, first):
+            if (run := self.runs.of(key)) is not None:
+                self.policy.isolated(run.label)
 
     # --- stopping --------------------------------------------------------------------
 
@@ -379,13 +358,8 @@ class DecisionCore:
         for key in stop.keys:
             self.stopped[key] = stop
             self.held.discard(key)
-            if key in self.suspects:
-                self.suspects.remove(key)
-        out: list[Decision] = [stop]
-        if self.isolating in self.stopped:
-            self.isolating = None
-            out += self._next_isolated()
-        return out
+            self.isolation.discard(key)
+        return [stop, *self.isolation.after_stop()]
 
     # --- memory admission ------------------------------------------------------------
 
