@@ -2,8 +2,8 @@
 
 One owner per concern, each in its own module: `runs` (which run a key belongs to),
 `deaths` (pairing removals with reports, each death decided once), `blame` (who was
-executing), `evidence` (what a death says, as the records it writes), `budget` (deaths per
-key, Dask's bound kept exactly), `memory` and `resize` (after a memory kill: a larger
+executing), `evidence` (what a failure says, as the records it writes), `budget` (deaths
+per key, Dask's bound kept exactly), `memory` and `resize` (after a memory kill: a larger
 worker, waited for a while, or an abort), `isolation` (after a memory kill shared by
 several tasks: each runs alone) and the `FailurePolicy` (per-shard evidence and the abort);
 `signatures` names each crash, and the words a person reads come from `oomguard._words`.
@@ -27,20 +27,18 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .._causes import MEMORY_CAUSES, Cause, kind_of
+from .._causes import MEMORY_CAUSES
 from .._models import FailureEvent
-from .._signature import scrub
 from . import memory
 from .blame import blame
 from .budget import DeathBudget
 from .deaths import Death, DeathPairing, Removal
-from .decisions import Decision, Forgive, Hold, Record, Release, Stop
-from .evidence import DeathEvidence, death_cause
+from .decisions import Decision, Forgive, Hold, Release, Stop
+from .evidence import DeathEvidence, death_cause, task_record
 from .isolation import Isolation
 from .policy import AbortDecision, FailurePolicy
 from .resize import LargerRetry, Resized
 from .runs import Run, RunLabel, Runs, ShardKey, collection_name
-from .signatures import exception_class, task_signature
 
 _RUNNABLE = ("waiting", "processing", "queued", "no-worker")
 #: Pipeline names of forgotten keys kept for deaths they cause later (~100 bytes each).
@@ -377,27 +375,20 @@ class DecisionCore:
                    host: str, retries: int, now: float | None = None) -> tuple[list[Decision], bool]:
         """A task raised. Returns the decisions, and whether it was a MemoryError (INFRA:
         retried without using the task's own retries)."""
-        memory_error = exception_text.startswith("MemoryError")
-        cause = Cause.MEMORY_ERROR if memory_error else Cause.EXCEPTION
-        sig = task_signature(exception_class(exception_text), traceback_text, exception_text)
         run = self.runs.of(key)
         shard = str(key)
-        event = FailureEvent(
-            kind=kind_of(cause).value, cause=cause.value, shard=shard,
-            pipeline=run.name if run is not None else "", worker=worker, host=host,
-            signature_id=sig.id, signature_title=sig.title,
-            evidence={"exception": exception_text[:500], "retries_left": retries},
-            attempt=self.policy.attempt(shard), time=now if now is not None else _time.time(),
+        pipeline, attempt = run.name if run is not None else "", self.policy.attempt(shard)
+        when = now if now is not None else _time.time()
+        record = task_record(
+            shard, pipeline, worker, host, attempt, when, exception_text, traceback_text, retries
         )
-        out: list[Decision] = [
-            Record(event, sig.grouping_version, scrub(f"{traceback_text}\n{exception_text}"))
-        ]
+        out: list[Decision] = [record]
         d = None
         if run is not None and key not in self.stopped:
-            d = self.policy.record(event, run=run.label)
+            d = self.policy.record(record.event, run=run.label)
         if d is not None:
             out += self._abort(d, key)
-        return out, memory_error and d is None
+        return out, exception_text.startswith("MemoryError") and d is None
 
     def _pipeline(self, shard: ShardKey, run: Run | None) -> str:
         if run is not None:

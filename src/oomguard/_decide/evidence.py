@@ -1,7 +1,8 @@
-"""What one worker death says, as the `Record`s it writes (pure): its cause and evidence,
-whether it was a memory kill shared by several tasks (and which one likely caused it), and
-the one signature and trace of all its events; a late report's too. The decision core
-decides what to do about a death; this module only reads it.
+"""What one failure says, as the `Record`s it writes (pure). A worker death: its cause and
+evidence, whether it was a memory kill shared by several tasks (and which one likely caused
+it), the one signature and trace of all its events; a late report's too. A task's
+exception: its cause, signature and traceback. The decision core decides what to do about
+a failure; this module only reads it.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._causes import Cause, Kind
+from .._causes import Cause, Kind, kind_of
 from .._models import FailureEvent
-from .._signature import Signature
+from .._signature import Signature, scrub
 from .._words import (
     NO_REPORT_SOURCE,
     UNASKED_EXIT_SOURCE,
@@ -23,9 +24,9 @@ from .blame import FLIGHT_RECORD, Blame, Culprit, culprit
 from .deaths import Death
 from .decisions import Record
 from .runs import ShardKey
-from .signatures import death_signature, trace_example
+from .signatures import death_signature, exception_class, task_signature, trace_example
 
-__all__ = ["DeathEvidence", "death_cause"]
+__all__ = ["DeathEvidence", "death_cause", "task_record"]
 
 #: Memory deaths that can be shared: several tasks growing together on one worker.
 _SHARED_MEMORY = (Cause.OOM_KILL, Cause.MEMORY_TERMINATE)
@@ -119,6 +120,22 @@ class DeathEvidence:
                           amends=self.death.lost_at or 0.0)
         return Record(event, self.signature.grouping_version, self.example,
                       death=event.shard == self.first)
+
+
+def task_record(shard: ShardKey, pipeline: str, worker: str, host: str, attempt: int,
+                time: float, exception_text: str, traceback_text: str, retries: int) -> Record:
+    """A task's exception: a MemoryError is `memory_error` (INFRA), anything else
+    `exception` (USER); signed by its traceback, which is kept with it."""
+    memory_error = exception_text.startswith("MemoryError")
+    cause = Cause.MEMORY_ERROR if memory_error else Cause.EXCEPTION
+    sig = task_signature(exception_class(exception_text), traceback_text, exception_text)
+    event = FailureEvent(
+        kind=kind_of(cause).value, cause=cause.value, shard=shard, pipeline=pipeline,
+        worker=worker, host=host, signature_id=sig.id, signature_title=sig.title,
+        evidence={"exception": exception_text[:500], "retries_left": retries},
+        attempt=attempt, time=time,
+    )
+    return Record(event, sig.grouping_version, scrub(f"{traceback_text}\n{exception_text}"))
 
 
 def _evidence(death: Death, cause: Cause, source: str, n: int) -> dict:
