@@ -2,11 +2,13 @@
 
 One owner per concern, each in its own module: `runs` (which run a key belongs to),
 `deaths` (pairing removals with reports, each death decided once), `blame` (who was
-executing), `budget` (deaths per key, Dask's bound kept exactly), `memory` and `resize`
-(after a memory kill: a larger worker, waited for a while, or an abort) and the
-`FailurePolicy` (per-shard evidence and the abort); `signatures` names each crash, and the
-words a person reads come from `oomguard._words`. The scheduler plugin turns Dask's hooks
-into calls here and applies the returned decisions; nothing here touches Dask.
+executing), `evidence` (what a failure says, as the records it writes), `budget` (deaths
+per key, Dask's bound kept exactly), `memory` and `resize` (after a memory kill: a larger
+worker, waited for a while, or an abort), `isolation` (after a memory kill shared by
+several tasks: each runs alone) and the `FailurePolicy` (per-shard evidence and the abort);
+`signatures` names each crash, and the words a person reads come from `oomguard._words`.
+The scheduler plugin turns Dask's hooks into calls here and applies the returned
+decisions; nothing here touches Dask.
 
 Invariants (tests/unit/test_decide_model.py checks them over random interleavings):
 - a key is charged at most one death per removal, and stops (`Stop`) no later than the
@@ -25,28 +27,20 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .._causes import MEMORY_CAUSES, Cause, Kind, kind_of
+from .._causes import MEMORY_CAUSES
 from .._models import FailureEvent
-from .._signature import scrub
-from .._words import (
-    NO_REPORT_SOURCE,
-    UNASKED_EXIT_SOURCE,
-    UNASKED_EXIT_SUMMARY,
-    evidence_summary,
-)
 from . import memory
-from .blame import FLIGHT_RECORD, blame, culprit
+from .blame import blame
 from .budget import DeathBudget
 from .deaths import Death, DeathPairing, Removal
-from .decisions import Decision, Forgive, Hold, Record, Release, Stop
+from .decisions import Decision, Forgive, Hold, Release, Stop
+from .evidence import DeathEvidence, death_cause, task_record
+from .isolation import Isolation
 from .policy import AbortDecision, FailurePolicy
 from .resize import LargerRetry, Resized
 from .runs import Run, RunLabel, Runs, ShardKey, collection_name
-from .signatures import death_signature, exception_class, task_signature, trace_example
 
 _RUNNABLE = ("waiting", "processing", "queued", "no-worker")
-#: Memory deaths that can be shared: several tasks growing together on one worker.
-_SHARED_MEMORY = (Cause.OOM_KILL, Cause.MEMORY_TERMINATE)
 #: Pipeline names of forgotten keys kept for deaths they cause later (~100 bytes each).
 _FORGOTTEN_NAMES = 10_000
 
@@ -81,8 +75,7 @@ class DecisionCore:
         self.workers: dict[str, int | None] = {}  # address -> memory limit
         self.held: set = set()
         self.stopped: dict[Any, Stop] = {}  # key -> the Stop that erred it
-        self.suspects: deque = deque()  # held after a shared memory kill, run one at a time
-        self.isolating: Any = None
+        self.isolation = Isolation(self.held, self.stopped, self.budget)
         self.larger = LargerRetry(self.policy, self.runs)  # retries on a larger worker
         self._now = 0.0
         self.gone: list[RunLabel] = []  # runs whose last key was forgotten: persist, drop
@@ -103,6 +96,16 @@ class DecisionCore:
     def resized(self) -> dict[Any, Resized]:
         """Keys retried on larger workers (`LargerRetry`)."""
         return self.larger.resized
+
+    @property
+    def suspects(self) -> deque:
+        """Keys held after a shared memory kill, to run alone one at a time (`Isolation`)."""
+        return self.isolation.suspects
+
+    @property
+    def isolating(self) -> Any:
+        """The suspect running alone, or None (`Isolation`)."""
+        return self.isolation.isolating
 
     # --- graphs and task states (hot path: O(1)) -------------------------------------
 
@@ -125,7 +128,7 @@ class DecisionCore:
                     self.policy.shard_done(run.label, key)
                 else:
                     self.policy.shard_erred(run.label, key, aborted=key in self.stopped)
-            return self._isolated_done(key)
+            return self.isolation.done(key)
         if finish == "forgotten":
             return self.forget(key)
         if key in self.stopped and finish in ("processing", "no-worker", "queued"):
@@ -154,12 +157,11 @@ class DecisionCore:
         self.budget.forget(key)
         self.stopped.pop(key, None)
         self.larger.forget(key)
-        out = self._isolated_done(key)
+        out = self.isolation.done(key)
         if key in self.held:  # so the plugin forgets what it saved for the key too
             self.held.discard(key)
             out.append(Release((key,)))
-        if key in self.suspects:
-            self.suspects.remove(key)
+        self.isolation.discard(key)
         return out
 
     # --- workers ---------------------------------------------------------------------
@@ -217,8 +219,7 @@ class DecisionCore:
             out += self._decide(death)
         held = tuple(k for k in self.held if k not in self.stopped)
         self.held.clear()
-        self.suspects.clear()
-        self.isolating = None
+        self.isolation.clear()
         if held:
             out.append(Release(held))
         return [d for d in out if not isinstance(d, Hold)]
@@ -232,10 +233,7 @@ class DecisionCore:
             return self._not_a_death(death.removal)
         self.deaths += 1
         report, removal = death.report, death.removal
-        if report is not None:
-            cause = Cause(report["cause"])
-        else:
-            cause = Cause.EXIT if death.exited else Cause.WORKER_LOST
+        cause = death_cause(death)
         b = blame(death)
         out: list[Decision] = []
         forgiven = self._displace(b.displaced)
@@ -249,37 +247,17 @@ class DecisionCore:
             if key is not None and key not in charged:  # a report whose removal never came
                 self.budget.charge([key])
                 self.budget.settle(key, blamed=True)
-        shared = (cause in _SHARED_MEMORY and b.certain
-                  and sum(k is not None for k in keys.values()) > 1)
-        evidence = self._evidence(death, cause, b.source, len(keys))
-        likely = culprit(report["executing"]) if shared else None
-        if likely is not None:
-            evidence.update(likely_culprit=likely.shard, likely_culprit_grew=likely.grew,
-                            likely_culprit_share=round(likely.share, 2))
-            evidence["summary"] = f"{evidence.get('summary') or cause.value}; {likely.describe()}"
-        when = report["time"] if report is not None else removal.time
-        host = report["host"] if report is not None else removal.host
-        entries = {e["key"]: e for e in report["executing"]} if report is not None else {}
+        told = DeathEvidence.of(death, cause, b, keys)
         decisions: list[tuple[AbortDecision, Any]] = []
-        # One death, one crash, one signature for all its events: from the likely
-        # culprit's stack when one is named, else from the first executing task's.
-        first = likely.shard if likely is not None else next(iter(keys), "")
-        sig = death_signature(cause, report, entries.get(first), first)
-        example = trace_example(report, entries.get(first), first)
         for s, key in (keys or {"": None}).items():
             run = self.runs.of(key) if key is not None else None
-            event = FailureEvent(
-                kind=Kind.INFRA.value, cause=cause.value, shard=s,
-                pipeline=self._pipeline(s, run), worker=death.worker, host=host,
-                signature_id=sig.id, signature_title=sig.title, evidence=evidence,
-                attempt=self.policy.attempt(s) if s else 1, time=when,
-            )
-            out.append(Record(event, sig.grouping_version, example, death=s == first))
+            event = told.event(s, self._pipeline(s, run), self.policy.attempt(s) if s else 1)
+            out.append(told.record(event))
             if key is None:
                 continue
             if run is not None and key not in self.stopped:
-                d = self.policy.record(event, run=run.label, may_decide=not shared)
-                if d is None and not shared and cause in MEMORY_CAUSES and self.larger_only:
+                d = self.policy.record(event, run=run.label, may_decide=not told.shared)
+                if d is None and not told.shared and cause in MEMORY_CAUSES and self.larger_only:
                     limit = report.get("memory_limit") if report is not None else None
                     d, resize = self.larger.retry(key, run.label, event, limit, self.workers,
                                                   self._now)
@@ -291,23 +269,17 @@ class DecisionCore:
         for key in charged - set(keys.values()):
             # Charged without blame (no report said what ran): Dask's bound still holds.
             if self.budget.over(key) and key not in self.stopped:
-                s = str(key)
                 run = self.runs.of(key)
-                event = FailureEvent(Kind.INFRA.value, cause.value, s, run.name if run else "",
-                                     death.worker, host, "", "", evidence, time=when)
+                event = told.unblamed_event(str(key), run.name if run else "")
                 decisions.append((self._over_budget(key, run, event), key))
         for d, key in decisions:
             out += self._abort(d, key)
-        if self.isolating is not None and (self.isolating in charged
-                                           or self.isolating in keys.values()):
-            self.isolating = None  # it died again: alone (judged above) or shared again
-        if shared:
+        self.isolation.died(charged, keys.values())
+        if told.shared:
             # The likely culprit runs alone first: its verdict comes soonest.
-            hog = keys.get(likely.shard) if likely is not None else None
-            self._isolate(sorted((k for k in keys.values() if k is not None),
-                                 key=lambda k: k != hog))
+            self._isolate(keys.values(), keys.get(told.likely.shard) if told.likely else None)
         out += self._release_decided(removal)
-        return out + self._next_isolated()
+        return out + self.isolation.next()
 
     def _not_a_death(self, removal: Removal) -> list[Decision]:
         """A removal that was a requested stop: its tasks were only displaced.
@@ -316,11 +288,9 @@ class DecisionCore:
         # Stopped keys were never charged nor held at the removal.
         forgiven = self._displace({s: k for s, k in removal.processing.items()
                                    if k not in self.stopped})
-        if self.isolating is not None and self.isolating in forgiven:
-            self.suspects.appendleft(self.isolating)  # it ran alone: it goes first again
-            self.isolating = None
+        self.isolation.displaced(forgiven)
         out: list[Decision] = [Forgive(tuple(forgiven))] if forgiven else []
-        return out + self._release_decided(removal) + self._next_isolated()
+        return out + self._release_decided(removal) + self.isolation.next()
 
     def _displace(self, tasks: dict[ShardKey, Any]) -> list:
         """{str: key} of tasks that were on a dead worker but are not to blame: take back
@@ -339,80 +309,28 @@ class DecisionCore:
             return []
         free = []
         for key in removal.processing.values():
-            if (key in self.held and key not in self.stopped and key not in self.suspects
-                    and key != self.isolating and self.budget.undecided(key) == 0):
+            if (key in self.held and key not in self.stopped and not self.isolation.waits(key)
+                    and self.budget.undecided(key) == 0):
                 self.held.discard(key)
                 free.append(key)
         return [Release(tuple(free))] if free else []
 
     def _amend(self, death: Death) -> list[Decision]:
-        report = death.report
-        cause = Cause(report["cause"])
-        evidence = self._evidence(death, cause, FLIGHT_RECORD, len(report["executing"]))
-        evidence["late_report"] = True
+        told = DeathEvidence.late(death)
         out: list[Decision] = []
-        entries = report["executing"] or [None]
-        first = entries[0]["key"] if entries[0] else ""
-        sig = death_signature(cause, report, entries[0], first)
-        for entry in entries:
+        for entry in death.report["executing"] or [None]:
             s = entry["key"] if entry else ""
             run = self.runs.of(self.runs.key(s)) if s else None
-            event = FailureEvent(
-                kind=Kind.INFRA.value, cause=cause.value, shard=s,
-                pipeline=self._pipeline(s, run), worker=death.worker,
-                host=report["host"], signature_id=sig.id, signature_title=sig.title,
-                evidence=evidence, attempt=max(1, self.policy.attempt(s) - 1) if s else 1,
-                time=report["time"],
-            )
-            out.append(Record(event, sig.grouping_version,
-                              trace_example(report, entries[0], first),
-                              amends=death.lost_at or 0.0))
+            attempt = max(1, self.policy.attempt(s) - 1) if s else 1  # of the event it amends
+            out.append(told.record(told.event(s, self._pipeline(s, run), attempt)))
         return out
-
-    def _evidence(self, death: Death, cause: Cause, source: str, n: int) -> dict:
-        report = death.report
-        if report is not None:
-            evidence = dict(report["evidence"])
-        elif death.exited:
-            evidence = {"source": UNASKED_EXIT_SOURCE, "exitcode": 0,
-                        "summary": UNASKED_EXIT_SUMMARY}
-        else:
-            evidence = {"source": NO_REPORT_SOURCE}
-        evidence["blame"] = source
-        if n > 1:
-            evidence["executing_tasks"] = n
-        evidence.setdefault("summary", evidence_summary(evidence, str(cause)))
-        return evidence
 
     # --- memory: isolation -----------------------------------------------------------
 
-    def _isolate(self, keys: list) -> None:
-        for key in keys:
-            if key not in self.stopped and key not in self.suspects and key != self.isolating:
-                self.suspects.append(key)
-                self.held.add(key)
-                if (run := self.runs.of(key)) is not None:
-                    self.policy.isolated(run.label)
-
-    def _next_isolated(self) -> list[Decision]:
-        while self.isolating is None and self.suspects:
-            key = self.suspects.popleft()
-            if key in self.stopped or key not in self.held:
-                continue
-            if self.budget.undecided(key):
-                # Still on a worker whose death is undecided: that decision comes first.
-                self.suspects.appendleft(key)
-                return []
-            self.isolating = key
-            self.held.discard(key)
-            return [Release((key,))]
-        return []
-
-    def _isolated_done(self, key: Any) -> list[Decision]:
-        if key is not None and key == self.isolating:
-            self.isolating = None
-            return self._next_isolated()
-        return []
+    def _isolate(self, keys: Iterable, first: Any) -> None:
+        for key in self.isolation.queue(keys, first):
+            if (run := self.runs.of(key)) is not None:
+                self.policy.isolated(run.label)
 
     # --- stopping --------------------------------------------------------------------
 
@@ -438,13 +356,8 @@ class DecisionCore:
         for key in stop.keys:
             self.stopped[key] = stop
             self.held.discard(key)
-            if key in self.suspects:
-                self.suspects.remove(key)
-        out: list[Decision] = [stop]
-        if self.isolating in self.stopped:
-            self.isolating = None
-            out += self._next_isolated()
-        return out
+            self.isolation.discard(key)
+        return [stop, *self.isolation.after_stop()]
 
     # --- memory admission ------------------------------------------------------------
 
@@ -462,27 +375,20 @@ class DecisionCore:
                    host: str, retries: int, now: float | None = None) -> tuple[list[Decision], bool]:
         """A task raised. Returns the decisions, and whether it was a MemoryError (INFRA:
         retried without using the task's own retries)."""
-        memory_error = exception_text.startswith("MemoryError")
-        cause = Cause.MEMORY_ERROR if memory_error else Cause.EXCEPTION
-        sig = task_signature(exception_class(exception_text), traceback_text, exception_text)
         run = self.runs.of(key)
         shard = str(key)
-        event = FailureEvent(
-            kind=kind_of(cause).value, cause=cause.value, shard=shard,
-            pipeline=run.name if run is not None else "", worker=worker, host=host,
-            signature_id=sig.id, signature_title=sig.title,
-            evidence={"exception": exception_text[:500], "retries_left": retries},
-            attempt=self.policy.attempt(shard), time=now if now is not None else _time.time(),
+        pipeline, attempt = run.name if run is not None else "", self.policy.attempt(shard)
+        when = now if now is not None else _time.time()
+        record = task_record(
+            shard, pipeline, worker, host, attempt, when, exception_text, traceback_text, retries
         )
-        out: list[Decision] = [
-            Record(event, sig.grouping_version, scrub(f"{traceback_text}\n{exception_text}"))
-        ]
+        out: list[Decision] = [record]
         d = None
         if run is not None and key not in self.stopped:
-            d = self.policy.record(event, run=run.label)
+            d = self.policy.record(record.event, run=run.label)
         if d is not None:
             out += self._abort(d, key)
-        return out, memory_error and d is None
+        return out, exception_text.startswith("MemoryError") and d is None
 
     def _pipeline(self, shard: ShardKey, run: Run | None) -> str:
         if run is not None:

@@ -6,25 +6,25 @@ policy answers with an `AbortDecision` at most once per pipeline, and with a
 `PipelineStatus` whose summary is one plain sentence (its words: `oomguard._words`).
 
 Memory stays O(pipelines + failed shards): a pipeline is a handful of counters, and only a
-shard that failed at least once gets a record. The plugin therefore owns the contract that
-keeps counters right: each shard is submitted once, and ends once (done, erred or
-forgotten) unless `shard_reopened` says its result was lost and it runs again.
+shard that failed at least once gets a record (both in `counts`). The plugin therefore owns
+the contract that keeps counters right: each shard is submitted once, and ends once (done,
+erred or forgotten) unless `shard_reopened` says its result was lost and it runs again.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .._causes import DEATH_CAUSES, SHARD_CAUSES, Cause, Kind, kind_of
 from .._exceptions import PipelineAborted
 from .._models import FailureEvent, PipelineStatus
 from .._words import abort_message, describe_cause, exception_name, pipeline_summary
+from .counts import PipelineCounts, ShardFailure, ShardRecord
 from .runs import RunLabel, ShardKey
 
-__all__ = ["AbortDecision", "FailurePolicy", "PipelineCounts", "ShardRecord"]
+__all__ = ["AbortDecision", "FailurePolicy"]
 
 # Past this many infra failures of one shard only the counters grow, so a shard that keeps
 # dying cannot grow the policy without bound.
@@ -70,60 +70,6 @@ class AbortDecision:
             signature=self.signature_id,
             evidence=self.evidence,
         )
-
-
-@dataclass(slots=True)
-class _Failure:
-    cause: str
-    worker: str
-    host: str
-    signature_id: str
-    conclusive: bool = True  # False: a memory kill shared with other tasks, no evidence
-
-
-@dataclass(slots=True)
-class ShardRecord:
-    """What the policy keeps of a shard that failed at least once."""
-
-    pipeline: RunLabel
-    infra: int = 0
-    shared: int = 0  # infra failures that were memory kills shared with other tasks
-    user: int = 0
-    failures: list[_Failure] = field(default_factory=list)  # infra only, capped
-    causes: Counter[str] = field(default_factory=Counter)  # infra causes
-    last_kind: str = ""
-    last_user: str = ""  # the exception's name, for "raised ValueError past its retries"
-    last_words: str = ""  # describe_cause of the last infra failure, with its evidence
-    ended: str = ""  # "" | "done" | "erred" | "aborted" | "forgotten"
-
-
-@dataclass(slots=True)
-class PipelineCounts:
-    """A pipeline run's counters (the policy keeps one per run)."""
-
-    name: str = ""  # the pipeline's name; the policy's own key is the run's label
-    started: float = 0.0
-    submitted: int = 0
-    done: int = 0
-    erred: int = 0
-    aborted: int = 0
-    forgotten: int = 0
-    displaced: int = 0
-    isolated: int = 0  # shards retried alone after a memory kill of a worker running several
-    infra: int = 0
-    user: int = 0
-    memory_errors: int = 0
-    memory_waits: int = 0  # tasks that waited for host memory (admission) before running
-    memory_waited: float = 0.0  # seconds, all those waits together
-    deaths: Counter[str] = field(default_factory=Counter)  # by cause, one per worker death
-    # worker -> time of its last death: one death that took several shards counts once.
-    last_death: dict[str, float] = field(default_factory=dict)
-    failed: dict[ShardKey, None] = field(default_factory=dict)  # ordered set of failed shards
-    erred_shards: list[ShardKey] = field(default_factory=list)  # first few: the culprit
-    decision: AbortDecision | None = None
-
-    def unfinished(self) -> int:
-        return max(0, self.submitted - self.done - self.erred - self.aborted - self.forgotten)
 
 
 # --------------------------------------------------------------------------- policy
@@ -338,7 +284,7 @@ class FailurePolicy:
             if not (event.time and p.last_death.get(event.worker) == event.time):
                 p.deaths[cause.value] += 1
             p.last_death[event.worker] = event.time
-        new = _Failure(cause.value, event.worker, event.host, event.signature_id, may_decide)
+        new = ShardFailure(cause.value, event.worker, event.host, event.signature_id, may_decide)
         repeat = self._repeat_on_other_worker(rec, new)
         if len(rec.failures) < _HISTORY_CAP:
             rec.failures.append(new)
@@ -354,7 +300,7 @@ class FailurePolicy:
         p.decision = self._decide(event, cause, rec, p, reason, repeat)
         return p.decision
 
-    def _repeat_on_other_worker(self, rec: ShardRecord, new: _Failure) -> _Failure | None:
+    def _repeat_on_other_worker(self, rec: ShardRecord, new: ShardFailure) -> ShardFailure | None:
         if not self.abort_on_repeat_signature or new.cause not in SHARD_CAUSES:
             return None
         if not new.signature_id:  # an unknown signature matches nothing
@@ -376,7 +322,7 @@ class FailurePolicy:
         rec: ShardRecord,
         p: PipelineCounts,
         reason: str,
-        repeat: _Failure | None,
+        repeat: ShardFailure | None,
     ) -> AbortDecision:
         workers = tuple(dict.fromkeys(f.worker for f in rec.failures if f.worker))
         hosts = tuple(dict.fromkeys(f.host for f in rec.failures if f.host))

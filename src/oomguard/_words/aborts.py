@@ -10,7 +10,7 @@ from .._units import format_bytes
 from .causes import describe_cause, listing, plural, shard_name, shell_arg, subject, times
 
 if TYPE_CHECKING:
-    from .._decide.policy import PipelineCounts, ShardRecord
+    from .._decide.counts import PipelineCounts, ShardRecord
     from .._models import FailureEvent
 
 
