@@ -58,14 +58,26 @@ def _metrics() -> dict:
     """What a Worker's `get_metrics()` returns (the keys the scheduler reads)."""
     return {
         "bandwidth": {"total": 100_000_000, "types": {}, "workers": {}},
-        "cpu": 0.0, "digests_total_since_heartbeat": {}, "event_loop_interval": 0.02,
+        "cpu": 0.0,
+        "digests_total_since_heartbeat": {},
+        "event_loop_interval": 0.02,
         "host_disk_io": {"read_bps": 0.0, "write_bps": 0.0},
         "host_net_io": {"read_bps": 0.0, "write_bps": 0.0},
-        "managed_bytes": 0, "memory": 80_000_000, "num_fds": 20,
-        "spilled_bytes": {"disk": 0, "memory": 0}, "task_counts": {}, "time": time.time(),
-        "transfer": {"incoming_bytes": 0, "incoming_count": 0, "incoming_count_total": 0,
-                     "outgoing_bytes": 0, "outgoing_count": 0, "outgoing_count_total": 0},
-    }  # fmt: skip
+        "managed_bytes": 0,
+        "memory": 80_000_000,
+        "num_fds": 20,
+        "spilled_bytes": {"disk": 0, "memory": 0},
+        "task_counts": {},
+        "time": time.time(),
+        "transfer": {
+            "incoming_bytes": 0,
+            "incoming_count": 0,
+            "incoming_count_total": 0,
+            "outgoing_bytes": 0,
+            "outgoing_count": 0,
+            "outgoing_count_total": 0,
+        },
+    }
 
 
 class NameTaken(RuntimeError):
@@ -101,15 +113,29 @@ class FakeWorker:
 
     async def start(self) -> None:
         comm = await connect(self.farm.address, deserialize=False)
-        await comm.write({
-            "op": "register-worker", "reply": False, "address": self.address,
-            "status": "running", "nthreads": 1, "name": self.name, "now": time.time(),
-            "resources": {}, "memory_limit": self.memory_limit,
-            "local_directory": f"/tmp/fake-{self.slot}", "services": {}, "nanny": self.nanny,
-            "pid": self.pid, "versions": self.farm.versions, "metrics": _metrics(),
-            "extra": {}, "stimulus_id": f"worker-connect-{time.time()}",
-            "server_id": f"fake-{self.slot}-{self.gen}",
-        }, serializers=["msgpack"])  # fmt: skip
+        await comm.write(
+            {
+                "op": "register-worker",
+                "reply": False,
+                "address": self.address,
+                "status": "running",
+                "nthreads": 1,
+                "name": self.name,
+                "now": time.time(),
+                "resources": {},
+                "memory_limit": self.memory_limit,
+                "local_directory": f"/tmp/fake-{self.slot}",
+                "services": {},
+                "nanny": self.nanny,
+                "pid": self.pid,
+                "versions": self.farm.versions,
+                "metrics": _metrics(),
+                "extra": {},
+                "stimulus_id": f"worker-connect-{time.time()}",
+                "server_id": f"fake-{self.slot}-{self.gen}",
+            },
+            serializers=["msgpack"],
+        )
         response = await comm.read(deserializers=["msgpack"])
         if response.get("status") != "OK":
             await comm.close()
@@ -149,8 +175,14 @@ class FakeWorker:
                 state = "ready"  # a Worker releases a ready task and says so
             elif key == self.executing:
                 state = "executing"
-            self.stream.send({"op": "steal-response", "key": key, "state": state,
-                              "stimulus_id": msg["stimulus_id"]})
+            self.stream.send(
+                {
+                    "op": "steal-response",
+                    "key": key,
+                    "state": state,
+                    "stimulus_id": msg["stimulus_id"],
+                }
+            )
         elif op == "close":
             self.dead = True
         else:
@@ -169,24 +201,39 @@ class FakeWorker:
             if self.cancelled or self.dead:
                 continue
             stop = time.time()
-            self.stream.send({
-                "op": "task-finished", "status": "OK", "key": key, "run_id": run_id,
-                "nbytes": 28, "type": INT_TYPE, "typename": "int", "metadata": {},
-                "thread": 1, "startstops": [{"action": "compute", "start": self.exec_start,
-                                             "stop": stop}],
-                "stimulus_id": f"task-finished-{stop}",
-            })  # fmt: skip
+            self.stream.send(
+                {
+                    "op": "task-finished",
+                    "status": "OK",
+                    "key": key,
+                    "run_id": run_id,
+                    "nbytes": 28,
+                    "type": INT_TYPE,
+                    "typename": "int",
+                    "metadata": {},
+                    "thread": 1,
+                    "startstops": [{"action": "compute", "start": self.exec_start, "stop": stop}],
+                    "stimulus_id": f"task-finished-{stop}",
+                }
+            )
             self.farm.task_finished()
 
     async def _beat(self) -> None:
         await asyncio.sleep(self.farm.rng.uniform(0, self.heartbeat_interval))
         while not self.dead:
-            executing = ({self.executing: time.time() - self.exec_start}
-                         if self.executing is not None else {})
+            executing = (
+                {self.executing: time.time() - self.exec_start}
+                if self.executing is not None
+                else {}
+            )
             try:
                 r = await self.farm.pool(self.farm.address).heartbeat_worker(
-                    address=self.address, now=time.time(), metrics=_metrics(),
-                    executing=executing, extensions={})
+                    address=self.address,
+                    now=time.time(),
+                    metrics=_metrics(),
+                    executing=executing,
+                    extensions={},
+                )
                 self.heartbeat_interval = r.get("heartbeat-interval", self.heartbeat_interval)
             except Exception as e:  # noqa: BLE001 -- counted; the scheduler may be going away
                 name = f"heartbeat {type(e).__name__}"
@@ -214,9 +261,18 @@ class Farm:
     with and without oomguard.
     """
 
-    def __init__(self, address: str, n: int, hosts: int, kill_at: list[int], *,
-                 reports: bool, seed: int, memory_every: int = 5,
-                 duration: tuple[float, float] = (0.02, 0.08)) -> None:
+    def __init__(
+        self,
+        address: str,
+        n: int,
+        hosts: int,
+        kill_at: list[int],
+        *,
+        reports: bool,
+        seed: int,
+        memory_every: int = 5,
+        duration: tuple[float, float] = (0.02, 0.08),
+    ) -> None:
         self.address, self.n, self.hosts = address, n, hosts
         self.kill_at = kill_at
         self.reports = reports
@@ -254,8 +310,12 @@ class Farm:
 
     def task_finished(self) -> None:
         self.finished += 1
-        if (len(self.deaths) < len(self.kill_at) and self.finished >= self.kill_at[len(self.deaths)]
-                and self.finished >= self._next_try and not self.kill()):
+        if (
+            len(self.deaths) < len(self.kill_at)
+            and self.finished >= self.kill_at[len(self.deaths)]
+            and self.finished >= self._next_try
+            and not self.kill()
+        ):
             # No worker may die now (each executes a shard that was on a dead worker): try
             # again some tasks later, not after each one (a scan is O(workers x queue)).
             self._next_try = self.finished + 50
@@ -265,17 +325,26 @@ class Farm:
         memory = (i + i // self.hosts) % self.memory_every == 0  # on every host in turn
         now = time.time()
         alive = [
-            w for w in self.workers.values()
-            if not w.dead and w.executing is not None and now - w.exec_start > 0.005
+            w
+            for w in self.workers.values()
+            if not w.dead
+            and w.executing is not None
+            and now - w.exec_start > 0.005
             and not (memory and w.big)
-        ]  # fmt: skip
+        ]
         on_host = [w for w in alive if w.host == i % self.hosts]
         # A random worker whose shards never were on a dead one, on the death's host if
         # any (late in the workload a host may be idle); `touched` checked lazily.
         for group in (on_host, alive):
             self.rng.shuffle(group)
-            w = next((w for w in group if w.executing not in self.touched
-                      and self.touched.isdisjoint(w.queue)), None)
+            w = next(
+                (
+                    w
+                    for w in group
+                    if w.executing not in self.touched and self.touched.isdisjoint(w.queue)
+                ),
+                None,
+            )
             if w is not None:
                 break
         else:
@@ -285,22 +354,50 @@ class Farm:
         w.kill()
         del self.workers[w.slot]
         cause = "oom_kill" if memory else "sigkill"
-        self.deaths.append({"worker": w.address, "host": f"host-{w.host:02d}", "key": str(key),
-                            "cause": cause, "pid": w.pid, "time": now})
+        self.deaths.append(
+            {
+                "worker": w.address,
+                "host": f"host-{w.host:02d}",
+                "key": str(key),
+                "cause": cause,
+                "pid": w.pid,
+                "time": now,
+            }
+        )
         if self.reports:
             report = build_report(
-                worker=w.address, nanny=w.nanny, name=w.name, host=f"host-{w.host:02d}",
-                pid=w.pid, exitcode=-9, time=now, started=w.started,
+                worker=w.address,
+                nanny=w.nanny,
+                name=w.name,
+                host=f"host-{w.host:02d}",
+                pid=w.pid,
+                exitcode=-9,
+                time=now,
+                started=w.started,
                 memory_limit=w.memory_limit,
-                executing=[{"key": str(key), "prefix": key_split(key), "start": w.exec_start,
-                            "thread": 1, "stack": HEAVY_STACK if memory else None,
-                            "stack_time": now - 0.2 if memory else None}],
-                crash_text=None, cgroup_before=None, cgroup_after=None, cgroup_path=None,
-                cgroup_version=None, rss_sampled=None, rss_time=None, host_memory=None,
+                executing=[
+                    {
+                        "key": str(key),
+                        "prefix": key_split(key),
+                        "start": w.exec_start,
+                        "thread": 1,
+                        "stack": HEAVY_STACK if memory else None,
+                        "stack_time": now - 0.2 if memory else None,
+                    }
+                ],
+                crash_text=None,
+                cgroup_before=None,
+                cgroup_after=None,
+                cgroup_path=None,
+                cgroup_version=None,
+                rss_sampled=None,
+                rss_time=None,
+                host_memory=None,
                 nanny_memory_kill=None,
                 kernel_log_victim={"pid": w.pid, "name": "python"} if memory else None,
-                requested_close=False, missing=[],
-            )  # fmt: skip
+                requested_close=False,
+                missing=[],
+            )
             self._spawn(self._report(encode(report), self.rng.uniform(0.002, 0.020)))
         self._spawn(self._restart(w.slot, w.gen + 1, 1.0))
         return True

@@ -89,8 +89,14 @@ class LoopProbe:
             self._gc_start = (time.perf_counter(), time.thread_time())
         else:
             wall, cpu = self._gc_start
-            self.gc.append((time.monotonic(), info["generation"], time.perf_counter() - wall,
-                            time.thread_time() - cpu))
+            self.gc.append(
+                (
+                    time.monotonic(),
+                    info["generation"],
+                    time.perf_counter() - wall,
+                    time.thread_time() - cpu,
+                )
+            )
 
     async def run(self) -> None:
         stat = f"/proc/self/task/{threading.get_native_id()}/schedstat"
@@ -109,14 +115,18 @@ class LoopProbe:
                 self._wrap_oomguard()
             _reset_peak_rss()
         return {
-            "lags": list(self.lags), "gc": list(self.gc), "now": time.monotonic(),
-            "graphs": self.graphs, "last_graph": self.last_graph,
+            "lags": list(self.lags),
+            "gc": list(self.gc),
+            "now": time.monotonic(),
+            "graphs": self.graphs,
+            "last_graph": self.last_graph,
             "cpu": time.process_time(),
             "loop_cpu": time.thread_time(),  # handlers run on the loop thread
             "threads": _thread_cpu(),
             "oomguard_cpu": {k: list(v) for k, v in self.oomguard_cpu.items()},
-            "rss": _status_kib("VmRSS") * 1024, "peak_rss": _status_kib("VmHWM") * 1024,
-        }  # fmt: skip
+            "rss": _status_kib("VmRSS") * 1024,
+            "peak_rss": _status_kib("VmHWM") * 1024,
+        }
 
     # --- oomguard's share of the loop thread ----------------------------------------------
 
@@ -125,9 +135,21 @@ class LoopProbe:
         plugin = self.scheduler.plugins.get("oomguard")
         if plugin is None:
             return
-        for obj, names in ((plugin, ("update_graph", "transition", "add_worker", "log_event",
-                                     "_apply_guarded", "persist_pipelines")),
-                           (plugin.core, ("tick",)), (plugin.intake, ("on_batch",))):
+        for obj, names in (
+            (
+                plugin,
+                (
+                    "update_graph",
+                    "transition",
+                    "add_worker",
+                    "log_event",
+                    "_apply_guarded",
+                    "persist_pipelines",
+                ),
+            ),
+            (plugin.core, ("tick",)),
+            (plugin.intake, ("on_batch",)),
+        ):
             for name in names:
                 setattr(obj, name, self._timed(getattr(obj, name), name))
         handlers = self.scheduler.handlers

@@ -19,10 +19,10 @@ import sys
 import tempfile
 import time
 
-from oomguard._evidence import cgroup as _cgroup
 from oomguard._admission.host import cgroup_available
 from oomguard._admission.ledger import HostLedger
 from oomguard._admission.needs import ANNOTATION, PeakEstimator, need_of
+from oomguard._evidence import cgroup as _cgroup
 
 N = 2000
 
@@ -48,8 +48,11 @@ def main() -> None:
     rows = [("no other lease", _time(lease))]
     info = _cgroup.detect(os.getpid())
     if info.path is not None and info.version is not None:
-        grouped = HostLedger(os.path.join(directory, "grouped.json"), floor=256 * 2**20,
-                             available=cgroup_available(info.path, info.version))
+        grouped = HostLedger(
+            os.path.join(directory, "grouped.json"),
+            floor=256 * 2**20,
+            available=cgroup_available(info.path, info.version),
+        )
 
         def grouped_lease(i):
             grouped.try_acquire(f"task-{i}", 2**20)
@@ -57,8 +60,10 @@ def main() -> None:
 
         rows.append(("in a shared cgroup", _time(grouped_lease)))
     others = [
-        subprocess.Popen([sys.executable, "-c", "import time; print(1, flush=True); time.sleep(600)"],
-                         stdout=subprocess.PIPE)
+        subprocess.Popen(
+            [sys.executable, "-c", "import time; print(1, flush=True); time.sleep(600)"],
+            stdout=subprocess.PIPE,
+        )
         for _ in range(3)
     ]
     try:

@@ -48,22 +48,40 @@ def main() -> None:
         for i in range(args.events):
             sig = f"sig{i % args.signatures}"
             store.add(
-                FailureEvent("infra", "oom_kill", f"('k', {i})", "p", f"tcp://w{i % 50}",
-                             f"h{i % 20}", sig, f"title {sig}", {"oom_kill_delta": 1},
-                             time=now - rng.random() * 86400),
+                FailureEvent(
+                    "infra",
+                    "oom_kill",
+                    f"('k', {i})",
+                    "p",
+                    f"tcp://w{i % 50}",
+                    f"h{i % 20}",
+                    sig,
+                    f"title {sig}",
+                    {"oom_kill_delta": 1},
+                    time=now - rng.random() * 86400,
+                ),
                 example="trace line\n" * 20,
-            )  # fmt: skip
+            )
         store.flush(timeout=120)
         snap = read_store(store, time.time())
         rows = [
             ("read_store (thread)", timed(lambda: read_store(store, time.time()))),
-            ("shape rows (event loop)", timed(lambda: (failure_columns(snap.events, time.time()),
-                                                       signature_columns(snap.signatures)))),
+            (
+                "shape rows (event loop)",
+                timed(
+                    lambda: (
+                        failure_columns(snap.events, time.time()),
+                        signature_columns(snap.signatures),
+                    )
+                ),
+            ),
             ("store_totals (thread)", timed(lambda: store_totals(store))),
-        ]  # fmt: skip
+        ]
         store.close()
-    print(f"# python benchmarks/bench_dashboard.py --events {args.events} "
-          f"--signatures {args.signatures}")  # fmt: skip
+    print(
+        f"# python benchmarks/bench_dashboard.py --events {args.events} "
+        f"--signatures {args.signatures}"
+    )
     print(f"{'step':28s} {'median ms':>10s}")
     for name, ms in rows:
         print(f"{name:28s} {ms:10.1f}")

@@ -105,8 +105,9 @@ def run(args, tmp: str) -> list[dict]:
     # Set for the whole run, not just the cluster's start: SpecCluster reads the timeout
     # when a worker is removed.
     dask.config.set(cfg)
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                           dashboard_address=":0")  # fmt: skip
+    cluster = LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+    )
     client = Client(cluster)
     try:
         client.wait_for_workers(2)
@@ -126,16 +127,23 @@ def run(args, tmp: str) -> list[dict]:
             pid = pids[addr]
             seen = len(arrivals)
             if kind == "sigkill":
-                fut = client.submit(sleepy, 1.5, workers=[addr], allow_other_workers=True,
-                                    pure=False)  # fmt: skip
+                fut = client.submit(
+                    sleepy, 1.5, workers=[addr], allow_other_workers=True, pure=False
+                )
                 _wait_executing(client, addr)
                 t0 = time.time()
                 os.kill(pid, signal.SIGKILL)
             else:
                 flag, stamp = (os.path.join(tmp, f"{n}-{i}") for n in ("flag", "stamp"))
                 open(flag, "w").close()
-                fut = client.submit(segfault_once, flag, stamp, workers=[addr],
-                                    allow_other_workers=True, pure=False)  # fmt: skip
+                fut = client.submit(
+                    segfault_once,
+                    flag,
+                    stamp,
+                    workers=[addr],
+                    allow_other_workers=True,
+                    pure=False,
+                )
                 t0 = None
             # A segfault task placed on the other worker (rare) kills that one instead.
             victims = {pid} if kind == "sigkill" else set(pids.values())
@@ -146,13 +154,20 @@ def run(args, tmp: str) -> list[dict]:
                 with open(stamp) as f:
                     t0 = float(f.read())
             fut.result(timeout=120)
-            d = {"kind": kind, "pid": pid, "t0": t0, "arrived": arrived,
-                 "report_time": report["time"] if report else None,
-                 "cause": report["cause"] if report else None}  # fmt: skip
+            d = {
+                "kind": kind,
+                "pid": pid,
+                "t0": t0,
+                "arrived": arrived,
+                "report_time": report["time"] if report else None,
+                "cause": report["cause"] if report else None,
+            }
             deaths.append(d)
             lat = f"{(arrived - t0) * 1000:.0f} ms" if arrived else "no report in 30 s"
-            print(f"  {i + 1:>2}/{len(kinds)} {kind:<8} pid {pid:<7} cause {d['cause']}: {lat}",
-                  flush=True)  # fmt: skip
+            print(
+                f"  {i + 1:>2}/{len(kinds)} {kind:<8} pid {pid:<7} cause {d['cause']}: {lat}",
+                flush=True,
+            )
             try:
                 pids = wait_for_workers(client, pid)
             except TimeoutError as e:
@@ -175,11 +190,13 @@ def _nanny_states(cluster) -> list[str]:
         if pid:
             try:
                 with open(f"/proc/{pid}/status") as f:
-                    kstate = next(l for l in f if l.startswith("State:")).split(None, 1)[1].strip()
+                    kstate = next(s for s in f if s.startswith("State:")).split(None, 1)[1].strip()
             except (OSError, StopIteration):
                 kstate = "gone"
-        out.append(f"{name}: nanny {nanny.status.name}, worker process "
-                   f"{getattr(wp, 'status', None)} pid {pid} {kstate}")  # fmt: skip
+        out.append(
+            f"{name}: nanny {nanny.status.name}, worker process "
+            f"{getattr(wp, 'status', None)} pid {pid} {kstate}"
+        )
     return out
 
 
@@ -217,17 +234,22 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     cmd = " ".join([os.path.relpath(sys.executable), *sys.argv])
     print(f"# {cmd}")
-    print(f"# {time.strftime('%Y-%m-%d %H:%M')}; python {sys.version.split()[0]}; "
-          f"{os.cpu_count()} cpus; load average {os.getloadavg()[0]:.2f} at start; "
-          f"{args.deaths} SIGKILLs + {args.deaths} segfaults", flush=True)  # fmt: skip
+    print(
+        f"# {time.strftime('%Y-%m-%d %H:%M')}; python {sys.version.split()[0]}; "
+        f"{os.cpu_count()} cpus; load average {os.getloadavg()[0]:.2f} at start; "
+        f"{args.deaths} SIGKILLs + {args.deaths} segfaults",
+        flush=True,
+    )
     tmp = tempfile.mkdtemp(prefix="bench-death-")
     try:
         deaths = run(args, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"# load average {os.getloadavg()[0]:.2f} at the end\n")
-    print(f"{'deaths':<22} {'n':>3} {'lost':>4}  {'measure (ms)':<26} {'p50':>6} {'p95':>6} "
-          f"{'max':>6}  target")  # fmt: skip
+    print(
+        f"{'deaths':<22} {'n':>3} {'lost':>4}  {'measure (ms)':<26} {'p50':>6} {'p95':>6} "
+        f"{'max':>6}  target"
+    )
     verdicts = []
     for label, sel in (("SIGKILL", "sigkill"), ("segfault", "segfault"), ("all", None)):
         ds = [d for d in deaths if sel is None or d["kind"] == sel]
@@ -244,15 +266,21 @@ def main(argv=None) -> int:
                 ok = lost == 0 and _pct(xs, 0.95) <= target * 1000
                 verdict = f"p95 <= {target * 1000:.0f} ms: {'PASS' if ok else 'MISS'}"
                 verdicts.append(ok)
-            print(f"{label:<22} {len(ds):>3} {lost:>4}  {name:<26} {_pct(xs, 0.5):>6.0f} "
-                  f"{_pct(xs, 0.95):>6.0f} {max(xs):>6.0f}  {verdict}")  # fmt: skip
+            print(
+                f"{label:<22} {len(ds):>3} {lost:>4}  {name:<26} {_pct(xs, 0.5):>6.0f} "
+                f"{_pct(xs, 0.95):>6.0f} {max(xs):>6.0f}  {verdict}"
+            )
     causes = {}
     for d in deaths:
         causes.setdefault(d["kind"], []).append(str(d["cause"]))
     for kind, cs in causes.items():
-        print(f"causes reported for {kind}: "
-              + ", ".join(f"{c} x{cs.count(c)}" for c in sorted(set(cs))))  # fmt: skip
-    med = statistics.median(d["arrived"] - d["t0"] for d in deaths if d["arrived"]) if deaths else 0
+        print(
+            f"causes reported for {kind}: "
+            + ", ".join(f"{c} x{cs.count(c)}" for c in sorted(set(cs)))
+        )
+    med = (
+        statistics.median(d["arrived"] - d["t0"] for d in deaths if d["arrived"]) if deaths else 0
+    )
     print(f"median over all deaths: {med * 1000:.0f} ms")
     return 0
 

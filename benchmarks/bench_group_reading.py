@@ -46,16 +46,24 @@ def main() -> int:
     for n in args.others:
         sleepers = [subprocess.Popen(["sleep", "600"]) for _ in range(n)]
         try:
-            life = _Life(pid=os.getpid(), started=time.time(), address=None, name="bench",
-                         memory_limit=None, cgroup_path=info.path,
-                         cgroup_version=info.version)  # fmt: skip
+            life = _Life(
+                pid=os.getpid(),
+                started=time.time(),
+                address=None,
+                name="bench",
+                memory_limit=None,
+                cgroup_path=info.path,
+                cgroup_version=info.version,
+            )
             baseline = len(_cgroup.group_pids(info.path))
-            take = _per_call(lambda: _Reading.take(life), args.seconds)
+            take = _per_call(lambda: _Reading.take(life), args.seconds)  # noqa: B023 (called here)
             reading = _Reading.take(life)
             assert reading is not None and len(reading.others) >= n
-            check = _per_call(lambda: reading.facts(time.time()), args.seconds)
-            print(f"{baseline - 1:>7} {take * 1e6:>11.1f} {take / 0.5 * 100:>11.3f}% "
-                  f"{check * 1e6:>15.1f}")  # fmt: skip
+            check = _per_call(lambda: reading.facts(time.time()), args.seconds)  # noqa: B023
+            print(
+                f"{baseline - 1:>7} {take * 1e6:>11.1f} {take / 0.5 * 100:>11.3f}% "
+                f"{check * 1e6:>15.1f}"
+            )
         finally:
             for p in sleepers:
                 p.kill()

@@ -40,7 +40,9 @@ def main(n: int, ticks: int) -> None:
     med = lambda xs: sorted(xs)[len(xs) // 2] * 1e3  # noqa: E731
     print(f"{n} live runs, 1 changed per tick, {ticks} ticks (median ms per tick)")
     print(f"  every run rebuilt : {med(every):9.3f} ms")
-    print(f"  changed runs only : {med(changed):9.3f} ms   ratio {med(every) / med(changed):,.0f}x")
+    print(
+        f"  changed runs only : {med(changed):9.3f} ms   ratio {med(every) / med(changed):,.0f}x"
+    )
 
 
 if __name__ == "__main__":

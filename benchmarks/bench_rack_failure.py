@@ -36,9 +36,12 @@ from oomguard.scheduler_plugin import OomguardSchedulerPlugin
 async def main(n: int, spread: float, seed: int) -> None:
     rng = random.Random(seed)
     store = tempfile.mkdtemp(prefix="oomguard-rack-") + "/failures.sqlite3"
-    async with LocalCluster(n_workers=0, processes=False, asynchronous=True,
-                            dashboard_address=":0") as cl, \
-            Client(cl, asynchronous=True) as client:
+    async with (
+        LocalCluster(
+            n_workers=0, processes=False, asynchronous=True, dashboard_address=":0"
+        ) as cl,
+        Client(cl, asynchronous=True) as client,
+    ):
         await client.register_plugin(OomguardSchedulerPlugin(store=store))
         plugin = cl.scheduler.plugins["oomguard"]
         lags: list[float] = []
@@ -55,8 +58,15 @@ async def main(n: int, spread: float, seed: int) -> None:
         workers = [f"tcp://127.0.0.{1 + i // 60000}:{1024 + i % 60000}" for i in range(n)]
         t0 = time.time()
         for i, w in enumerate(workers):  # the rack: N removals within 1 s
-            plugin.log_event("all", {"action": "remove-worker", "worker": w, "expected": False,
-                                     "processing-tasks": [f"('load-{i}', {i})"]})
+            plugin.log_event(
+                "all",
+                {
+                    "action": "remove-worker",
+                    "worker": w,
+                    "expected": False,
+                    "processing-tasks": [f"('load-{i}', {i})"],
+                },
+            )
             if i % max(1, n // 100) == 0:
                 await asyncio.sleep(1 / 100)
         template = build_report(**{**EXAMPLE_ARGS, "time": t0})
@@ -69,10 +79,18 @@ async def main(n: int, spread: float, seed: int) -> None:
             delay = start + at - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            report = dict(template, worker=w, executing=[
-                {**template["executing"][0], "key": f"('load-{workers.index(w)}', "
-                                                   f"{workers.index(w)})"}
-            ] if template["executing"] else [])
+            report = dict(
+                template,
+                worker=w,
+                executing=[
+                    {
+                        **template["executing"][0],
+                        "key": f"('load-{workers.index(w)}', {workers.index(w)})",
+                    }
+                ]
+                if template["executing"]
+                else [],
+            )
             await plugin.handlers.report(comm=sender, report=encode(report))
         await asyncio.sleep(plugin.core.pairing.grace + 1.5)  # every decision taken
         running = False
@@ -87,10 +105,14 @@ async def main(n: int, spread: float, seed: int) -> None:
     lags.sort()
     print(f"deaths {n}, reports sent {len(plan)} ({len(plan) - n} repeats) over {spread:.0f} s")
     print(f"events stored {len(events)} (== deaths: {len(events) == n}); by cause {causes}")
-    print(f"refused {stats['rejected']}, overflow {stats['overflow']}, "
-          f"decided deaths {stats['deaths']}, internal errors {stats['internal_errors']}")
-    print(f"loop lag p50 {statistics.median(lags) * 1e3:.1f} ms, "
-          f"p99 {lags[int(len(lags) * 0.99)] * 1e3:.1f} ms, max {lags[-1] * 1e3:.1f} ms")
+    print(
+        f"refused {stats['rejected']}, overflow {stats['overflow']}, "
+        f"decided deaths {stats['deaths']}, internal errors {stats['internal_errors']}"
+    )
+    print(
+        f"loop lag p50 {statistics.median(lags) * 1e3:.1f} ms, "
+        f"p99 {lags[int(len(lags) * 0.99)] * 1e3:.1f} ms, max {lags[-1] * 1e3:.1f} ms"
+    )
     print(f"RSS growth {(rss1 - rss0) / 2**20:.1f} MiB")
 
 

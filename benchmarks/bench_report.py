@@ -19,19 +19,26 @@ import sys
 import time
 from collections.abc import Callable
 
-from oomguard._exceptions import ReportError
 from oomguard._evidence.build import EXAMPLE_ARGS, build_report
 from oomguard._evidence.wire import decode, encode, validate
+from oomguard._exceptions import ReportError
 
 TARGET_DECODE_PER_S = 1_000
 
 
 def _counters(oom_kill: int, peak: int) -> dict:
     return {
-        "version": 2, "path": "/sys/fs/cgroup/kubepods/pod1/worker-0", "oom_kill": oom_kill,
-        "oom": oom_kill, "oom_group_kill": 0, "failcnt": None, "peak": peak, "limit": 2**31,
-        "usage": 2**20, "missing": [],
-    }  # fmt: skip
+        "version": 2,
+        "path": "/sys/fs/cgroup/kubepods/pod1/worker-0",
+        "oom_kill": oom_kill,
+        "oom": oom_kill,
+        "oom_group_kill": 0,
+        "failcnt": None,
+        "peak": peak,
+        "limit": 2**31,
+        "usage": 2**20,
+        "missing": [],
+    }
 
 
 def _dump(threads: int, frames: int) -> str:
@@ -54,12 +61,14 @@ def _tasks(n: int, frames: int) -> list[dict]:
             "prefix": "read-parquet",
             "start": 1_760_000_000.0 + i,
             "thread": 139_000_000 + i,
-            "stack": [(f"/opt/conda/lib/python3.11/site-packages/pyarrow/m{j}.py", j, f"fn_{j}")
-                      for j in range(frames)],
+            "stack": [
+                (f"/opt/conda/lib/python3.11/site-packages/pyarrow/m{j}.py", j, f"fn_{j}")
+                for j in range(frames)
+            ],
             "stack_time": 1_760_000_001.0,
         }
         for i in range(n)
-    ]  # fmt: skip
+    ]
 
 
 def typical_args() -> dict:
@@ -111,8 +120,11 @@ def main(argv: list[str] | None = None) -> int:
 
     typical = build_report(**typical_args())
     typical_bytes = encode(typical)
-    huge_args = {**typical_args(), "crash_text": _dump(threads=100, frames=1000) * 4,
-                 "executing": _tasks(1000, 100)}  # fmt: skip
+    huge_args = {
+        **typical_args(),
+        "crash_text": _dump(threads=100, frames=1000) * 4,
+        "executing": _tasks(1000, 100),
+    }
     huge = build_report(**huge_args)
     huge_bytes = encode(huge)
     assert decode(typical_bytes) == typical and decode(huge_bytes) == huge
@@ -124,11 +136,14 @@ def main(argv: list[str] | None = None) -> int:
         ("build_report, typical", len(typical_bytes), lambda: build_report(**typical_args())),
         ("validate(dict), capped worst case", len(huge_bytes), lambda: validate(huge)),
         ("decode(bytes), capped worst case", len(huge_bytes), lambda: decode(huge_bytes)),
-        ("build_report, 10 MB dump + 1000 tasks", len(huge_bytes),
-         lambda: build_report(**huge_args)),
+        (
+            "build_report, 10 MB dump + 1000 tasks",
+            len(huge_bytes),
+            lambda: build_report(**huge_args),
+        ),
         ("decode rejects a pickle", 0, _rejects(pickle.dumps(typical))),
         ("decode rejects 256 KiB of garbage", 0, _rejects(bytes(range(256)) * 1024)),
-    ]  # fmt: skip
+    ]
     print(f"$ python benchmarks/bench_report.py --seconds {args.seconds}")
     print(f"{'operation':<40} {'report bytes':>12} {'per second':>12} {'us each':>10}")
     results = {}

@@ -69,8 +69,8 @@ from distributed import Client
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _fake_workers import Farm
-from _loop_probe import HANDLER as PROBE
+from _fake_workers import Farm  # noqa: E402 (found through the path above)
+from _loop_probe import HANDLER as PROBE  # noqa: E402
 
 TARGET_RATIO = 1.05
 TARGET_LAG_P99 = 0.100
@@ -85,12 +85,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--pipelines", type=int, help="default 500 (--quick 50)")
     p.add_argument("--deaths", type=int, help="default 300 (--quick 30)")
     p.add_argument("--hosts", type=int, default=50)
-    p.add_argument("--task-ms", type=int, nargs=2, metavar=("MIN", "MAX"),
-                   help="simulated task duration, uniform (default 1000 3000; --quick 200 600)")
+    p.add_argument(
+        "--task-ms",
+        type=int,
+        nargs=2,
+        metavar=("MIN", "MAX"),
+        help="simulated task duration, uniform (default 1000 3000; --quick 200 600)",
+    )
     p.add_argument("--rounds", type=int, default=None, help="A B pairs (default 2: A B B A)")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--idle", type=float, help="seconds idle before each workload, to measure "
-                   "the scheduler's idle CPU (default 10; --quick 3)")
+    p.add_argument(
+        "--idle",
+        type=float,
+        help="seconds idle before each workload, to measure "
+        "the scheduler's idle CPU (default 10; --quick 3)",
+    )
     p.add_argument("--json", help="write the rounds' figures to this file")
     p.add_argument("--keep", metavar="DIR", help="keep each round's scheduler log and store here")
     a = p.parse_args(argv)
@@ -143,9 +152,20 @@ def _size(leaves: int) -> int:
 def start_scheduler(tmp: str, with_oomguard: bool) -> tuple[subprocess.Popen, str]:
     """`dask scheduler` in its own process, logging to tmp/scheduler.log; its address."""
     sched_file = os.path.join(tmp, "scheduler.json")
-    cmd = [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-           "--port", "0", "--no-dashboard", "--scheduler-file", sched_file,
-           "--preload", str(HERE / "_loop_probe.py")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "distributed.cli.dask_scheduler",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--no-dashboard",
+        "--scheduler-file",
+        sched_file,
+        "--preload",
+        str(HERE / "_loop_probe.py"),
+    ]
     if with_oomguard:
         cmd += ["--preload", "oomguard.scheduler_plugin"]
     env = dict(os.environ, DASK_OOMGUARD__SCHEDULER__STORE=os.path.join(tmp, "store.sqlite3"))
@@ -171,8 +191,15 @@ async def one_round(args, arm: str, graphs: list, tmp: str) -> dict:
     proc, address = start_scheduler(tmp, with_oomguard)
     n_tasks = sum(len(d) for d, _ in graphs)
     kill_at = [int(n_tasks * (0.03 + 0.87 * i / max(1, args.deaths))) for i in range(args.deaths)]
-    farm = Farm(address, args.workers, args.hosts, kill_at, reports=with_oomguard,
-                seed=args.seed, duration=(args.task_ms[0] / 1e3, args.task_ms[1] / 1e3))
+    farm = Farm(
+        address,
+        args.workers,
+        args.hosts,
+        kill_at,
+        reports=with_oomguard,
+        seed=args.seed,
+        duration=(args.task_ms[0] / 1e3, args.task_ms[1] / 1e3),
+    )
     out: dict = {"arm": arm}
     try:
         t = time.perf_counter()
@@ -197,21 +224,33 @@ async def one_round(args, arm: str, graphs: list, tmp: str) -> dict:
             out["driver_cpu"] = time.process_time() - c0
             after = await probe()
             out.update(
-                wall=wall, cpu=after["cpu"] - before["cpu"],
-                loop_cpu=after["loop_cpu"] - before["loop_cpu"], rss_before=before["rss"],
-                rss_after=after["rss"], peak_rss=after["peak_rss"],
-                threads={k: v - before["threads"].get(k, 0.0)
-                         for k, v in after["threads"].items()},
-                hooks={k: [v[0] - before["oomguard_cpu"].get(k, [0, 0])[0],
-                           v[1] - before["oomguard_cpu"].get(k, [0, 0])[1]]
-                       for k, v in after["oomguard_cpu"].items()},
-                lags=_lag_stats(after["lags"]), steady=_lag_stats(
-                    [x for x in after["lags"] if x[0] > after["last_graph"]]),
-                submit_s=after["last_graph"] - before["now"], gc=_gc_stats(after["gc"]),
-                graphs=after["graphs"], deaths=len(farm.deaths), finished=farm.finished,
+                wall=wall,
+                cpu=after["cpu"] - before["cpu"],
+                loop_cpu=after["loop_cpu"] - before["loop_cpu"],
+                rss_before=before["rss"],
+                rss_after=after["rss"],
+                peak_rss=after["peak_rss"],
+                threads={
+                    k: v - before["threads"].get(k, 0.0) for k, v in after["threads"].items()
+                },
+                hooks={
+                    k: [
+                        v[0] - before["oomguard_cpu"].get(k, [0, 0])[0],
+                        v[1] - before["oomguard_cpu"].get(k, [0, 0])[1],
+                    ]
+                    for k, v in after["oomguard_cpu"].items()
+                },
+                lags=_lag_stats(after["lags"]),
+                steady=_lag_stats([x for x in after["lags"] if x[0] > after["last_graph"]]),
+                submit_s=after["last_graph"] - before["now"],
+                gc=_gc_stats(after["gc"]),
+                graphs=after["graphs"],
+                deaths=len(farm.deaths),
+                finished=farm.finished,
                 erred=sum(f.status != "finished" for f in futures),
-                other_ops=dict(farm.other_ops), tasks=n_tasks,
-            )  # fmt: skip
+                other_ops=dict(farm.other_ops),
+                tasks=n_tasks,
+            )
             if with_oomguard:
                 out["check"] = await check(client, farm)
     finally:
@@ -226,7 +265,11 @@ async def check(client, farm: Farm) -> dict:
     query = client.scheduler.oomguard_query
     for _ in range(100):  # a report's decision is milliseconds behind its RPC's answer
         stats = await query(what="stats")
-        if stats["pending_deaths"] == 0 and stats["held"] == 0 and stats["deaths"] >= len(farm.deaths):
+        if (
+            stats["pending_deaths"] == 0
+            and stats["held"] == 0
+            and stats["deaths"] >= len(farm.deaths)
+        ):
             break
         await asyncio.sleep(0.2)
     events = await query(what="events", limit=None)
@@ -241,38 +284,58 @@ async def check(client, farm: Farm) -> dict:
             continue
         e = got[0]
         want = (d["cause"], d["key"], d["host"])
-        if (e["cause"], e["shard"], e["host"]) != want or not e["pipeline"].startswith("pipeline-"):
-            problems.append(f"{d['worker']}: {(e['cause'], e['shard'], e['host'], e['pipeline'])}"
-                            f" != {want}")
+        if (e["cause"], e["shard"], e["host"]) != want or not e["pipeline"].startswith(
+            "pipeline-"
+        ):
+            problems.append(
+                f"{d['worker']}: {(e['cause'], e['shard'], e['host'], e['pipeline'])} != {want}"
+            )
     problems += [f"{w}: event for no death" for w in by_worker]
     oom = [d for d in farm.deaths if d["cause"] == "oom_kill"]
     sigs = await query(what="signatures", cause="oom_kill", limit=20)
     if oom:
         if len(sigs) != 1 or sigs[0]["count"] != len(oom):
-            problems.append(f"OOM kills: {[(s['title'], s['count']) for s in sigs]} for {len(oom)}")
+            problems.append(
+                f"OOM kills: {[(s['title'], s['count']) for s in sigs]} for {len(oom)}"
+            )
         elif sorted(sigs[0]["hosts"]) != sorted({d["host"] for d in oom}):
             problems.append(f"OOM signature hosts {sigs[0]['hosts']}")
     causes: dict[str, int] = {}
     for e in events:
         causes[e["cause"]] = causes.get(e["cause"], 0) + 1
     return {
-        "events": len(events), "deaths": len(farm.deaths), "decided": stats["deaths"],
-        "aborts": stats["aborts"], "displaced": stats["displaced"], "causes": causes,
-        "refused": stats["rejected"], "overflow": stats["overflow"],
-        "internal_errors": stats["internal_errors"], "reports": dict(farm.report_status),
+        "events": len(events),
+        "deaths": len(farm.deaths),
+        "decided": stats["deaths"],
+        "aborts": stats["aborts"],
+        "displaced": stats["displaced"],
+        "causes": causes,
+        "refused": stats["rejected"],
+        "overflow": stats["overflow"],
+        "internal_errors": stats["internal_errors"],
+        "reports": dict(farm.report_status),
         "hosts": len({e["host"] for e in events}),
-        "oom_signature": {"count": sigs[0]["count"], "hosts": len(sigs[0]["hosts"])} if sigs else None,
+        "oom_signature": {"count": sigs[0]["count"], "hosts": len(sigs[0]["hosts"])}
+        if sigs
+        else None,
         "problems": problems,
-    }  # fmt: skip
+    }
 
 
 def _lag_stats(samples: list) -> dict:
     """Lag percentiles, raw and net of the time the loop's thread waited for a CPU."""
     lags = sorted(x for _, x, _ in samples) or [0.0]
     net = sorted(max(0.0, x - w) for _, x, w in samples) or [0.0]
-    return {"n": len(lags), "p50": statistics.median(lags), "p99": _p99(lags), "max": lags[-1],
-            "net_p50": statistics.median(net), "net_p99": _p99(net), "net_max": net[-1],
-            "cpu_wait": sum(w for *_, w in samples)}
+    return {
+        "n": len(lags),
+        "p50": statistics.median(lags),
+        "p99": _p99(lags),
+        "max": lags[-1],
+        "net_p50": statistics.median(net),
+        "net_p99": _p99(net),
+        "net_max": net[-1],
+        "cpu_wait": sum(w for *_, w in samples),
+    }
 
 
 def _p99(xs: list[float]) -> float:
@@ -280,10 +343,14 @@ def _p99(xs: list[float]) -> float:
 
 
 def _gc_stats(pauses: list) -> dict:
-    return {"collections": len(pauses), "gen2": sum(g == 2 for _, g, _, _ in pauses),
-            "total": sum(w for _, _, w, _ in pauses), "cpu": sum(c for *_, c in pauses),
-            "max": max((w for _, _, w, _ in pauses), default=0.0),
-            "max_cpu": max((c for *_, c in pauses), default=0.0)}
+    return {
+        "collections": len(pauses),
+        "gen2": sum(g == 2 for _, g, _, _ in pauses),
+        "total": sum(w for _, _, w, _ in pauses),
+        "cpu": sum(c for *_, c in pauses),
+        "max": max((w for _, _, w, _ in pauses), default=0.0),
+        "max_cpu": max((c for *_, c in pauses), default=0.0),
+    }
 
 
 # --- report -------------------------------------------------------------------------------
@@ -295,15 +362,20 @@ def main(argv=None) -> int:
     logging.getLogger("distributed.batched").setLevel(logging.WARNING)
     cmd = " ".join([os.path.relpath(sys.executable), *sys.argv])
     print(f"# {cmd}")
-    print(f"# {time.strftime('%Y-%m-%d %H:%M')}; python {sys.version.split()[0]}; distributed "
-          f"{distributed.__version__}; {os.cpu_count()} cpus; load average "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} at start", flush=True)  # fmt: skip
+    print(
+        f"# {time.strftime('%Y-%m-%d %H:%M')}; python {sys.version.split()[0]}; distributed "
+        f"{distributed.__version__}; {os.cpu_count()} cpus; load average "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} at start",
+        flush=True,
+    )
     per = args.tasks // args.pipelines
     graphs = [pipeline_graph(p, per, args.seed) for p in range(args.pipelines)]
     n_tasks = sum(len(d) for d, _ in graphs)
-    print(f"# {args.workers:,} workers on {args.hosts} hosts, {n_tasks:,} tasks in "
-          f"{args.pipelines} pipelines, {args.deaths} deaths; {args.rounds} A/B pairs",
-          flush=True)  # fmt: skip
+    print(
+        f"# {args.workers:,} workers on {args.hosts} hosts, {n_tasks:,} tasks in "
+        f"{args.pipelines} pipelines, {args.deaths} deaths; {args.rounds} A/B pairs",
+        flush=True,
+    )
     started = time.perf_counter()
     rounds: list[dict] = []
     tmp = args.keep or tempfile.mkdtemp(prefix="bench-scale-")
@@ -321,11 +393,16 @@ def main(argv=None) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
     duration = time.perf_counter() - started
     ok = _summary(rounds)
-    print(f"# run took {duration / 60:.1f} min; load average "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end")
+    print(
+        f"# run took {duration / 60:.1f} min; load average "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end"
+    )
     if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(
-            {"command": cmd, "duration_s": duration, "rounds": rounds}, indent=2, default=str))
+        pathlib.Path(args.json).write_text(
+            json.dumps(
+                {"command": cmd, "duration_s": duration, "rounds": rounds}, indent=2, default=str
+            )
+        )
     return 0 if ok else 1
 
 
@@ -334,8 +411,9 @@ OOMGUARD_THREADS = ("oomguard-store", "oomguard-intake")
 
 def oomguard_cpu(r: dict) -> float:
     """CPU inside oomguard: its code on the loop thread, and its own threads."""
-    return (sum(cpu for cpu, _ in r["hooks"].values())
-            + sum(r["threads"].get(t, 0.0) for t in OOMGUARD_THREADS))
+    return sum(cpu for cpu, _ in r["hooks"].values()) + sum(
+        r["threads"].get(t, 0.0) for t in OOMGUARD_THREADS
+    )
 
 
 def workload_cpu(r: dict) -> float:
@@ -345,44 +423,58 @@ def workload_cpu(r: dict) -> float:
 
 def _print_round(i: int, r: dict) -> None:
     lag, steady, gc = r["lags"], r["steady"], r["gc"]
-    print(f"  round {i} {r['arm']:>7}: {r['wall']:.1f} s wall, scheduler CPU {r['cpu']:.1f} s "
-          f"(loop thread {r['loop_cpu']:.1f} s; idle rate {r['idle_rate'] * 100:.0f} % of a "
-          f"core), fake workers + client {r['driver_cpu']:.1f} s; {r['deaths']} deaths, "
-          f"{r['erred']} outputs not finished; registration {r['register_s']:.1f} s; load "
-          f"{r['load']:.2f}" + (f"; fake workers: {r['other_ops']}" if r["other_ops"] else ""),
-          flush=True)  # fmt: skip
-    print(f"      loop lag p50/p99/max {_ms(lag)} ms, net of waiting for a CPU "
-          f"{_ms(lag, 'net_')} ms (waited {lag['cpu_wait']:.1f} s); after the submissions "
-          f"({r['submit_s']:.1f} s) {_ms(steady)}, net {_ms(steady, 'net_')} ms; GC "
-          f"{gc['cpu']:.1f} s CPU, longest pause {gc['max'] * 1e3:.0f} ms ({gc['max_cpu'] * 1e3:.0f}"
-          f" ms CPU), {gc['gen2']} full; RSS {r['rss_before'] / 2**20:.0f} MiB -> peak "
-          f"{r['peak_rss'] / 2**20:.0f} MiB", flush=True)  # fmt: skip
+    print(
+        f"  round {i} {r['arm']:>7}: {r['wall']:.1f} s wall, scheduler CPU {r['cpu']:.1f} s "
+        f"(loop thread {r['loop_cpu']:.1f} s; idle rate {r['idle_rate'] * 100:.0f} % of a "
+        f"core), fake workers + client {r['driver_cpu']:.1f} s; {r['deaths']} deaths, "
+        f"{r['erred']} outputs not finished; registration {r['register_s']:.1f} s; load "
+        f"{r['load']:.2f}" + (f"; fake workers: {r['other_ops']}" if r["other_ops"] else ""),
+        flush=True,
+    )
+    print(
+        f"      loop lag p50/p99/max {_ms(lag)} ms, net of waiting for a CPU "
+        f"{_ms(lag, 'net_')} ms (waited {lag['cpu_wait']:.1f} s); after the submissions "
+        f"({r['submit_s']:.1f} s) {_ms(steady)}, net {_ms(steady, 'net_')} ms; GC "
+        f"{gc['cpu']:.1f} s CPU, longest pause {gc['max'] * 1e3:.0f} ms ({gc['max_cpu'] * 1e3:.0f}"
+        f" ms CPU), {gc['gen2']} full; RSS {r['rss_before'] / 2**20:.0f} MiB -> peak "
+        f"{r['peak_rss'] / 2**20:.0f} MiB",
+        flush=True,
+    )
     if r["arm"] == "with":
         threads = ", ".join(f"{t} {r['threads'].get(t, 0.0):.2f} s" for t in OOMGUARD_THREADS)
-        hooks = ", ".join(f"{k} {cpu:.2f} s/{n:,}" for k, (cpu, n) in
-                          sorted(r["hooks"].items(), key=lambda kv: -kv[1][0]) if n)
+        hooks = ", ".join(
+            f"{k} {cpu:.2f} s/{n:,}"
+            for k, (cpu, n) in sorted(r["hooks"].items(), key=lambda kv: -kv[1][0])
+            if n
+        )
         print(f"      inside oomguard (CPU s/calls): {hooks}; threads: {threads}", flush=True)
     if "check" in r:
         c = r["check"]
-        print(f"      events {c['events']} / deaths {c['deaths']} (decided {c['decided']}), "
-              f"causes {c['causes']}, {c['hosts']} hosts, OOM signature {c['oom_signature']}, "
-              f"aborts {c['aborts']}, displaced {c['displaced']}, refused {c['refused']}, "
-              f"overflow {c['overflow']}, internal errors {c['internal_errors']}, "
-              f"report answers {c['reports']}", flush=True)  # fmt: skip
+        print(
+            f"      events {c['events']} / deaths {c['deaths']} (decided {c['decided']}), "
+            f"causes {c['causes']}, {c['hosts']} hosts, OOM signature {c['oom_signature']}, "
+            f"aborts {c['aborts']}, displaced {c['displaced']}, refused {c['refused']}, "
+            f"overflow {c['overflow']}, internal errors {c['internal_errors']}, "
+            f"report answers {c['reports']}",
+            flush=True,
+        )
         for p in c["problems"][:10]:
             print(f"      PROBLEM {p}")
 
 
 def _ms(lag: dict, net: str = "") -> str:
-    return (f"{lag[net + 'p50'] * 1e3:.1f}/{lag[net + 'p99'] * 1e3:.0f}/"
-            f"{lag[net + 'max'] * 1e3:.0f}")
+    return (
+        f"{lag[net + 'p50'] * 1e3:.1f}/{lag[net + 'p99'] * 1e3:.0f}/{lag[net + 'max'] * 1e3:.0f}"
+    )
 
 
 def _summary(rounds: list[dict]) -> bool:
     arms = {a: [r for r in rounds if r["arm"] == a] for a in ("without", "with")}
     pairs = list(zip(arms["without"], arms["with"]))
-    print(f"\n{'measure':<36} {'without':>22} {'with':>22} {'ratio':>6} {'paired':>7} "
-          f"{'target':>8}  result")  # fmt: skip
+    print(
+        f"\n{'measure':<36} {'without':>22} {'with':>22} {'ratio':>6} {'paired':>7} "
+        f"{'target':>8}  result"
+    )
 
     def row(name, get, target=None, digits=2, lower_is_ratio=True):
         a = [get(r) for r in arms["without"]]
@@ -392,8 +484,10 @@ def _summary(rounds: list[dict]) -> bool:
         verdict = tgt = ""
         if target is not None:
             verdict, tgt = ("PASS" if ratio <= target else "MISS"), f"<= {target}"
-        print(f"{name:<36} {_spread(a, digits):>22} {_spread(b, digits):>22} {ratio:>6.3f} "
-              f"{paired:>7.3f} {tgt:>8}  {verdict}")  # fmt: skip
+        print(
+            f"{name:<36} {_spread(a, digits):>22} {_spread(b, digits):>22} {ratio:>6.3f} "
+            f"{paired:>7.3f} {tgt:>8}  {verdict}"
+        )
 
     row("scheduler CPU, all threads (s)", lambda r: r["cpu"], TARGET_RATIO, 1)
     row("  minus idle rate x wall (s)", workload_cpu, TARGET_RATIO, 1)
@@ -402,31 +496,47 @@ def _summary(rounds: list[dict]) -> bool:
     row("GC CPU (s)", lambda r: r["gc"]["cpu"], None, 1)
     row("fake workers + client CPU (s)", lambda r: r["driver_cpu"], None, 1)
     row("loop thread's wait for a CPU (s)", lambda r: r["lags"]["cpu_wait"], None, 1)
-    for name, field, net in (("loop lag p99 (ms)", "lags", ""),
-                             ("  net of waiting for a CPU", "lags", "net_"),
-                             ("  after the submissions", "steady", ""),
-                             ("  after the submissions, net", "steady", "net_")):
+    for name, field, net in (
+        ("loop lag p99 (ms)", "lags", ""),
+        ("  net of waiting for a CPU", "lags", "net_"),
+        ("  after the submissions", "steady", ""),
+        ("  after the submissions, net", "steady", "net_"),
+    ):
         p99 = {a: [r[field][net + "p99"] * 1e3 for r in arms[a]] for a in arms}
         ratio = statistics.median(p99["with"]) / max(1e-9, statistics.median(p99["without"]))
         verdict = "PASS" if max(p99["with"]) <= TARGET_LAG_P99 * 1e3 else "MISS"
-        print(f"{name:<36} {_spread(p99['without'], 1):>22} {_spread(p99['with'], 1):>22} "
-              f"{ratio:>6.2f} {'':>7} {'<= ' + format(TARGET_LAG_P99 * 1e3, '.0f'):>8}  "
-              f"{verdict} (worst with-round)")  # fmt: skip
+        print(
+            f"{name:<36} {_spread(p99['without'], 1):>22} {_spread(p99['with'], 1):>22} "
+            f"{ratio:>6.2f} {'':>7} {'<= ' + format(TARGET_LAG_P99 * 1e3, '.0f'):>8}  "
+            f"{verdict} (worst with-round)"
+        )
     row("loop lag max (ms)", lambda r: r["lags"]["max"] * 1e3, None, 0)
     row("longest GC pause (ms)", lambda r: r["gc"]["max"] * 1e3, None, 0)
     row("scheduler peak RSS (MiB)", lambda r: r["peak_rss"] / 2**20, None, 0)
-    row("RSS growth over the workload (MiB)",
-        lambda r: (r["rss_after"] - r["rss_before"]) / 2**20, None, 0)
+    row(
+        "RSS growth over the workload (MiB)",
+        lambda r: (r["rss_after"] - r["rss_before"]) / 2**20,
+        None,
+        0,
+    )
     inside = [oomguard_cpu(r) for r in arms["with"]]
     base = statistics.median(r["cpu"] for r in arms["without"])
-    print(f"inside oomguard (loop thread + its threads), s: {_spread(inside)} = "
-          f"{statistics.median(inside) / base * 100:.1f} % of the scheduler's CPU without it")
-    ok = all(not r["check"]["problems"] and r["check"]["events"] == r["check"]["deaths"]
-             for r in arms["with"])  # fmt: skip
-    print(f"invariant (events stored == deaths, each death once, right cause/pipeline/host): "
-          f"{'held in every round' if ok else 'BROKEN'}")
-    print("(median [min-max] of the rounds; ratio = median with / median without; "
-          "paired = median of the per-pair ratios)")
+    print(
+        f"inside oomguard (loop thread + its threads), s: {_spread(inside)} = "
+        f"{statistics.median(inside) / base * 100:.1f} % of the scheduler's CPU without it"
+    )
+    ok = all(
+        not r["check"]["problems"] and r["check"]["events"] == r["check"]["deaths"]
+        for r in arms["with"]
+    )
+    print(
+        f"invariant (events stored == deaths, each death once, right cause/pipeline/host): "
+        f"{'held in every round' if ok else 'BROKEN'}"
+    )
+    print(
+        "(median [min-max] of the rounds; ratio = median with / median without; "
+        "paired = median of the per-pair ratios)"
+    )
     return ok
 
 

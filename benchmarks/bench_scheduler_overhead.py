@@ -106,9 +106,12 @@ def run_rounds(args, store: str) -> tuple[dict, dict, int]:
     cpu = {"without": [], "with": []}
     # The client gets its own event-loop thread (Client(cluster) would share the cluster's),
     # so the loop thread measured runs the scheduler (and the two idle in-process nannies).
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=":0") as cluster, \
-            Client(cluster.scheduler_address) as client:  # fmt: skip
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster.scheduler_address) as client,
+    ):
         client.wait_for_workers(2)
         oomguard.install(client, store=store)
         tid = client.run_on_scheduler(_loop_tid)
@@ -134,13 +137,18 @@ def run_rounds(args, store: str) -> tuple[dict, dict, int]:
         for mode in ("with", "without"):  # warm-up, not counted
             one(mode, f"warm-{mode}", args.leaves // 4)
         for r in range(args.rounds):
-            for mode in (("without", "with") if r % 2 == 0 else ("with", "without")):
+            for mode in ("without", "with") if r % 2 == 0 else ("with", "without"):
                 w, c = one(mode, f"{r}-{mode}", args.leaves)
                 wall[mode].append(w)
                 cpu[mode].append(c)
-            print(f"  round {r + 1}/{args.rounds}: " + "  ".join(
-                f"{m} {wall[m][-1]:.2f}s wall, {cpu[m][-1]:.2f}s scheduler CPU"
-                for m in ("without", "with")), flush=True)  # fmt: skip
+            print(
+                f"  round {r + 1}/{args.rounds}: "
+                + "  ".join(
+                    f"{m} {wall[m][-1]:.2f}s wall, {cpu[m][-1]:.2f}s scheduler CPU"
+                    for m in ("without", "with")
+                ),
+                flush=True,
+            )
     return wall, cpu, len(fan_in(args.leaves, "n")[0])
 
 
@@ -151,8 +159,13 @@ def hook_costs(leaves: int, passes: int = 3) -> list[tuple[str, str]]:
     """Each hook on its own, on a plugin with no scheduler: best of `passes` (GC included)."""
     # What the scheduler calls for each task: released->waiting, waiting->processing,
     # processing->memory, memory->released, released->forgotten.
-    steps = (("released", "waiting"), ("waiting", "processing"), ("processing", "memory"),
-             ("memory", "released"), ("released", "forgotten"))  # fmt: skip
+    steps = (
+        ("released", "waiting"),
+        ("waiting", "processing"),
+        ("processing", "memory"),
+        ("memory", "released"),
+        ("released", "forgotten"),
+    )
     best: dict[str, float] = {}
     for i in range(passes):
         plugin = OomguardSchedulerPlugin()
@@ -162,8 +175,14 @@ def hook_costs(leaves: int, passes: int = 3) -> list[tuple[str, str]]:
         t = time.perf_counter()
         # A stand-in scheduler without tasks: update_graph reads `scheduler.tasks` to name
         # the pipeline; with None it raised (caught) and no key was tracked.
-        plugin.update_graph(SimpleNamespace(tasks={}), client="c", keys={out}, tasks=keys,
-                            annotations={}, stimulus_id="s")  # fmt: skip
+        plugin.update_graph(
+            SimpleNamespace(tasks={}),
+            client="c",
+            keys={out},
+            tasks=keys,
+            annotations={},
+            stimulus_id="s",
+        )
         got = {"update_graph": (time.perf_counter() - t) / len(keys)}
         for start, finish in steps:
             t = time.perf_counter()
@@ -172,8 +191,12 @@ def hook_costs(leaves: int, passes: int = 3) -> list[tuple[str, str]]:
             got[f"{start}->{finish}"] = (time.perf_counter() - t) / len(keys)
         best = {k: min(v, best.get(k, v)) for k, v in got.items()}
     n = len(keys)
-    rows = [(f"update_graph, {n:,} tasks (ms; us per task)",
-             f"{best['update_graph'] * n * 1e3:.1f}; {best['update_graph'] * 1e6:.2f}")]  # fmt: skip
+    rows = [
+        (
+            f"update_graph, {n:,} tasks (ms; us per task)",
+            f"{best['update_graph'] * n * 1e3:.1f}; {best['update_graph'] * 1e6:.2f}",
+        )
+    ]
     for name, v in best.items():
         if name != "update_graph":
             rows.append((f"transition {name} (us per call)", f"{v * 1e6:.2f}"))
@@ -188,32 +211,45 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     cmd = " ".join([os.path.relpath(sys.executable), *sys.argv])
     print(f"# {cmd}")
-    print(f"# {time.strftime('%Y-%m-%d %H:%M')}; python {sys.version.split()[0]}; "
-          f"{os.cpu_count()} cpus; load average {os.getloadavg()[0]:.2f} at start; "
-          f"{args.leaves:,} leaves, {args.rounds} rounds per mode", flush=True)  # fmt: skip
+    print(
+        f"# {time.strftime('%Y-%m-%d %H:%M')}; python {sys.version.split()[0]}; "
+        f"{os.cpu_count()} cpus; load average {os.getloadavg()[0]:.2f} at start; "
+        f"{args.leaves:,} leaves, {args.rounds} rounds per mode",
+        flush=True,
+    )
     tmp = tempfile.mkdtemp(prefix="bench-sched-")
     try:
         wall, cpu, n_tasks = run_rounds(args, os.path.join(tmp, "store.sqlite3"))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"# load average {os.getloadavg()[0]:.2f} after the rounds\n")
-    print(f"{'measure (' + format(n_tasks, ',') + ' tasks)':<34} {'without':>20} {'with':>20} "
-          f"{'ratio':>6} {'paired':>7} {'target':>7}  result")  # fmt: skip
-    for name, d, target in (("wall time (s)", wall, TARGET_RATIO),
-                            ("scheduler loop thread CPU (s)", cpu, None)):  # fmt: skip
+    print(
+        f"{'measure (' + format(n_tasks, ',') + ' tasks)':<34} {'without':>20} {'with':>20} "
+        f"{'ratio':>6} {'paired':>7} {'target':>7}  result"
+    )
+    for name, d, target in (
+        ("wall time (s)", wall, TARGET_RATIO),
+        ("scheduler loop thread CPU (s)", cpu, None),
+    ):
         a, b = d["without"], d["with"]
         ratio = statistics.median(b) / statistics.median(a)
         paired = statistics.median(y / x for x, y in zip(a, b))
         verdict = "" if target is None else ("PASS" if ratio <= target else "MISS")
         tgt = "" if target is None else f"<= {target}"
-        print(f"{name:<34} {_spread(a):>20} {_spread(b):>20} {ratio:>6.3f} {paired:>7.3f} "
-              f"{tgt:>7}  {verdict}")  # fmt: skip
+        print(
+            f"{name:<34} {_spread(a):>20} {_spread(b):>20} {ratio:>6.3f} {paired:>7.3f} "
+            f"{tgt:>7}  {verdict}"
+        )
     per_task = statistics.median(cpu["without"]) / n_tasks * 1e6
-    print(f"scheduler loop CPU per task without oomguard: {per_task:.0f} us; "
-          f"throughput {n_tasks / statistics.median(wall['without']):,.0f} tasks/s without, "
-          f"{n_tasks / statistics.median(wall['with']):,.0f} with")  # fmt: skip
-    print("(median [min-max] of the rounds; ratio = median with / median without; "
-          "paired = median of the per-round ratios)\n")  # fmt: skip
+    print(
+        f"scheduler loop CPU per task without oomguard: {per_task:.0f} us; "
+        f"throughput {n_tasks / statistics.median(wall['without']):,.0f} tasks/s without, "
+        f"{n_tasks / statistics.median(wall['with']):,.0f} with"
+    )
+    print(
+        "(median [min-max] of the rounds; ratio = median with / median without; "
+        "paired = median of the per-round ratios)\n"
+    )
     rows = hook_costs(args.leaves)
     width = max(len(r[0]) for r in rows)
     for name, value in rows:

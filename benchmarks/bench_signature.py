@@ -31,11 +31,22 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from oomguard._signature import fingerprint  # noqa: E402
-from oomguard._signature import _parse, _paths, _records, _rules  # noqa: E402
+from oomguard._signature import (  # noqa: E402
+    _parse,
+    _paths,
+    _records,
+    _rules,
+    fingerprint,  # noqa: E402
+)
 
-CACHES = (_paths.path_origin, _paths.is_in_app, _rules.normalise_frame, _rules._frame,
-          _parse._cached_stack, _records._dotted_module)
+CACHES = (
+    _paths.path_origin,
+    _paths.is_in_app,
+    _rules.normalise_frame,
+    _rules._frame,
+    _parse._cached_stack,
+    _records._dotted_module,
+)
 
 CHAIN = 20
 
@@ -48,7 +59,8 @@ def chained_traceback(tmp: pathlib.Path) -> str:
     for k in range(1, CHAIN):
         lines.append(f"def step_{k}(rows, i):\n    return step_{k - 1}(rows, i) + 1\n")
     (pkg / "steps.py").write_text("\n".join(lines))
-    (pkg / "job.py").write_text(textwrap.dedent(f"""
+    (pkg / "job.py").write_text(
+        textwrap.dedent(f"""
         from . import steps
         def run(rows, i):
             try:
@@ -59,11 +71,15 @@ def chained_traceback(tmp: pathlib.Path) -> str:
             return fail(rows, i, exc)
         def fail(rows, i, exc):
             raise ValueError(f"row {{i}} of /data/shard-{{i}}.csv has no value") from exc
-        """))
+        """)
+    )
     # The caller side: a driver whose 15 distinct stages lead to the job (no recursion).
     stages = ["def stage_0():\n    return job.run([{}] * 5, 3)\n"]
     stages += [f"def stage_{k}():\n    return stage_{k - 1}()\n" for k in range(1, 15)]
-    driver = "import sys, traceback\nfrom etl import job\n" + "\n".join(stages) + textwrap.dedent("""
+    driver = (
+        "import sys, traceback\nfrom etl import job\n"
+        + "\n".join(stages)
+        + textwrap.dedent("""
         def main():
             try:
                 stage_14()
@@ -71,9 +87,12 @@ def chained_traceback(tmp: pathlib.Path) -> str:
                 sys.stdout.write(traceback.format_exc())
         main()
         """)
+    )
     (tmp / "driver.py").write_text(driver)
     env = {**os.environ, "PYTHONPATH": str(pkg.parent)}
-    out = subprocess.run([sys.executable, str(tmp / "driver.py")], capture_output=True, text=True, env=env).stdout
+    out = subprocess.run(
+        [sys.executable, str(tmp / "driver.py")], capture_output=True, text=True, env=env
+    ).stdout
     assert out.count('  File "') >= 40, out
     return out
 
@@ -83,12 +102,18 @@ def worker_dump(tmp: pathlib.Path) -> str:
 
     fixtures = str(ROOT / "tests" / "fixtures")
     sys.path.insert(0, fixtures)
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [fixtures, os.environ.get("PYTHONPATH")]))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [fixtures, os.environ.get("PYTHONPATH")])
+    )
     import shardapp.core
     import shardapp.debug
 
-    with LocalCluster(n_workers=1, threads_per_worker=3, processes=True, dashboard_address=":0") as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=3, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         (pid,) = client.run(shardapp.debug.enable_faulthandler, str(tmp)).values()
         # Busy executor threads, as on a loaded worker (the pool starts threads on demand).
         sleepers = [client.submit(time.sleep, 5, pure=False) for _ in range(2)]
@@ -146,13 +171,19 @@ def main() -> None:
     ]
     assert fingerprint(cases[2][1]).id == fingerprint(tb).id
     assert fingerprint(cases[3][1]).id == fingerprint(dump).id
-    print(f"$ python benchmarks/bench_signature.py --seconds {args.seconds}  (Python {sys.version.split()[0]}, 1 core)")
-    print(f"{'input':<34} {'bytes':>7} {'warm /s':>9} {'cold /s':>9} {'warm CPU/s':>11}"
-          f" {'cold CPU/s':>11}")
+    print(
+        f"$ python benchmarks/bench_signature.py --seconds {args.seconds}  (Python {sys.version.split()[0]}, 1 core)"
+    )
+    print(
+        f"{'input':<34} {'bytes':>7} {'warm /s':>9} {'cold /s':>9} {'warm CPU/s':>11}"
+        f" {'cold CPU/s':>11}"
+    )
     for name, text in cases:
         (warm, warm_cpu), (cold, cold_cpu) = (rate(text, args.seconds, c) for c in (False, True))
-        print(f"{name:<34} {len(text):>7} {warm:>9,.0f} {cold:>9,.0f} {warm_cpu:>11,.0f}"
-              f" {cold_cpu:>11,.0f}")
+        print(
+            f"{name:<34} {len(text):>7} {warm:>9,.0f} {cold:>9,.0f} {warm_cpu:>11,.0f}"
+            f" {cold_cpu:>11,.0f}"
+        )
     for name, text in cases[:2]:
         print(f"{name}: {fingerprint(text).title}")
 

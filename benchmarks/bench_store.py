@@ -41,8 +41,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--signatures", type=int, default=200)
     p.add_argument("--shards", type=int, default=200_000, help="distinct shard keys")
     p.add_argument("--pipelines", type=int, default=50)
-    p.add_argument("--max-events", type=int, default=1_000_000,
-                   help="retention; below --events, measures the steady state with deletes")  # fmt: skip
+    p.add_argument(
+        "--max-events",
+        type=int,
+        default=1_000_000,
+        help="retention; below --events, measures the steady state with deletes",
+    )
     p.add_argument("--dir", default=None, help="where the store file goes (default: a temp dir)")
     return p.parse_args(argv)
 
@@ -62,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     rss0 = proc.memory_info().rss
     store = FailureStore(path, max_events=args.max_events)
     store.start()
-    result = asyncio.run(ingest(store, args, hosts, workers, sig_ids, titles, pipes, example, proc))
+    result = asyncio.run(
+        ingest(store, args, hosts, workers, sig_ids, titles, pipes, example, proc)
+    )
     result["rss_end_mb"] = (proc.memory_info().rss - rss0) / 2**20
     result["rss_peak_mb"] = max(result["rss_peak"] - rss0, 0) / 2**20
 
@@ -86,43 +92,68 @@ def main(argv: list[str] | None = None) -> int:
             runs.append((time.perf_counter() - t) * 1000)
         timings[name] = (runs[0], statistics.median(runs), len(rows))
     top = store.signatures(limit=1)[0]
-    stats = dict(written=store.written, overflow=store.overflow,
-                 write_errors=store.write_errors, last_error=store.last_error)  # fmt: skip
+    stats = dict(
+        written=store.written,
+        overflow=store.overflow,
+        write_errors=store.write_errors,
+        last_error=store.last_error,
+    )
     store.close()
-    size_mb = sum(
-        os.path.getsize(os.path.join(tmp, f)) for f in os.listdir(tmp)
-    ) / 2**20
+    size_mb = sum(os.path.getsize(os.path.join(tmp, f)) for f in os.listdir(tmp)) / 2**20
     shutil.rmtree(tmp, ignore_errors=True)
 
     cmd = " ".join([os.path.basename(sys.executable), *sys.argv])
     print(f"# {cmd}")
-    print(f"# {args.events:,} events (max_events {args.max_events:,}), {args.hosts} hosts, {args.signatures} signatures, "
-          f"{args.shards:,} shards; python {sys.version.split()[0]}; "
-          f"{os.cpu_count()} cpus")  # fmt: skip
+    print(
+        f"# {args.events:,} events (max_events {args.max_events:,}), {args.hosts} hosts, {args.signatures} signatures, "
+        f"{args.shards:,} shards; python {sys.version.split()[0]}; "
+        f"{os.cpu_count()} cpus"
+    )
     rows = [
-        ("events/s end to end (add → flush)", f"{result['events_per_s']:,.0f}", ">= 20,000",
-         result["events_per_s"] >= TARGETS["events_per_s"]),
+        (
+            "events/s end to end (add → flush)",
+            f"{result['events_per_s']:,.0f}",
+            ">= 20,000",
+            result["events_per_s"] >= TARGETS["events_per_s"],
+        ),
         ("add() calls/s in the event loop", f"{result['adds_per_s']:,.0f}", "", None),
-        ("RSS growth, peak (MB)", f"{result['rss_peak_mb']:.1f}", "<= 200",
-         result["rss_peak_mb"] <= TARGETS["rss_growth_mb"]),
+        (
+            "RSS growth, peak (MB)",
+            f"{result['rss_peak_mb']:.1f}",
+            "<= 200",
+            result["rss_peak_mb"] <= TARGETS["rss_growth_mb"],
+        ),
         ("RSS growth, after close (MB)", f"{result['rss_end_mb']:.1f}", "", None),
-        ("longest event-loop stall (ms)", f"{result['stall_ms']:.1f}", "<= 50",
-         result["stall_ms"] <= TARGETS["stall_ms"]),
-        ("longest / total GC pause, any thread (ms)",
-         f"{result['gc_max_ms']:.1f} / {result['gc_total_ms']:.0f}", "", None),
+        (
+            "longest event-loop stall (ms)",
+            f"{result['stall_ms']:.1f}",
+            "<= 50",
+            result["stall_ms"] <= TARGETS["stall_ms"],
+        ),
+        (
+            "longest / total GC pause, any thread (ms)",
+            f"{result['gc_max_ms']:.1f} / {result['gc_total_ms']:.0f}",
+            "",
+            None,
+        ),
         ("p99 ticker lateness (ms)", f"{result['stall_p99_ms']:.1f}", "", None),
         ("top-20 query during ingest, max (ms)", f"{result['live_query_ms']:.1f}", "", None),
-    ]  # fmt: skip
+    ]
     for name, (first, median, n) in timings.items():
         ok = max(first, median) <= TARGETS["query_ms"]
-        rows.append((f"{name}: first / median (ms), rows={n}",
-                     f"{first:.1f} / {median:.1f}", "<= 50", ok))  # fmt: skip
+        rows.append(
+            (f"{name}: first / median (ms), rows={n}", f"{first:.1f} / {median:.1f}", "<= 50", ok)
+        )
     rows += [
         ("store file size incl. WAL (MB)", f"{size_mb:.0f}", "", None),
-        ("overflow / write_errors", f"{stats['overflow']} / {stats['write_errors']}", "0 / 0",
-         stats["overflow"] == 0 and stats["write_errors"] == 0),
+        (
+            "overflow / write_errors",
+            f"{stats['overflow']} / {stats['write_errors']}",
+            "0 / 0",
+            stats["overflow"] == 0 and stats["write_errors"] == 0,
+        ),
         ("top signature count / hosts", f"{top.count:,} / {len(top.hosts)}", "", None),
-    ]  # fmt: skip
+    ]
     width = max(len(r[0]) for r in rows)
     print(f"{'measure':<{width}}  {'value':>16}  {'target':>10}  ok")
     failed = False
@@ -177,8 +208,9 @@ async def ingest(store, args, hosts, workers, sig_ids, titles, pipes, example, p
     n_h, n_sh, n_p = len(hosts), args.shards, len(pipes)
     # A few signatures dominate, as in real failure storms: weight 1/(rank+1), fixed seed.
     rng = random.Random(42)
-    sig_of = rng.choices(range(len(sig_ids)), weights=[1 / (r + 1) for r in range(len(sig_ids))],
-                         k=10_007)  # fmt: skip
+    sig_of = rng.choices(
+        range(len(sig_ids)), weights=[1 / (r + 1) for r in range(len(sig_ids))], k=10_007
+    )
     seen_sigs: set[int] = set()
     high_water = store.queue_size * 3 // 4
     base = time.time() - args.events * 0.001
@@ -195,16 +227,36 @@ async def ingest(store, args, hosts, workers, sig_ids, titles, pipes, example, p
                 seen_sigs.add(s)
             cause = CAUSES[s % len(CAUSES)]
             ev = FailureEvent(
-                kind="user" if cause == "exception" else "infra", cause=cause,
-                shard=f"('load-parquet', {(i * 31) % n_sh})", pipeline=pipes[i % n_p],
-                worker=workers[h], host=hosts[h], signature_id=sig_ids[s],
-                signature_title=titles[s], evidence={"oom_kill_delta": 1, "rss": 3 << 30,
-                "source": "cgroup-v2 memory.events"}, attempt=1 + i % 3, time=base + i * 0.001,
-            )  # fmt: skip
+                kind="user" if cause == "exception" else "infra",
+                cause=cause,
+                shard=f"('load-parquet', {(i * 31) % n_sh})",
+                pipeline=pipes[i % n_p],
+                worker=workers[h],
+                host=hosts[h],
+                signature_id=sig_ids[s],
+                signature_title=titles[s],
+                evidence={
+                    "oom_kill_delta": 1,
+                    "rss": 3 << 30,
+                    "source": "cgroup-v2 memory.events",
+                },
+                attempt=1 + i % 3,
+                time=base + i * 0.001,
+            )
             refused += not store.add(ev, grouping_version=1, example=example if first else "")
         if start % 10_000 == 0:  # the plugin updates a pipeline's status now and then
-            store.upsert_pipeline(PipelineStatus(pipes[(start // 10_000) % n_p], "running",
-                                                 start, 0, 0, start // 100, 0, "still going"))  # fmt: skip
+            store.upsert_pipeline(
+                PipelineStatus(
+                    pipes[(start // 10_000) % n_p],
+                    "running",
+                    start,
+                    0,
+                    0,
+                    start // 100,
+                    0,
+                    "still going",
+                )
+            )
         add_time += time.perf_counter() - ta
         # Let other coroutines run; back off if the writer is behind (no event is dropped).
         await asyncio.sleep(0)

@@ -154,9 +154,14 @@ def _throughput_rounds(args, times, set_mode, client_for) -> None:
             res = run_round(client_for(mode), args.tasks, args.chain, f"{r}-{mode}")
             for k, v in res.items():
                 times[mode][k].append(v)
-        print(f"  round {r + 1}/{args.rounds}: "
-              + "  ".join(f"{m} map {times[m]['map'][-1]:.2f}s chain {times[m]['chain'][-1]:.2f}s"
-                          for m in ("without", "with")), flush=True)  # fmt: skip
+        print(
+            f"  round {r + 1}/{args.rounds}: "
+            + "  ".join(
+                f"{m} map {times[m]['map'][-1]:.2f}s chain {times[m]['chain'][-1]:.2f}s"
+                for m in ("without", "with")
+            ),
+            flush=True,
+        )
 
 
 class _cluster:
@@ -205,8 +210,9 @@ def sampler_cpu(args, crash_dir) -> list[tuple[str, str]]:
             fut = None
             if busy:
                 fut = client.submit(_deep_sleep, args.window + 5, workers=[addr], pure=False)
-                while not client.run(lambda dask_worker: len(dask_worker.state.executing),
-                                     workers=[addr])[addr]:  # fmt: skip
+                while not client.run(
+                    lambda dask_worker: len(dask_worker.state.executing), workers=[addr]
+                )[addr]:
                     time.sleep(0.05)
                 time.sleep(0.6)
             ns0, w0 = _schedstat_ns(pid, tid), time.perf_counter()
@@ -216,8 +222,12 @@ def sampler_cpu(args, crash_dir) -> list[tuple[str, str]]:
             if fut is not None:
                 client.cancel(fut)
             ms_per_s = (ns1 - ns0) / 1e6 / (w1 - w0)
-            rows.append((f"sampler thread, {label}: CPU ms per s (% of one core)",
-                         f"{ms_per_s:.3f} ({ms_per_s / 10:.3f} %)"))  # fmt: skip
+            rows.append(
+                (
+                    f"sampler thread, {label}: CPU ms per s (% of one core)",
+                    f"{ms_per_s:.3f} ({ms_per_s / 10:.3f} %)",
+                )
+            )
             rows.append((f"sample() per call, {label} (us CPU)", f"{per_call * 1e6:.0f}"))
         # Whole worker process, idle, with the plugin and without it: alternating windows,
         # since the idle process's own CPU (heartbeats, Dask's profiler) drifts.
@@ -233,9 +243,13 @@ def sampler_cpu(args, crash_dir) -> list[tuple[str, str]]:
             per_mode[mode].append((c1 - c0) * 1000 / (w1 - w0))
         for mode in ("with", "without"):
             xs = per_mode[mode]
-            rows.append((f"idle worker process, {mode} the worker plugin: CPU ms per s, "
-                         f"median [min-max] of 3", f"{statistics.median(xs):.1f} "
-                         f"[{min(xs):.1f}-{max(xs):.1f}]"))  # fmt: skip
+            rows.append(
+                (
+                    f"idle worker process, {mode} the worker plugin: CPU ms per s, "
+                    f"median [min-max] of 3",
+                    f"{statistics.median(xs):.1f} [{min(xs):.1f}-{max(xs):.1f}]",
+                )
+            )
     return rows
 
 
@@ -293,31 +307,42 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     cmd = " ".join([os.path.relpath(sys.executable), *sys.argv])
     print(f"# {cmd}")
-    print(f"# {time.strftime('%Y-%m-%d %H:%M')}; python {sys.version.split()[0]}; "
-          f"{os.cpu_count()} cpus; load average {os.getloadavg()[0]:.2f} at start; "
-          f"mode {args.mode}; map {args.tasks} tasks, chain {args.chain}, "
-          f"{args.rounds} rounds per mode", flush=True)  # fmt: skip
+    print(
+        f"# {time.strftime('%Y-%m-%d %H:%M')}; python {sys.version.split()[0]}; "
+        f"{os.cpu_count()} cpus; load average {os.getloadavg()[0]:.2f} at start; "
+        f"mode {args.mode}; map {args.tasks} tasks, chain {args.chain}, "
+        f"{args.rounds} rounds per mode",
+        flush=True,
+    )
     crash_dir = tempfile.mkdtemp(prefix="bench-oomguard-crash-")
     try:
         fn = throughput_toggle if args.mode == "toggle" else throughput_clusters
         times = fn(args, crash_dir)
         load_after = os.getloadavg()[0]
         print()
-        print(f"{'workload':<26} {'without (s)':>18} {'with (s)':>18} {'ratio':>6} "
-              f"{'paired':>7} {'target':>7}  result")  # fmt: skip
+        print(
+            f"{'workload':<26} {'without (s)':>18} {'with (s)':>18} {'ratio':>6} "
+            f"{'paired':>7} {'target':>7}  result"
+        )
         for wl, n in (("map", args.tasks), ("chain", args.chain)):
             a, b = times["without"][wl], times["with"][wl]
             ratio = statistics.median(b) / statistics.median(a)
             paired = statistics.median(y / x for x, y in zip(a, b))
             ok = "PASS" if ratio <= TARGET_RATIO else "MISS"
-            print(f"{wl + f' ({n} tasks)':<26} {_spread(a):>18} {_spread(b):>18} "
-                  f"{ratio:>6.3f} {paired:>7.3f} {'<= 1.03':>7}  {ok}")  # fmt: skip
+            print(
+                f"{wl + f' ({n} tasks)':<26} {_spread(a):>18} {_spread(b):>18} "
+                f"{ratio:>6.3f} {paired:>7.3f} {'<= 1.03':>7}  {ok}"
+            )
         for wl, n in (("map", args.tasks), ("chain", args.chain)):
             a, b = times["without"][wl], times["with"][wl]
-            print(f"  {wl}: {n / statistics.median(a):,.0f} tasks/s without, "
-                  f"{n / statistics.median(b):,.0f} with")  # fmt: skip
-        print("(times: median [min-max] of the rounds; ratio = median with / median without; "
-              "paired = median of the per-round ratios)")  # fmt: skip
+            print(
+                f"  {wl}: {n / statistics.median(a):,.0f} tasks/s without, "
+                f"{n / statistics.median(b):,.0f} with"
+            )
+        print(
+            "(times: median [min-max] of the rounds; ratio = median with / median without; "
+            "paired = median of the per-round ratios)"
+        )
         print(f"# load average {load_after:.2f} after the throughput rounds")
         print(flush=True)
         rows = sampler_cpu(args, crash_dir) + transition_cost(20_000 if not args.quick else 5_000)

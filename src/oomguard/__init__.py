@@ -4,8 +4,9 @@ The public surface; everything else is private (`oomguard._*`).
 """
 
 from . import _config  # noqa: F401  (registers oomguard's Dask config defaults)
-from ._client.api import Failures, install, uninstall
+from ._admission.needs import memory
 from ._causes import Cause, Kind
+from ._client.api import Failures, install, uninstall
 from ._exceptions import (
     AdmissionTimeout,
     CgroupError,
@@ -17,7 +18,6 @@ from ._exceptions import (
     StoreError,
     TraceParseError,
 )
-from ._admission.needs import memory
 from ._models import FailureEvent, PipelineStatus, SignatureRow
 
 __version__ = "0.1.0.dev0"
@@ -48,5 +48,5 @@ __all__ = [
 # (as httpx does); pickles name the same importable path.
 for _name in __all__:
     if not _name.startswith("__"):
-        setattr(globals()[_name], "__module__", "oomguard")
+        globals()[_name].__module__ = "oomguard"
 del _name

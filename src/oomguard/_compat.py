@@ -22,8 +22,9 @@ How the differences between the supported releases are handled (`docs/deploying.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 #: The ends of the supported range that the test matrix runs.
 TESTED = ("2024.12.0", "2026.8.0")
@@ -45,34 +46,51 @@ def _has(*names: str) -> Callable[[Any], bool]:
 
 #: Checked on the scheduler (an instance) when the scheduler plugin starts.
 SCHEDULER = (
-    Internal("Scheduler.allowed_failures, .workers, .tasks, .stream_handlers",
-             _has("allowed_failures", "workers", "tasks", "stream_handlers"),
-             "oomguard stays off and Dask's allowed-failures applies as it is", essential=True),
-    Internal("TaskState.suspicious, .run_id, .retries",
-             lambda s: _has("suspicious", "run_id", "retries")(_task_state()),
-             "oomguard stays off and Dask's allowed-failures applies as it is", essential=True),
-    Internal("WorkerState.executing, .nanny, .pid",
-             lambda s: _has("executing", "nanny", "pid")(_worker_state()),
-             "oomguard stays off and Dask's allowed-failures applies as it is", essential=True),
-    Internal("the scheduler's 'task-erred' stream handler",
-             lambda s: "task-erred" in getattr(s, "stream_handlers", {}),
-             "task exceptions are not recorded (no USER failures, no memory errors)"),
+    Internal(
+        "Scheduler.allowed_failures, .workers, .tasks, .stream_handlers",
+        _has("allowed_failures", "workers", "tasks", "stream_handlers"),
+        "oomguard stays off and Dask's allowed-failures applies as it is",
+        essential=True,
+    ),
+    Internal(
+        "TaskState.suspicious, .run_id, .retries",
+        lambda s: _has("suspicious", "run_id", "retries")(_task_state()),
+        "oomguard stays off and Dask's allowed-failures applies as it is",
+        essential=True,
+    ),
+    Internal(
+        "WorkerState.executing, .nanny, .pid",
+        lambda s: _has("executing", "nanny", "pid")(_worker_state()),
+        "oomguard stays off and Dask's allowed-failures applies as it is",
+        essential=True,
+    ),
+    Internal(
+        "the scheduler's 'task-erred' stream handler",
+        lambda s: "task-erred" in getattr(s, "stream_handlers", {}),
+        "task exceptions are not recorded (no USER failures, no memory errors)",
+    ),
 )
 
 #: Checked on the nanny (an instance) and Dask's WorkerProcess class when the nanny plugin
 #: starts.
 NANNY = (
-    Internal("Nanny.instantiate, .log_event, .worker_kwargs, .process",
-             _has("instantiate", "log_event", "worker_kwargs", "process"),
-             "no death reports from this nanny: the scheduler sees its deaths as worker_lost",
-             essential=True),
-    Internal("WorkerProcess.mark_stopped",
-             lambda n: _has("mark_stopped")(_worker_process()),
-             "no death reports from this nanny: the scheduler sees its deaths as worker_lost",
-             essential=True),
-    Internal("WorkerProcess._wait_until_connected",
-             lambda n: _has("_wait_until_connected")(_worker_process()),
-             "a worker joins its memory cgroup once it is up, not at its spawn"),
+    Internal(
+        "Nanny.instantiate, .log_event, .worker_kwargs, .process",
+        _has("instantiate", "log_event", "worker_kwargs", "process"),
+        "no death reports from this nanny: the scheduler sees its deaths as worker_lost",
+        essential=True,
+    ),
+    Internal(
+        "WorkerProcess.mark_stopped",
+        lambda n: _has("mark_stopped")(_worker_process()),
+        "no death reports from this nanny: the scheduler sees its deaths as worker_lost",
+        essential=True,
+    ),
+    Internal(
+        "WorkerProcess._wait_until_connected",
+        lambda n: _has("_wait_until_connected")(_worker_process()),
+        "a worker joins its memory cgroup once it is up, not at its spawn",
+    ),
 )
 
 
@@ -107,8 +125,9 @@ def missing(internals: tuple[Internal, ...], obj: Any) -> list[Internal]:
     return out
 
 
-def check(side: str, internals: tuple[Internal, ...], obj: Any,
-          logger: logging.Logger) -> list[Internal]:
+def check(
+    side: str, internals: tuple[Internal, ...], obj: Any, logger: logging.Logger
+) -> list[Internal]:
     """Log the one set-up line for `side` ("scheduler" or "nanny"); return what is missing."""
     import distributed
 
@@ -121,8 +140,9 @@ def check(side: str, internals: tuple[Internal, ...], obj: Any,
     if not gone:
         logger.info("%s: every Dask internal it uses is present%s", where, untested)
         return gone
-    logger.warning("%s%s: %s", where, untested,
-                   "; ".join(f"no {i.name}, so {i.without}" for i in gone))
+    logger.warning(
+        "%s%s: %s", where, untested, "; ".join(f"no {i.name}, so {i.without}" for i in gone)
+    )
     return gone
 
 

@@ -46,9 +46,7 @@ def get_choice(key: str, choices: tuple[str, ...]) -> str:
         value = "true" if value else "false"
     value = str(value).strip().lower()
     if value not in choices:
-        raise ConfigError(
-            f"oomguard.{key} is {get(key)!r}; expected one of {', '.join(choices)}."
-        )
+        raise ConfigError(f"oomguard.{key} is {get(key)!r}; expected one of {', '.join(choices)}.")
     return value
 
 
@@ -135,10 +133,15 @@ def scheduler_keys() -> frozenset[str]:
 
 #: oomguard.scheduler.* keys a running plugin can take from `install(client, **settings)`;
 #: the others (the store, the pod lookup) are fixed once it runs.
-LIVE_SCHEDULER_KEYS = frozenset({
-    "report-grace-timeout", "max-shard-infra-failures", "abort-on-repeat-signature",
-    "memory-retry-larger-only", "max-events",
-})
+LIVE_SCHEDULER_KEYS = frozenset(
+    {
+        "report-grace-timeout",
+        "max-shard-infra-failures",
+        "abort-on-repeat-signature",
+        "memory-retry-larger-only",
+        "max-events",
+    }
+)
 
 _SCHEDULER_GETTERS: dict[str, tuple[Any, tuple]] = {
     "report-grace-timeout": (get_seconds, ()),
@@ -154,8 +157,9 @@ _SCHEDULER_GETTERS: dict[str, tuple[Any, tuple]] = {
 }
 
 
-def scheduler_settings(overrides: dict[str, Any] | None = None,
-                       only: frozenset[str] | None = None) -> dict[str, Any]:
+def scheduler_settings(
+    overrides: dict[str, Any] | None = None, only: frozenset[str] | None = None
+) -> dict[str, Any]:
     """Every oomguard.scheduler.* setting, validated once: `overrides` (keys with dashes)
     over Dask's config. `only`: validate just these keys. Raises ConfigError naming the key,
     the value and what is expected.

@@ -35,7 +35,7 @@ def shorten(value: Any, width: int) -> str:
         return text
     keep = max(width - 1, 2)
     head = keep * 2 // 5
-    return text[:head] + ELLIPSIS + text[len(text) - (keep - head):]
+    return text[:head] + ELLIPSIS + text[len(text) - (keep - head) :]
 
 
 def clock(t: float | None, unknown: str = "?") -> str:
@@ -69,10 +69,12 @@ def quantity(n: int, noun: str) -> str:
 
 # --------------------------------------------------------------------------- HTML
 
-_STYLE = ("<style>table.oomguard td, table.oomguard th {text-align: left; "
-          "vertical-align: top; white-space: nowrap} table.oomguard .num "
-          "{text-align: right} table.oomguard td.prose {white-space: normal; min-width: 24em} "
-          "table.oomguard caption {text-align: left}</style>")  # fmt: skip
+_STYLE = (
+    "<style>table.oomguard td, table.oomguard th {text-align: left; "
+    "vertical-align: top; white-space: nowrap} table.oomguard .num "
+    "{text-align: right} table.oomguard td.prose {white-space: normal; min-width: 24em} "
+    "table.oomguard caption {text-align: left}</style>"
+)
 
 
 def clip(value: Any, width: int) -> str:
@@ -85,8 +87,9 @@ def clip(value: Any, width: int) -> str:
     return text if len(text) <= width else text[: max(width - 1, 1)] + ELLIPSIS
 
 
-def cell(value: Any, width: int | None = None, *, numeric: bool = False,
-         prose: bool = False) -> str:  # fmt: skip
+def cell(
+    value: Any, width: int | None = None, *, numeric: bool = False, prose: bool = False
+) -> str:
     """One escaped <td>; a value cut to `width` keeps the whole of it in its tooltip.
     Names and keys are cut in the middle and never wrap; prose is cut at its end, and wraps."""
     full = one_line("" if value is None else value)
@@ -98,18 +101,30 @@ def cell(value: Any, width: int | None = None, *, numeric: bool = False,
     return f"<td{attrs}>{html.escape(shown, quote=True)}</td>"
 
 
-def html_table(caption: str, headers: Sequence[str], rows: Sequence[Sequence[str]],
-               more: int = 0, empty: str = "none", numeric: Sequence[int] = ()) -> str:  # fmt: skip
+def html_table(
+    caption: str,
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    more: int = 0,
+    empty: str = "none",
+    numeric: Sequence[int] = (),
+) -> str:
     """A table of `rows` (each a sequence of `cell()` strings) under `headers` (those at the
     indices in `numeric` aligned right); `more` rows left out are counted in a last row."""
     right = ' class="num"'
-    head = "".join(f"<th{right if i in numeric else ''}>{html.escape(h, quote=True)}</th>"
-                   for i, h in enumerate(headers))
+    head = "".join(
+        f"<th{right if i in numeric else ''}>{html.escape(h, quote=True)}</th>"
+        for i, h in enumerate(headers)
+    )
     body = ["<tr>" + "".join(r) + "</tr>" for r in rows]
     if not rows:
         body.append(f'<tr><td colspan="{len(headers)}">{html.escape(empty)}</td></tr>')
     if more:
-        body.append(f'<tr><td colspan="{len(headers)}">… {more} more (every row: '
-                    "indexing, iteration or to_pandas())</td></tr>")  # fmt: skip
-    return (f'{_STYLE}<table class="oomguard"><caption>{html.escape(caption, quote=True)}'
-            f"</caption><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
+        body.append(
+            f'<tr><td colspan="{len(headers)}">… {more} more (every row: '
+            "indexing, iteration or to_pandas())</td></tr>"
+        )
+    return (
+        f'{_STYLE}<table class="oomguard"><caption>{html.escape(caption, quote=True)}'
+        f"</caption><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    )

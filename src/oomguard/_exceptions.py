@@ -1,15 +1,15 @@
 """oomguard's exceptions.
 
-    OomguardError (Exception)
-    ├── ConfigError (ValueError)          a config value is wrong; names the key
-    ├── ReportError (ValueError)          a death report failed validation; names the field
-    ├── TraceParseError (ValueError)      a trace could not be parsed at all
-    ├── CgroupError (OSError)             a per-worker cgroup was required but cannot be made
-    ├── StoreError (OSError)              a failure store file cannot be used; names the path
-    ├── AdmissionTimeout (TimeoutError)   a task waited past max-wait for host memory
-    └── ReportFailed                      `oomguard report` cannot read the history: one line
-    PipelineAborted (Exception)           raised on the client for every task of an aborted
-                                          pipeline; carries the shard, cause and evidence
+OomguardError (Exception)
+├── ConfigError (ValueError)          a config value is wrong; names the key
+├── ReportError (ValueError)          a death report failed validation; names the field
+├── TraceParseError (ValueError)      a trace could not be parsed at all
+├── CgroupError (OSError)             a per-worker cgroup was required but cannot be made
+├── StoreError (OSError)              a failure store file cannot be used; names the path
+├── AdmissionTimeout (TimeoutError)   a task waited past max-wait for host memory
+└── ReportFailed                      `oomguard report` cannot read the history: one line
+PipelineAborted (Exception)           raised on the client for every task of an aborted
+                                      pipeline; carries the shard, cause and evidence
 """
 
 from __future__ import annotations

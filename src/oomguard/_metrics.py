@@ -52,8 +52,22 @@ INTERNAL_ERROR_SITES = SCHEDULER_GUARD_SITES
 
 #: Death-to-report latency: a report crosses one RPC (ms) but may wait for the nanny to
 #: notice the exit and read cgroup counters, and a grace timeout caps it at tens of seconds.
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-                   10.0, 30.0)  # fmt: skip
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
 
 _CAUSES = frozenset(c.value for c in Cause)
 _KINDS = frozenset(k.value for k in Kind)

@@ -64,9 +64,11 @@ class FailureEvent(_Record):
         """<FailureEvent 2026-05-01 14:03:07 oom_kill shard=('load', 17) attempt=2
         pipeline=etl worker=tcp://10.0.3.11:40211>, one line; attempt only past the first."""
         attempt = f" attempt={self.attempt}" if self.attempt != 1 else ""
-        return (f"<FailureEvent {clock(self.time)} {shorten(self.cause, 20)} "
-                f"shard={_short(self.shard, 48)}{attempt} pipeline={_short(self.pipeline, 24)} "
-                f"worker={_short(self.worker, 32)}>")  # fmt: skip
+        return (
+            f"<FailureEvent {clock(self.time)} {shorten(self.cause, 20)} "
+            f"shard={_short(self.shard, 48)}{attempt} pipeline={_short(self.pipeline, 24)} "
+            f"worker={_short(self.worker, 32)}>"
+        )
 
 
 @dataclass(frozen=True, repr=False)
@@ -98,8 +100,10 @@ class SignatureRow(_Record):
         """<SignatureRow 6d4c109d5cf8c83f 'oom_kill in load_shard' count=3 hosts=2
         causes=oom_kill last 2026-05-01 14:03:07>; the id is never cut."""
         causes = shorten(",".join(self.causes), 40) or "''"
-        return (f"<SignatureRow {self.id} {shorten(self.title, 60)!r} count={self.count} "
-                f"hosts={len(self.hosts)} causes={causes} last {clock(self.last_seen)}>")
+        return (
+            f"<SignatureRow {self.id} {shorten(self.title, 60)!r} count={self.count} "
+            f"hosts={len(self.hosts)} causes={causes} last {clock(self.last_seen)}>"
+        )
 
 
 @dataclass(frozen=True, repr=False)
@@ -126,10 +130,12 @@ class PipelineStatus(_Record):
     def __repr__(self) -> str:
         """<PipelineStatus etl aborted started 2026-05-01 14:02:07 done=12 failed=0
         aborted=3 infra=2 user=0>"""
-        return (f"<PipelineStatus {_short(self.name, 40)} {shorten(self.status, 32)} started "
-                f"{clock(self.started)} done={self.shards_done} failed={self.shards_failed} "
-                f"aborted={self.shards_aborted} infra={self.infra_failures} "
-                f"user={self.user_failures}>")
+        return (
+            f"<PipelineStatus {_short(self.name, 40)} {shorten(self.status, 32)} started "
+            f"{clock(self.started)} done={self.shards_done} failed={self.shards_failed} "
+            f"aborted={self.shards_aborted} infra={self.infra_failures} "
+            f"user={self.user_failures}>"
+        )
 
 
 def _short(value: str, width: int) -> str:

@@ -18,20 +18,37 @@ RELEASE, NAMESPACE = "etl", "data"
 #: Every optional part switched on.
 ALL_ON: dict[str, Any] = {
     "oomguard": {
-        "scheduler": {"maxShardInfraFailures": 5, "reportGraceTimeout": "10s", "maxEvents": 1000000},
+        "scheduler": {
+            "maxShardInfraFailures": 5,
+            "reportGraceTimeout": "10s",
+            "maxEvents": 1000000,
+        },
         "worker": {"cgroupLimit": "auto", "sampleInterval": "250ms", "maxReportSize": "128 KiB"},
     },
-    "worker": {"replicas": 3, "nworkers": 2, "nthreads": 2, "memoryLimit": "8Gi",
-               "extraArgs": ["--lifetime", "2h"], "env": [{"name": "TZ", "value": "UTC"}]},
-    "scheduler": {"extraArgs": ["--idle-timeout", "1h"], "resources": {"limits": {"memory": "2Gi"}}},
+    "worker": {
+        "replicas": 3,
+        "nworkers": 2,
+        "nthreads": 2,
+        "memoryLimit": "8Gi",
+        "extraArgs": ["--lifetime", "2h"],
+        "env": [{"name": "TZ", "value": "UTC"}],
+    },
+    "scheduler": {
+        "extraArgs": ["--idle-timeout", "1h"],
+        "resources": {"limits": {"memory": "2Gi"}},
+    },
     "store": {"persistence": {"enabled": True, "storageClassName": "standard", "size": "5Gi"}},
     "kubernetesLookup": {"enabled": True},
     "rbac": {"create": True, "serviceAccountAnnotations": {"iam.example.com/role": "oomguard"}},
     "metrics": {
         "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
         "podMonitor": {"enabled": True},
-        "prometheusRule": {"enabled": True, "oomKillsPerHour": 20, "signatureHosts": 4,
-                           "oomKillCauses": ["oom_kill", "memory_terminate"]},
+        "prometheusRule": {
+            "enabled": True,
+            "oomKillsPerHour": 20,
+            "signatureHosts": 4,
+            "oomKillCauses": ["oom_kill", "memory_terminate"],
+        },
     },
     "grafana": {"dashboard": {"enabled": True}},
 }

@@ -73,17 +73,35 @@ def test_helm_lint_has_no_errors(values):
 
 def test_default_render_kinds(default):
     kinds = sorted((o["kind"], o["metadata"]["name"]) for o in manifests(default))
-    assert kinds == sorted([
-        ("Deployment", SCHED), ("Deployment", WORKER), ("Service", SCHED),
-        ("ServiceAccount", SCHED), ("Role", SCHED), ("RoleBinding", SCHED),
-        ("Pod", f"{RELEASE}-oomguard-test"),
-    ])
+    assert kinds == sorted(
+        [
+            ("Deployment", SCHED),
+            ("Deployment", WORKER),
+            ("Service", SCHED),
+            ("ServiceAccount", SCHED),
+            ("Role", SCHED),
+            ("RoleBinding", SCHED),
+            ("Pod", f"{RELEASE}-oomguard-test"),
+        ]
+    )
 
 
 def test_all_on_render_kinds(all_on):
     kinds = {o["kind"] for o in manifests(all_on)}
-    assert kinds == {"Deployment", "Service", "ServiceAccount", "Role", "RoleBinding",
-                     "Pod", "PersistentVolumeClaim", "ConfigMap"} | CRDS
+    assert (
+        kinds
+        == {
+            "Deployment",
+            "Service",
+            "ServiceAccount",
+            "Role",
+            "RoleBinding",
+            "Pod",
+            "PersistentVolumeClaim",
+            "ConfigMap",
+        }
+        | CRDS
+    )
 
 
 # -- Kubernetes schemas -------------------------------------------------------------------
@@ -111,8 +129,10 @@ def test_servicemonitor_and_podmonitor_structure(all_on):
     pod_labels = objs[("Deployment", SCHED)]["spec"]["template"]["metadata"]["labels"]
     port_names = {p["name"] for p in service["spec"]["ports"]}
     sm, pm = objs[("ServiceMonitor", SCHED)], objs[("PodMonitor", SCHED)]
-    for mon, endpoints, target in ((sm, "endpoints", service["metadata"]["labels"]),
-                                   (pm, "podMetricsEndpoints", pod_labels)):
+    for mon, endpoints, target in (
+        (sm, "endpoints", service["metadata"]["labels"]),
+        (pm, "podMetricsEndpoints", pod_labels),
+    ):
         assert mon["apiVersion"] == "monitoring.coreos.com/v1"
         assert set(mon["spec"]) == {"selector", "namespaceSelector", endpoints}
         assert mon["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
@@ -130,7 +150,11 @@ def test_prometheus_rule_structure(all_on):
     assert rule["apiVersion"] == "monitoring.coreos.com/v1"
     (group,) = rule["spec"]["groups"]
     alerts = {r["alert"]: r for r in group["rules"]}
-    assert set(alerts) == {"OomguardPipelineAborted", "OomguardOomKillsHigh", "OomguardSignatureSpread"}
+    assert set(alerts) == {
+        "OomguardPipelineAborted",
+        "OomguardOomKillsHigh",
+        "OomguardSignatureSpread",
+    }
     sel = f'namespace="{NAMESPACE}", pod=~"{SCHED}-.*"'
     assert alerts["OomguardPipelineAborted"]["expr"] == (
         f"sum(increase(oomguard_pipeline_aborts_total{{{sel}}}[15m])) > 0"
@@ -176,12 +200,17 @@ def test_scheduler_and_worker_load_oomguard(default):
 
 @pytest.mark.parametrize("limit,nworkers", [("4Gi", 1), ("8Gi", 2), ("3000M", 3)])
 def test_memory_limit_is_the_container_limit_split_per_worker(limit, nworkers):
-    w = container(by_kind(manifests(render({"worker": {"memoryLimit": limit, "nworkers": nworkers}})))[
-        ("Deployment", WORKER)])
+    w = container(
+        by_kind(manifests(render({"worker": {"memoryLimit": limit, "nworkers": nworkers}})))[
+            ("Deployment", WORKER)
+        ]
+    )
     args = w["args"]
     assert w["resources"]["limits"]["memory"] == limit
-    assert int(args[args.index("--memory-limit") + 1]) == parse_bytes(limit.replace("M", "MB")
-                                                                     if limit.endswith("M") else limit) // nworkers
+    assert (
+        int(args[args.index("--memory-limit") + 1])
+        == parse_bytes(limit.replace("M", "MB") if limit.endswith("M") else limit) // nworkers
+    )
     assert args[args.index("--nworkers") + 1] == str(nworkers)
     assert env_of(w)["OOMGUARD_CONTAINER_MEMORY_LIMIT"] == {
         "resourceFieldRef": {"containerName": "worker", "resource": "limits.memory"}
@@ -189,7 +218,9 @@ def test_memory_limit_is_the_container_limit_split_per_worker(limit, nworkers):
 
 
 def test_user_resources_keep_their_keys_but_not_memory_limit():
-    values = {"worker": {"memoryLimit": "2Gi", "resources": {"limits": {"cpu": "2", "memory": "64Gi"}}}}
+    values = {
+        "worker": {"memoryLimit": "2Gi", "resources": {"limits": {"cpu": "2", "memory": "64Gi"}}}
+    }
     w = container(by_kind(manifests(render(values)))[("Deployment", WORKER)])
     assert w["resources"]["limits"] == {"cpu": "2", "memory": "2Gi"}
 
@@ -198,8 +229,13 @@ def test_oomguard_values_become_env_vars_dask_reads(all_on):
     objs = by_kind(manifests(all_on))
     for deployment in (SCHED, WORKER):
         env = env_of(container(objs[("Deployment", deployment)]))
-        generated = {k: v for k, v in env.items() if k.startswith("DASK_OOMGUARD__")
-                     and "__KUBERNETES__" not in k and not k.endswith("__STORE")}
+        generated = {
+            k: v
+            for k, v in env.items()
+            if k.startswith("DASK_OOMGUARD__")
+            and "__KUBERNETES__" not in k
+            and not k.endswith("__STORE")
+        }
         assert generated == {
             "DASK_OOMGUARD__SCHEDULER__MAX_SHARD_INFRA_FAILURES": "5",
             "DASK_OOMGUARD__SCHEDULER__REPORT_GRACE_TIMEOUT": "10s",
@@ -217,7 +253,9 @@ def test_oomguard_values_become_env_vars_dask_reads(all_on):
 
 def test_every_oomguard_config_key_is_in_values_and_schema():
     """A key added to oomguard.yaml must be settable through the chart (and nothing else)."""
-    defaults = yaml.safe_load((CHART.parents[1] / "src/oomguard/oomguard.yaml").read_text())["oomguard"]
+    defaults = yaml.safe_load((CHART.parents[1] / "src/oomguard/oomguard.yaml").read_text())[
+        "oomguard"
+    ]
     values = yaml.safe_load((CHART / "values.yaml").read_text())["oomguard"]
     schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["oomguard"]
 
@@ -249,24 +287,39 @@ def test_persistent_store(all_on):
 
 
 def test_existing_claim_and_explicit_store_path():
-    values = {"store": {"persistence": {"enabled": True, "existingClaim": "history"}},
-              "oomguard": {"scheduler": {"store": "/var/lib/oomguard/prod.sqlite3"}}}
+    values = {
+        "store": {"persistence": {"enabled": True, "existingClaim": "history"}},
+        "oomguard": {"scheduler": {"store": "/var/lib/oomguard/prod.sqlite3"}},
+    }
     objs = by_kind(manifests(render(values)))
     assert not any(k[0] == "PersistentVolumeClaim" for k in objs)
     deploy = objs[("Deployment", SCHED)]
-    assert deploy["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "history"
+    assert (
+        deploy["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"]
+        == "history"
+    )
     env = container(deploy)["env"]
     stores = [e for e in env if e["name"] == "DASK_OOMGUARD__SCHEDULER__STORE"]
-    assert stores == [{"name": "DASK_OOMGUARD__SCHEDULER__STORE", "value": "/var/lib/oomguard/prod.sqlite3"}]
+    assert stores == [
+        {"name": "DASK_OOMGUARD__SCHEDULER__STORE", "value": "/var/lib/oomguard/prod.sqlite3"}
+    ]
 
 
 def test_rbac_for_the_pod_lookup(default):
     objs = by_kind(manifests(default))
     role = objs[("Role", SCHED)]
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    ]
     binding = objs[("RoleBinding", SCHED)]
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": SCHED}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": SCHED, "namespace": NAMESPACE}]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": SCHED,
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": SCHED, "namespace": NAMESPACE}
+    ]
     spec = objs[("Deployment", SCHED)]["spec"]["template"]["spec"]
     assert spec["serviceAccountName"] == SCHED and spec["automountServiceAccountToken"] is True
     env = env_of(container(objs[("Deployment", SCHED)]))
@@ -274,16 +327,25 @@ def test_rbac_for_the_pod_lookup(default):
     assert env["DASK_OOMGUARD__SCHEDULER__KUBERNETES__NAMESPACE"] == NAMESPACE
     # The selector the lookup uses matches the worker pods' labels.
     worker_labels = objs[("Deployment", WORKER)]["spec"]["template"]["metadata"]["labels"]
-    selector = dict(kv.split("=") for kv in env["DASK_OOMGUARD__SCHEDULER__KUBERNETES__LABEL_SELECTOR"].split(","))
+    selector = dict(
+        kv.split("=")
+        for kv in env["DASK_OOMGUARD__SCHEDULER__KUBERNETES__LABEL_SELECTOR"].split(",")
+    )
     assert selector.items() <= worker_labels.items()
-    assert objs[("Deployment", WORKER)]["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    assert (
+        objs[("Deployment", WORKER)]["spec"]["template"]["spec"]["automountServiceAccountToken"]
+        is False
+    )
 
 
-@pytest.mark.parametrize("values,expected", [
-    ({"kubernetesLookup": {"enabled": False}}, False),
-    ({"kubernetesLookup": {"enabled": False}, "rbac": {"create": True}}, True),
-    ({"rbac": {"create": False}}, False),
-])
+@pytest.mark.parametrize(
+    "values,expected",
+    [
+        ({"kubernetesLookup": {"enabled": False}}, False),
+        ({"kubernetesLookup": {"enabled": False}, "rbac": {"create": True}}, True),
+        ({"rbac": {"create": False}}, False),
+    ],
+)
 def test_rbac_follows_the_lookup_unless_set(values, expected):
     objs = by_kind(manifests(render(values)))
     assert (("Role", SCHED) in objs) is expected
@@ -335,15 +397,24 @@ def test_schema_forbids_unknown_keys_everywhere():
     walk(schema, "values")
 
 
-@pytest.mark.parametrize("values,names", [
-    ({"worker": {"replicas": "two"}}, ["/worker/replicas", "want integer"]),
-    ({"worker": {"replica": 2}}, ["/worker", "'replica'", "not allowed"]),
-    ({"oomguard": {"scheduler": {"maxShardInfraFailure": 2}}}, ["/oomguard/scheduler", "'maxShardInfraFailure'"]),
-    ({"oomguard": {"scheduler": {"maxShardInfraFailures": 0}}}, ["/oomguard/scheduler/maxShardInfraFailures"]),
-    ({"worker": {"memoryLimit": "1.5Gi"}}, ["/worker/memoryLimit", "1.5Gi"]),
-    ({"schduler": {}}, ["'schduler'", "not allowed"]),
-    ({"image": {"pullPolicy": "Sometimes"}}, ["/image/pullPolicy"]),
-])
+@pytest.mark.parametrize(
+    "values,names",
+    [
+        ({"worker": {"replicas": "two"}}, ["/worker/replicas", "want integer"]),
+        ({"worker": {"replica": 2}}, ["/worker", "'replica'", "not allowed"]),
+        (
+            {"oomguard": {"scheduler": {"maxShardInfraFailure": 2}}},
+            ["/oomguard/scheduler", "'maxShardInfraFailure'"],
+        ),
+        (
+            {"oomguard": {"scheduler": {"maxShardInfraFailures": 0}}},
+            ["/oomguard/scheduler/maxShardInfraFailures"],
+        ),
+        ({"worker": {"memoryLimit": "1.5Gi"}}, ["/worker/memoryLimit", "1.5Gi"]),
+        ({"schduler": {}}, ["'schduler'", "not allowed"]),
+        ({"image": {"pullPolicy": "Sometimes"}}, ["/image/pullPolicy"]),
+    ],
+)
 def test_schema_rejects_bad_values_naming_the_key(values, names):
     h = helm()
     with pytest.raises(h.HelmValuesError) as info:

@@ -49,7 +49,9 @@ def kube_env(c: dict, pod_name: str, tmp: Path) -> dict[str, str]:
         else:
             ref = e["valueFrom"]
             if "fieldRef" in ref:
-                value = {"metadata.name": pod_name, "metadata.namespace": NAMESPACE}[ref["fieldRef"]["fieldPath"]]
+                value = {"metadata.name": pod_name, "metadata.namespace": NAMESPACE}[
+                    ref["fieldRef"]["fieldPath"]
+                ]
             else:
                 value = str(parse_bytes(limits[ref["resourceFieldRef"]["resource"].split(".")[1]]))
         env[e["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), value)
@@ -61,7 +63,9 @@ def kube_env(c: dict, pod_name: str, tmp: Path) -> dict[str, str]:
 
 def kube_args(c: dict, env: dict[str, str], subs: dict[str, str]) -> list[str]:
     """The container's args with $(VAR) expanded as Kubernetes does, then localised."""
-    args = [re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a) for a in c["args"]]
+    args = [
+        re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a) for a in c["args"]
+    ]
     args = [subs.get(a, a) for a in args]
     assert args[0] == "dask"
     return [str(BIN / "dask"), *args[1:]]
@@ -71,7 +75,9 @@ def wait_port(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            pytest.fail(f"{proc.args[:3]} exited with {proc.returncode} before listening on {port}")
+            pytest.fail(
+                f"{proc.args[:3]} exited with {proc.returncode} before listening on {port}"
+            )
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
             return
@@ -99,15 +105,32 @@ def cluster(tmp_path_factory):
         sched_args = kube_args(sched_c, sched_env, subs) + ["--host", "127.0.0.1"]
         worker_env = kube_env(worker_c, f"{WORKER}-7c9f6d8b5d-x2k4q", tmp_path)
         worker_args = kube_args(worker_c, worker_env, subs) + ["--host", "127.0.0.1"]
-        for name, args, env in (("scheduler", sched_args, sched_env), ("worker", worker_args, worker_env)):
+        for name, args, env in (
+            ("scheduler", sched_args, sched_env),
+            ("worker", worker_args, worker_env),
+        ):
             log = open(tmp_path / f"{name}.log", "wb")
             logs.append(log)
-            procs.append(subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                          cwd=tmp_path, start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    args,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=tmp_path,
+                    start_new_session=True,
+                )
+            )
             if name == "scheduler":
                 wait_port(port, procs[0])
-        yield {"port": port, "dashboard": dash, "worker_args": worker_args, "worker_env": worker_env,
-               "objs": objs, "tmp": tmp_path}
+        yield {
+            "port": port,
+            "dashboard": dash,
+            "worker_args": worker_args,
+            "worker_env": worker_env,
+            "objs": objs,
+            "tmp": tmp_path,
+        }
     finally:
         for p in reversed(procs):
             if p.poll() is None:
@@ -123,7 +146,9 @@ def cluster(tmp_path_factory):
 
 
 def logs(tmp: Path) -> str:
-    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(tmp.glob("*.log")))
+    return "\n".join(
+        f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(tmp.glob("*.log"))
+    )
 
 
 @pytest.mark.slow
@@ -145,11 +170,18 @@ def test_rendered_containers_run_oomguard_and_report_a_sigkill(cluster):
         except Exception:
             pytest.fail("no worker joined:\n" + logs(cluster["tmp"]))
         assert client.run_on_scheduler(lambda dask_scheduler: "oomguard" in dask_scheduler.plugins)
-        assert all(client.run(lambda dask_worker: "oomguard-worker" in dask_worker.plugins).values())
+        assert all(
+            client.run(lambda dask_worker: "oomguard-worker" in dask_worker.plugins).values()
+        )
         # The DASK_OOMGUARD__ env the chart generated reached oomguard's config.
-        assert client.run_on_scheduler(
-            lambda: __import__("dask").config.get("oomguard.scheduler.max-shard-infra-failures")
-        ) == 7
+        assert (
+            client.run_on_scheduler(
+                lambda: __import__("dask").config.get(
+                    "oomguard.scheduler.max-shard-infra-failures"
+                )
+            )
+            == 7
+        )
         (worker,) = client.scheduler_info()["workers"]
         assert client.scheduler_info()["workers"][worker]["memory_limit"] == 2 * 2**30
 
@@ -195,8 +227,14 @@ def test_the_charts_helm_test_pod_passes_against_it(cluster):
     pod = cluster["objs"][("Pod", f"{RELEASE}-oomguard-test")]
     command = pod["spec"]["containers"][0]["command"]
     assert command[:2] == ["python", "-c"]
-    script = (command[2].replace(f'"{SCHED}"', '"127.0.0.1"')
-              .replace("8786", str(cluster["port"])).replace("8787", str(cluster["dashboard"])))
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    script = (
+        command[2]
+        .replace(f'"{SCHED}"', '"127.0.0.1"')
+        .replace("8786", str(cluster["port"]))
+        .replace("8787", str(cluster["dashboard"]))
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     assert "scheduler answers; /metrics has oomguard_ metrics" in done.stdout

@@ -12,10 +12,10 @@ import time
 import dask
 import distributed
 import pytest
-from cluster_helpers import wait_for, wait_installed
 from distributed import Client, LocalCluster
 
 import oomguard
+from cluster_helpers import wait_for, wait_installed
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -73,19 +73,33 @@ async def never_crash_here(dask_worker) -> None:
 
 
 def removals(client) -> int:
-    return sum(1 for _, m in client.get_events("all")
-               if isinstance(m, dict) and m.get("action") == "remove-worker")
+    return sum(
+        1
+        for _, m in client.get_events("all")
+        if isinstance(m, dict) and m.get("action") == "remove-worker"
+    )
 
 
 @pytest.fixture
 def client():
     # Every worker, restarted ones included, offers the resource "crash" except the one
     # the test takes from it: the crasher can never queue behind the sibling's thread.
-    with dask.config.set({"oomguard.scheduler.report-grace-timeout": "2s",
-                          "distributed.deploy.lost-worker-timeout": "300s"}), \
-            LocalCluster(n_workers=3, threads_per_worker=1, processes=True,
-                         resources={"crash": 1}, dashboard_address=":0") as cl, \
-            Client(cl) as client:
+    with (
+        dask.config.set(
+            {
+                "oomguard.scheduler.report-grace-timeout": "2s",
+                "distributed.deploy.lost-worker-timeout": "300s",
+            }
+        ),
+        LocalCluster(
+            n_workers=3,
+            threads_per_worker=1,
+            processes=True,
+            resources={"crash": 1},
+            dashboard_address=":0",
+        ) as cl,
+        Client(cl) as client,
+    ):
         yield client
 
 
@@ -100,8 +114,9 @@ def test_an_abort_releases_its_running_siblings_and_drops_their_results(client, 
     dep_ran, outside_ran = tmp_path / "dependent-ran", tmp_path / "outside-dependent-ran"
 
     with distributed.span("etl"):
-        sibling = client.submit(long_sibling, str(started), str(go), str(done),
-                                workers=[healthy], pure=False)
+        sibling = client.submit(
+            long_sibling, str(started), str(go), str(done), workers=[healthy], pure=False
+        )
         dep = client.submit(dependent, sibling, str(dep_ran), pure=False)
         wait_for(started.exists, "the sibling never started")
         crasher = client.submit(kill_myself, str(log), resources={"crash": 1}, pure=False)
@@ -114,22 +129,30 @@ def test_an_abort_releases_its_running_siblings_and_drops_their_results(client, 
     assert "'etl'" in str(e.value)
 
     # The sibling errs with the abort now, not when its thread returns...
-    wait_for(lambda: sibling.status != "pending",
-             "the running sibling was not stopped by the abort: it still waits for its thread")
+    wait_for(
+        lambda: sibling.status != "pending",
+        "the running sibling was not stopped by the abort: it still waits for its thread",
+    )
     with pytest.raises(oomguard.PipelineAborted):
         sibling.result(timeout=10)
     # ... because it was released on its worker ("cancelled": Dask's state for a task freed
     # while its thread runs), where its thread still runs.
-    wait_for(lambda: client.run(state_on_worker, sibling.key, workers=[healthy])[healthy]
-             != "executing", "the sibling was never released on its worker")
+    wait_for(
+        lambda: (
+            client.run(state_on_worker, sibling.key, workers=[healthy])[healthy] != "executing"
+        ),
+        "the sibling was never released on its worker",
+    )
     assert client.run(state_on_worker, sibling.key, workers=[healthy])[healthy] == "cancelled"
     assert (lines(started), lines(done)) == (1, 0)
 
     # Its thread returns a result; the worker drops it, and nothing that needs it runs.
     go.touch()
     wait_for(done.exists, "the sibling's thread never returned")
-    wait_for(lambda: client.run(state_on_worker, sibling.key, workers=[healthy])[healthy]
-             is None, "the worker kept the sibling after its thread returned")
+    wait_for(
+        lambda: client.run(state_on_worker, sibling.key, workers=[healthy])[healthy] is None,
+        "the worker kept the sibling after its thread returned",
+    )
     # Anything the healthy worker said about the sibling reached the scheduler before this.
     assert client.submit(inc, 1, workers=[healthy], pure=False).result(timeout=60) == 2
     assert client.submit(inc, 2, pure=False).result(timeout=60) == 3
@@ -144,8 +167,10 @@ def test_an_abort_releases_its_running_siblings_and_drops_their_results(client, 
     assert (lines(log), removals(client)) == (n, removed)
     assert removed == n
     assert healthy in client.scheduler_info()["workers"]
-    events = [(ev.cause, ev.shard, ev.time - aborted_at)
-              for ev in oomguard.Failures(client).events()]
-    assert events and all(shard == crasher.key and after <= 0 for _, shard, after in events), \
+    events = [
+        (ev.cause, ev.shard, ev.time - aborted_at) for ev in oomguard.Failures(client).events()
+    ]
+    assert events and all(shard == crasher.key and after <= 0 for _, shard, after in events), (
         f"expected only the crasher's deaths, all before the abort: {events}"
+    )
     assert oomguard.Failures(client).pipeline("etl").status == "aborted"

@@ -17,13 +17,13 @@ import time
 
 import dask
 import pytest
-from capabilities import require
-from cluster_helpers import wait_installed
 from distributed import Client, LocalCluster
 
 import oomguard
-from oomguard._evidence.cgroup import ChildGroup, can_create_child
+from capabilities import require
+from cluster_helpers import wait_installed
 from oomguard._admission.ledger import HostLedger
+from oomguard._evidence.cgroup import ChildGroup, can_create_child
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -74,9 +74,19 @@ def _run_three(group, ledger_path, admit):
     try:
         for i in range(3):
             p = subprocess.Popen(
-                [sys.executable, "-c", TASK, ledger_path, group.path, str(NEED),
-                 "1" if admit else "0", "1.5", f"task-{i}"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                [
+                    sys.executable,
+                    "-c",
+                    TASK,
+                    ledger_path,
+                    group.path,
+                    str(NEED),
+                    "1" if admit else "0",
+                    "1.5",
+                    f"task-{i}",
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
             )
             procs.append(p)
             assert p.stdout.readline() == b"ready\n"
@@ -182,9 +192,12 @@ def dask_cluster(tmp_path_factory):
             "oomguard.worker.admission.floor": "0",
         }
     ):
-        with LocalCluster(
-            n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
-        ) as cluster, Client(cluster) as client:
+        with (
+            LocalCluster(
+                n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
+            ) as cluster,
+            Client(cluster) as client,
+        ):
             wait_installed(client, 1, timeout=30)
             yield client, ledger
 
@@ -218,17 +231,20 @@ def test_a_dask_task_waits_for_memory_and_the_wait_is_visible(dask_cluster):
     mine = [e for e in events if e["key"] == "needs-a-lot-1"]
     assert mine and mine[0]["outcome"] == "granted" and mine[0]["waited"] >= 1.0
     assert mine[0]["need"] == everything
-    stats = client.run(
-        lambda dask_worker: dask_worker.plugins["oomguard-worker"]._admission.stats
-    )
+    stats = client.run(lambda dask_worker: dask_worker.plugins["oomguard-worker"]._admission.stats)
     (st,) = stats.values()
     assert st["waits"] >= 1 and st["leases"] >= 1
     # The Fine Performance Metrics dashboard gets the wait as an activity of the prefix.
-    digests = client.run(lambda dask_worker: {
-        str(k): v for k, v in dask_worker.digests_total.items() if "oomguard" in str(k)})
+    digests = client.run(
+        lambda dask_worker: {
+            str(k): v for k, v in dask_worker.digests_total.items() if "oomguard" in str(k)
+        }
+    )
     (d,) = digests.values()
     assert any("needs-a-lot" in k and "oomguard-admission-wait" in k for k in d), d
-    metrics = client.run(lambda dask_worker: __import__("prometheus_client").generate_latest().decode())
+    metrics = client.run(
+        lambda dask_worker: __import__("prometheus_client").generate_latest().decode()
+    )
     (text,) = metrics.values()
     assert "oomguard_admission_waits_total" in text
 

@@ -27,12 +27,12 @@ import urllib.request
 
 import dask
 import pytest
-from _memgroup import MiB, leave, memory_group, mib
-from cluster_helpers import wait_for
 from distributed import Client, LocalCluster, wait
 from prometheus_client.parser import text_string_to_metric_families
 
 import oomguard
+from _memgroup import MiB, leave, memory_group, mib
+from cluster_helpers import wait_for
 from oomguard.worker_plugin._admission import EVENT_TOPIC, WAIT_METRIC
 
 pytestmark = pytest.mark.timeout(300)
@@ -109,20 +109,29 @@ def _run(tmp_path, *, annotate: bool) -> dict:
         config["oomguard.worker.admission.cgroup"] = group.path
         group.add_pid(os.getpid())  # the scheduler, nannies and workers are charged here
         try:
-            with dask.config.set(config), LocalCluster(
-                n_workers=WORKERS, threads_per_worker=1, processes=True, dashboard_address=":0"
-            ) as cluster, Client(cluster) as client:
+            with (
+                dask.config.set(config),
+                LocalCluster(
+                    n_workers=WORKERS, threads_per_worker=1, processes=True, dashboard_address=":0"
+                ) as cluster,
+                Client(cluster) as client,
+            ):
                 oomguard.install(client)
-                wait_for(lambda: _all(client.run(_admission_ready)),
-                         "no admission on every worker", interval=0.2)
+                wait_for(
+                    lambda: _all(client.run(_admission_ready)),
+                    "no admission on every worker",
+                    interval=0.2,
+                )
                 pids = client.run(os.getpid)
                 with open(os.path.join(group.path, "memory.max_usage_in_bytes"), "w") as f:
                     f.write("0")  # the peak of the tasks, not of the workers' start
                 before = group.counters()
                 annotation = oomguard.memory(NEED) if annotate else contextlib.nullcontext()
                 with annotation, dask.annotate(oomguard_pipeline=pipeline):
-                    futures = [client.submit(shard, i, ALLOC, HOLD_S, key=f"shard-{i}",
-                                             pure=False) for i in range(TASKS)]  # fmt: skip
+                    futures = [
+                        client.submit(shard, i, ALLOC, HOLD_S, key=f"shard-{i}", pure=False)
+                        for i in range(TASKS)
+                    ]
                 with contextlib.suppress(TimeoutError):
                     wait(futures, timeout=180)
                 after = group.counters()
@@ -154,8 +163,12 @@ def _waits_as_shown(client: Client) -> dict:
     shown["waited_s"] = sum(s["waited_s"] for s in stats)
     events = [m for _, m in client.get_events(EVENT_TOPIC) if m.get("action") == "admission-wait"]
     shown["events"] = [(e["key"], e["outcome"], e["waited"]) for e in events]
-    names = ("oomguard_admission_waits_total", "oomguard_admission_timeouts_total",
-             "oomguard_admission_wait_seconds_count", "oomguard_admission_wait_seconds_sum")
+    names = (
+        "oomguard_admission_waits_total",
+        "oomguard_admission_timeouts_total",
+        "oomguard_admission_wait_seconds_count",
+        "oomguard_admission_wait_seconds_sum",
+    )
     metrics = dict.fromkeys(names, 0.0)
     for port in client.run(_http_port).values():
         url = f"http://127.0.0.1:{port}/metrics"
@@ -182,14 +195,18 @@ def _all(answers: dict) -> bool:
 
 def _line(got: dict) -> str:
     ok = sum(1 for s in got["results"].values() if s == "finished")
-    line = (f"admission scenario ({got['pipeline']}): {ok} of {TASKS} tasks finished, "
-            f"kernel OOM kills {got['kills']}, workers restarted {len(got['restarted'])}, "
-            f"group {mib(got['usage_before'])} before the tasks, peak {mib(got['peak'])} "
-            f"of {mib(LIMIT)}")  # fmt: skip
+    line = (
+        f"admission scenario ({got['pipeline']}): {ok} of {TASKS} tasks finished, "
+        f"kernel OOM kills {got['kills']}, workers restarted {len(got['restarted'])}, "
+        f"group {mib(got['usage_before'])} before the tasks, peak {mib(got['peak'])} "
+        f"of {mib(LIMIT)}"
+    )
     if "waits" in got:
         longest = max((w for _, _, w in got["events"]), default=0.0)
-        line += (f"; {got['leases']} leases, {got['waits']} waited "
-                 f"({got['waited_s']:.1f} s in all, longest {longest:.1f} s)")  # fmt: skip
+        line += (
+            f"; {got['leases']} leases, {got['waits']} waited "
+            f"({got['waited_s']:.1f} s in all, longest {longest:.1f} s)"
+        )
     return line + f"; pipeline {got['pipeline_status']}: {got['summary']!r}"
 
 
@@ -200,8 +217,9 @@ def test_without_annotations_the_kernel_kills_workers(tmp_path, admission_figure
     assert got["kills"] >= 1, _line(got)
 
 
-def test_annotated_tasks_take_turns_and_all_finish(tmp_path, artifacts_dir, record_property,
-                                                   admission_figures):
+def test_annotated_tasks_take_turns_and_all_finish(
+    tmp_path, artifacts_dir, record_property, admission_figures
+):
     got = _run(tmp_path, annotate=True)
     line = _line(got)
     print(line)

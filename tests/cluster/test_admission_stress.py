@@ -21,8 +21,8 @@ import subprocess
 import sys
 
 import pytest
-from _memgroup import MiB, memory_group, mib
 
+from _memgroup import MiB, memory_group, mib
 from oomguard._admission.ledger import HostLedger
 
 pytestmark = pytest.mark.timeout(300)
@@ -108,22 +108,36 @@ def _most_at_once(leases: list[dict]) -> int:
     return most
 
 
-def test_concurrent_leases_never_overcommit_a_real_memory_group(tmp_path, artifacts_dir,
-                                                                record_property,
-                                                                admission_figures):
+def test_concurrent_leases_never_overcommit_a_real_memory_group(
+    tmp_path, artifacts_dir, record_property, admission_figures
+):
     ledger_path = str(tmp_path / "ledger.json")
     with memory_group("admission-stress", LIMIT) as group:
         procs: list[subprocess.Popen] = []
         try:
             for i in range(PROCESSES):
-                cfg = {"ledger": ledger_path, "group": group.path, "floor": FLOOR,
-                       "name": f"p{i}", "seed": 16_000 + i, "leases": LEASES_EACH,
-                       "need_mib": NEED_MIB, "fates": FATES, "keep_mib": KEEP_MIB,
-                       "linger_s": LINGER_S, "hold_s": HOLD_S, "idle_s": IDLE_S,
-                       "margin": MARGIN, "max_wait": 90}  # fmt: skip
-                p = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(cfg)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE)  # fmt: skip
+                cfg = {
+                    "ledger": ledger_path,
+                    "group": group.path,
+                    "floor": FLOOR,
+                    "name": f"p{i}",
+                    "seed": 16_000 + i,
+                    "leases": LEASES_EACH,
+                    "need_mib": NEED_MIB,
+                    "fates": FATES,
+                    "keep_mib": KEEP_MIB,
+                    "linger_s": LINGER_S,
+                    "hold_s": HOLD_S,
+                    "idle_s": IDLE_S,
+                    "margin": MARGIN,
+                    "max_wait": 90,
+                }
+                p = subprocess.Popen(
+                    [sys.executable, "-c", CHILD, json.dumps(cfg)],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                )
                 procs.append(p)
                 assert p.stdout.readline() == b"ready\n", p.stderr.read().decode()[-2000:]
                 group.add_pid(p.pid)  # after its imports: only its leases' memory is charged
@@ -135,8 +149,9 @@ def test_concurrent_leases_never_overcommit_a_real_memory_group(tmp_path, artifa
             for p in procs:
                 out, err = p.communicate(timeout=240)
                 lines = out.decode().strip().splitlines()
-                outcomes.append((p.returncode, json.loads(lines[-1]) if lines else [],
-                                 err.decode()[-1500:]))
+                outcomes.append(
+                    (p.returncode, json.loads(lines[-1]) if lines else [], err.decode()[-1500:])
+                )
             after = group.counters()
         finally:
             for p in procs:

@@ -16,9 +16,9 @@ import sys
 import time
 
 import pytest
+
 from capabilities import require
 from cluster_helpers import require_worker_groups
-
 from oomguard._evidence.cgroup import (
     ChildGroup,
     can_create_child,
@@ -191,8 +191,10 @@ def test_move_charge_is_recorded_as_the_kernel_did_it(info, prefix):
         held = process_rss(proc.pid)
         group.add_pid(proc.pid)
         usage = group.counters().usage
-        print(f"move_charge_at_immigrate: {moved} {why!r}; RSS {held / MiB:.0f} MiB, "
-              f"group usage right after the move {usage / MiB:.1f} MiB")
+        print(
+            f"move_charge_at_immigrate: {moved} {why!r}; RSS {held / MiB:.0f} MiB, "
+            f"group usage right after the move {usage / MiB:.1f} MiB"
+        )
         assert held >= 100 * MiB
         if moved:
             # The kernel (before 6.13) brought the process's charges along.
@@ -242,10 +244,17 @@ def test_worker_group_counts_what_the_worker_held_at_start_up(info, tmp_path):
         "distributed.worker.memory.terminate": False,  # the kernel, not the nanny, kills
         "distributed.deploy.lost-worker-timeout": "1h",
     }
-    with dask.config.set(config), LocalCluster(
-        n_workers=1, threads_per_worker=1, processes=True, memory_limit=limit,
-        dashboard_address=":0",
-    ) as cluster, Client(cluster) as client:
+    with (
+        dask.config.set(config),
+        LocalCluster(
+            n_workers=1,
+            threads_per_worker=1,
+            processes=True,
+            memory_limit=limit,
+            dashboard_address=":0",
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         reports = []
         cluster.scheduler.handlers[REPORT_HANDLER] = lambda report: reports.append(
             _wire.decode(report)
@@ -256,9 +265,11 @@ def test_worker_group_counts_what_the_worker_held_at_start_up(info, tmp_path):
         path = os.path.join(info.path, f"oomguard-worker-{pid}")
         anon = _rss_anon(pid)
         counters = read_memory_counters(path, 1)
-        print(f"worker up: RssAnon {anon / MiB:.0f} MiB, VmRSS {process_rss(pid) / MiB:.0f} MiB;"
-              f" its group: usage {counters.usage / MiB:.0f} MiB, "
-              f"peak {counters.peak / MiB:.0f} MiB")
+        print(
+            f"worker up: RssAnon {anon / MiB:.0f} MiB, VmRSS {process_rss(pid) / MiB:.0f} MiB;"
+            f" its group: usage {counters.usage / MiB:.0f} MiB, "
+            f"peak {counters.peak / MiB:.0f} MiB"
+        )
         # Everything the worker allocated itself is charged to its own group.
         assert anon >= 200 * MiB
         assert counters.usage >= 0.9 * anon, (counters.usage, anon)
@@ -295,8 +306,9 @@ def _rss_anon(pid: int) -> int:
 
 
 def _kernel_moves_charges(info, tmp_path) -> bool:
-    group = ChildGroup.create(f"oomguard-test-probe-{os.getpid()}-{tmp_path.name}", None,
-                              info=info)
+    group = ChildGroup.create(
+        f"oomguard-test-probe-{os.getpid()}-{tmp_path.name}", None, info=info
+    )
     try:
         return group.set_move_charge()[0]
     finally:
@@ -325,9 +337,15 @@ def test_a_worker_too_big_for_its_limit_at_start_up_is_explained(info, tmp_path,
     # distributed 2026.7.0 and later fail the nanny's start; earlier releases would restart
     # the worker (racing the first start's wait for it), and oomguard refuses that restart.
     with dask.config.set(config), caplog.at_level(logging.WARNING, logger="oomguard"):
-        with pytest.raises(RuntimeError, match="failed to start"), LocalCluster(
-            n_workers=1, threads_per_worker=1, processes=True, memory_limit=150 * MiB,
-            dashboard_address=":0",
+        with (
+            pytest.raises(RuntimeError, match="failed to start"),
+            LocalCluster(
+                n_workers=1,
+                threads_per_worker=1,
+                processes=True,
+                memory_limit=150 * MiB,
+                dashboard_address=":0",
+            ),
         ):
             pass
     said = [r for r in caplog.records if "OOM-killed while starting" in r.getMessage()]
@@ -337,8 +355,9 @@ def test_a_worker_too_big_for_its_limit_at_start_up_is_explained(info, tmp_path,
     assert "150 MiB" in message and "memory_limit" in message
     pid = said[0].args[0]
     assert not os.path.exists(os.path.join(info.path, f"oomguard-worker-{pid}"))
-    unlimited = [r for r in caplog.records if "without oomguard's memory cgroup limit"
-                 in r.getMessage()]
+    unlimited = [
+        r for r in caplog.records if "without oomguard's memory cgroup limit" in r.getMessage()
+    ]
     assert len(unlimited) == 1 and len(said) == 1, caplog.text
 
 
@@ -383,9 +402,16 @@ def test_a_restart_too_big_for_its_limit_does_not_loop(info, tmp_path, caplog):
         "distributed.worker.memory.pause": False,
     }
     with dask.config.set(config), caplog.at_level(logging.WARNING, logger="oomguard"):
-        with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                          memory_limit=150 * MiB, dashboard_address=":0") as cluster, \
-                Client(cluster) as client:  # fmt: skip
+        with (
+            LocalCluster(
+                n_workers=1,
+                threads_per_worker=1,
+                processes=True,
+                memory_limit=150 * MiB,
+                dashboard_address=":0",
+            ) as cluster,
+            Client(cluster) as client,
+        ):
             [first] = client.run(os.getpid).values()
             client.submit(kill_myself, pure=False)
             deadline = time.monotonic() + 240
@@ -400,10 +426,12 @@ def test_a_restart_too_big_for_its_limit_does_not_loop(info, tmp_path, caplog):
             else:
                 raise AssertionError(f"no worker came back: {caplog.text}")
             [now] = pids
-            with open(os.path.join(info.path, f"oomguard-worker-{now}",
-                                   "memory.limit_in_bytes")) as f:
+            with open(
+                os.path.join(info.path, f"oomguard-worker-{now}", "memory.limit_in_bytes")
+            ) as f:
                 assert int(f.read()) > 150 * MiB  # no limit: the kernel's maximum
     said = [r for r in caplog.records if "OOM-killed while starting" in r.getMessage()]
-    unlimited = [r for r in caplog.records if "without oomguard's memory cgroup limit"
-                 in r.getMessage()]
+    unlimited = [
+        r for r in caplog.records if "without oomguard's memory cgroup limit" in r.getMessage()
+    ]
     assert len(said) == 1 and len(unlimited) == 1, caplog.text

@@ -13,10 +13,10 @@ import dask
 import dask.utils
 import distributed
 import pytest
-from cluster_helpers import wait_installed
 from distributed import Client, LocalCluster
 
 import oomguard
+from cluster_helpers import wait_installed
 from oomguard import FailureEvent
 
 pytestmark = pytest.mark.timeout(180)
@@ -27,28 +27,37 @@ def bad_parse(x):
     raise ValueError(f"cannot parse block {x}")
 
 
-def oomguard_report(*argv: str, timeout: float = 60, columns: int | None = None
-                    ) -> subprocess.CompletedProcess:  # fmt: skip
+def oomguard_report(
+    *argv: str, timeout: float = 60, columns: int | None = None
+) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     if columns is not None:
         env["COLUMNS"] = str(columns)
     return subprocess.run(
         [sys.executable, "-m", "oomguard._cli", "report", *argv],
-        capture_output=True, text=True, timeout=timeout, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def _one_line_error(proc: subprocess.CompletedProcess) -> str:
     assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
     assert proc.stdout == ""
-    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("oomguard report: "), proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("oomguard report: "), (
+        proc.stderr
+    )
     return proc.stderr
 
 
 def test_report_reads_a_running_scheduler(tmp_path):
-    with LocalCluster(
-        n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
-    ) as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         address = cluster.scheduler_address
 
         # Before oomguard is installed the scheduler never answers the query: one line.
@@ -124,14 +133,20 @@ def test_report_peaks_shows_what_the_workers_learned(tmp_path):
     from oomguard._admission.peaks import suggested
 
     ledger = tmp_path / "memory-ledger.json"
-    with dask.config.set({
-        "distributed.nanny.preload": ["oomguard.worker_plugin"],
-        "oomguard.worker.cgroup-limit": "false",
-        "oomguard.worker.admission.ledger": str(ledger),
-        "oomguard.worker.admission.min-estimate": "16 MiB",
-    }), LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
-    ) as cluster, Client(cluster) as client:  # fmt: skip
+    with (
+        dask.config.set(
+            {
+                "distributed.nanny.preload": ["oomguard.worker_plugin"],
+                "oomguard.worker.cgroup-limit": "false",
+                "oomguard.worker.admission.ledger": str(ledger),
+                "oomguard.worker.admission.min-estimate": "16 MiB",
+            }
+        ),
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         wait_installed(client, 2)
         address = cluster.scheduler_address
         assert client.submit(hold_memory, 100 * MiB, key="peaks-probe-1").result(60) == 100 * MiB
@@ -143,16 +158,21 @@ def test_report_peaks_shows_what_the_workers_learned(tmp_path):
         doc = json.loads(proc.stdout)
         assert list(doc) == ["peaks"]
         (row,) = [r for r in doc["peaks"] if r["prefix"] == "peaks-probe"]
-        assert row == {"prefix": "peaks-probe", "peak": learned, "hosts": [socket.gethostname()],
-                       "suggested": suggested(learned)}  # fmt: skip
+        assert row == {
+            "prefix": "peaks-probe",
+            "peak": learned,
+            "hosts": [socket.gethostname()],
+            "suggested": suggested(learned),
+        }
         size = row["suggested"].split('"')[1]
         assert learned <= dask.utils.parse_bytes(size) < learned + 16 * MiB
 
         proc = oomguard_report("--scheduler", address, "--peaks", columns=80)
         assert proc.returncode == 0 and proc.stderr == "", proc.stderr
         lines = proc.stdout.splitlines()
-        assert lines[0] == (f"PEAKS: {len(doc['peaks'])}, largest first, from the memory "
-                            "ledgers of 1 worker host")  # fmt: skip
+        assert lines[0] == (
+            f"PEAKS: {len(doc['peaks'])}, largest first, from the memory ledgers of 1 worker host"
+        )
         (line,) = [ln for ln in lines if ln.startswith("peaks-probe ")]
         assert oomguard._units.format_bytes(learned) in line
         assert row["suggested"] in proc.stdout

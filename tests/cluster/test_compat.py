@@ -23,8 +23,9 @@ from oomguard import _compat
 
 pytestmark = pytest.mark.timeout(180)
 
-LACKING = _compat.Internal("Dask.no_such_internal", lambda obj: False,
-                           "nothing here works", essential=True)
+LACKING = _compat.Internal(
+    "Dask.no_such_internal", lambda obj: False, "nothing here works", essential=True
+)
 
 
 def kill_myself(i: int) -> int:
@@ -35,22 +36,37 @@ def kill_myself(i: int) -> int:
 def test_every_internal_is_present_on_this_release(caplog, tmp_path):
     version = distributed.__version__
     with caplog.at_level(logging.INFO, logger="oomguard"):
-        with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                          dashboard_address=":0") as cl, Client(cl) as client:
+        with (
+            LocalCluster(
+                n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
+            ) as cl,
+            Client(cl) as client,
+        ):
             oomguard.install(client, store=str(tmp_path / "s.sqlite3"))
-            wait_for(lambda: "(nanny) on distributed" in caplog.text, "no nanny's setup line",
-                     timeout=30.0, interval=0.1)
+            wait_for(
+                lambda: "(nanny) on distributed" in caplog.text,
+                "no nanny's setup line",
+                timeout=30.0,
+                interval=0.1,
+            )
     for side in ("scheduler", "nanny"):
-        line = (f"oomguard {oomguard.__version__} ({side}) on distributed {version}: every "
-                f"Dask internal it uses is present")
+        line = (
+            f"oomguard {oomguard.__version__} ({side}) on distributed {version}: every "
+            f"Dask internal it uses is present"
+        )
         assert line in caplog.text, caplog.text
 
 
 def test_a_scheduler_without_an_essential_internal_leaves_dask_alone(
-        monkeypatch, caplog, tmp_path):
+    monkeypatch, caplog, tmp_path
+):
     monkeypatch.setattr(_compat, "SCHEDULER", _compat.SCHEDULER + (LACKING,))
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
-                      dashboard_address=":0") as cl, Client(cl) as client:
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0"
+        ) as cl,
+        Client(cl) as client,
+    ):
         scheduler = cl.scheduler
         allowed, erred = scheduler.allowed_failures, scheduler.stream_handlers["task-erred"]
         with caplog.at_level(logging.INFO, logger="oomguard"):
@@ -67,24 +83,40 @@ def test_a_scheduler_without_an_essential_internal_leaves_dask_alone(
 def test_a_nanny_without_an_essential_internal_sends_no_report(monkeypatch, caplog, tmp_path):
     # LocalCluster's nannies run in this process, so they check the patched list.
     monkeypatch.setattr(_compat, "NANNY", _compat.NANNY + (LACKING,))
-    with dask.config.set({"oomguard.scheduler.report-grace-timeout": "2s",
-                          "distributed.scheduler.allowed-failures": 0}):
-        with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                          dashboard_address=":0") as cl, Client(cl) as client:
+    with dask.config.set(
+        {
+            "oomguard.scheduler.report-grace-timeout": "2s",
+            "distributed.scheduler.allowed-failures": 0,
+        }
+    ):
+        with (
+            LocalCluster(
+                n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
+            ) as cl,
+            Client(cl) as client,
+        ):
             with caplog.at_level(logging.INFO, logger="oomguard"):
                 oomguard.install(client, store=str(tmp_path / "s.sqlite3"))
-                wait_for(lambda: "(nanny) on distributed" in caplog.text,
-                         "no nanny's setup line", timeout=30.0, interval=0.1)
+                wait_for(
+                    lambda: "(nanny) on distributed" in caplog.text,
+                    "no nanny's setup line",
+                    timeout=30.0,
+                    interval=0.1,
+                )
             assert "no Dask.no_such_internal, so nothing here works" in caplog.text
             [nanny] = cl.workers.values()
             assert getattr(nanny, "_oomguard_nanny_plugin", None) is None
             with distributed.span("unwatched"):
                 fut = client.submit(kill_myself, 1, key="unwatched-0", pure=False)
-            with pytest.raises(Exception):
+            with pytest.raises(Exception):  # noqa: B017 (whatever Dask raises for the death)
                 fut.result(timeout=60)
             # The scheduler side still records the death, from Dask's removal alone.
             failures = oomguard.Failures(client)
-            [event] = wait_for(lambda: failures.events(cause="worker_lost"),
-                               "no worker_lost death", timeout=30.0, interval=0.1)
+            [event] = wait_for(
+                lambda: failures.events(cause="worker_lost"),
+                "no worker_lost death",
+                timeout=30.0,
+                interval=0.1,
+            )
             assert event.shard == "unwatched-0"
             assert "no death report" in event.evidence["source"]

@@ -7,16 +7,15 @@ browser is Debian's, never one downloaded by `playwright install`.
 from __future__ import annotations
 
 import importlib.util
-
 import os
 import re
 import time
 import urllib.request
 
 import pytest
-from capabilities import require
 from distributed import Client, LocalCluster
 
+from capabilities import require
 from oomguard._models import FailureEvent, PipelineStatus
 from oomguard.scheduler_plugin import OomguardSchedulerPlugin
 from oomguard.scheduler_plugin._dashboard import (
@@ -66,8 +65,9 @@ def cluster(dask_applications):
     # The runtime path: a dashboard built without oomguard's page.
     dask_applications.pop(PATH, None)
     dask_applications.pop(MENU_PATH, None)
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
-                      dashboard_address="127.0.0.1:0") as cluster:  # fmt: skip
+    with LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=False, dashboard_address="127.0.0.1:0"
+    ) as cluster:
         with Client(cluster) as client:
             yield cluster, client
 
@@ -79,26 +79,74 @@ def base_url(cluster) -> str:
 
 def seed(plugin) -> None:
     now = time.time()
-    events = [
-        (FailureEvent("infra", "oom_kill", f"('parse-1a', {i})", "nightly", f"tcp://w{i}",
-                      f"node-{i}", "sig-oom", OOM_TITLE, {"oom_kill_delta": 1},
-                      time=now - 3000 + 600 * i), "MemoryError\n  File parse.py, line 3")
-        for i in range(3)
-    ] + [
-        (FailureEvent("user", "exception", f"('render-2b', {i})", "nightly", "tcp://w0",
-                      "node-0", "sig-xss", XSS_TITLE, {"exception": f"ValueError: {XSS}"},
-                      time=now - 900 + 300 * i), XSS_TRACE)
-        for i in range(2)
-    ] + [
-        (FailureEvent("infra", "native_crash", "('decode-3c', 0)", "", "tcp://w1", "node-1",
-                      "sig-segv", SEGV_TITLE, {"signal": "SIGSEGV"}, time=now - 60),
-         "Fatal Python error: Segmentation fault"),
-    ]  # fmt: skip
+    events = (
+        [
+            (
+                FailureEvent(
+                    "infra",
+                    "oom_kill",
+                    f"('parse-1a', {i})",
+                    "nightly",
+                    f"tcp://w{i}",
+                    f"node-{i}",
+                    "sig-oom",
+                    OOM_TITLE,
+                    {"oom_kill_delta": 1},
+                    time=now - 3000 + 600 * i,
+                ),
+                "MemoryError\n  File parse.py, line 3",
+            )
+            for i in range(3)
+        ]
+        + [
+            (
+                FailureEvent(
+                    "user",
+                    "exception",
+                    f"('render-2b', {i})",
+                    "nightly",
+                    "tcp://w0",
+                    "node-0",
+                    "sig-xss",
+                    XSS_TITLE,
+                    {"exception": f"ValueError: {XSS}"},
+                    time=now - 900 + 300 * i,
+                ),
+                XSS_TRACE,
+            )
+            for i in range(2)
+        ]
+        + [
+            (
+                FailureEvent(
+                    "infra",
+                    "native_crash",
+                    "('decode-3c', 0)",
+                    "",
+                    "tcp://w1",
+                    "node-1",
+                    "sig-segv",
+                    SEGV_TITLE,
+                    {"signal": "SIGSEGV"},
+                    time=now - 60,
+                ),
+                "Fatal Python error: Segmentation fault",
+            ),
+        ]
+    )
     for event, trace in events:
         assert plugin.store.add(event, example=trace)
     plugin.store.upsert_pipeline(
-        PipelineStatus("backfill-2024", "aborted", 10, 1, 4, 3, 0,
-                       "aborted: shard ('parse-1a', 2) was OOM-killed 3 times")  # fmt: skip
+        PipelineStatus(
+            "backfill-2024",
+            "aborted",
+            10,
+            1,
+            4,
+            3,
+            0,
+            "aborted: shard ('parse-1a', 2) was OOM-killed 3 times",
+        )
     )
     assert plugin.store.flush()
 
@@ -109,9 +157,12 @@ def submit_live_pipeline(dask_scheduler):
 
 def test_dashboard_page_in_a_browser(cluster, tmp_path, artifacts_dir):
     require(os.path.exists(CHROMIUM), "no chromium: apt-get install chromium")
-    require(importlib.util.find_spec("playwright") is not None,
-            "playwright is not installed (the test extra has it)")
+    require(
+        importlib.util.find_spec("playwright") is not None,
+        "playwright is not installed (the test extra has it)",
+    )
     from playwright.sync_api import sync_playwright
+
     cluster, client = cluster
 
     # Installed at runtime, after the dashboard was built: served by a second Bokeh app.

@@ -22,8 +22,13 @@ async def test_in_process_workers_compute_as_before(c, s, a, b):
     assert s.plugins["oomguard"].metrics_snapshot()["deaths"] == 0
 
 
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)], Worker=Nanny, scheduler_kwargs=PRELOAD,
-             worker_kwargs={"preload_nanny": ["oomguard.worker_plugin"]})
+@gen_cluster(
+    client=True,
+    nthreads=[("127.0.0.1", 1)],
+    Worker=Nanny,
+    scheduler_kwargs=PRELOAD,
+    worker_kwargs={"preload_nanny": ["oomguard.worker_plugin"]},
+)
 async def test_a_killed_nanny_worker_is_classified_and_the_cluster_closes_clean(c, s, a):
     plugin = s.plugins["oomguard"]
     assert await c.submit(inc, 1) == 2
@@ -57,9 +62,11 @@ async def test_automatic_pipeline_names_are_what_the_user_computed(c, s, a, b):
     import dask.bag as db
 
     # Futures held, so their runs are still live when the names are read.
-    held = [c.compute((da.random.random((40, 40), chunks=10) + 1).mean(axis=0)),
-            c.compute(db.from_sequence(range(20), npartitions=4).filter(bool).sum()),
-            *c.map(abs, range(5))]
+    held = [
+        c.compute((da.random.random((40, 40), chunks=10) + 1).mean(axis=0)),
+        c.compute(db.from_sequence(range(20), npartitions=4).filter(bool).sum()),
+        *c.map(abs, range(5)),
+    ]
     held += [c.submit(abs, -x) for x in range(5)]  # joins the live run "abs": not five runs
     await c.gather(held)
     policy = s.plugins["oomguard"].policy

@@ -35,7 +35,9 @@ def test_demo_shows_every_failure_and_the_abort(tmp_path, artifacts_dir):
     if memory_cause == "oom_kill":
         assert "kernel oom_kill counted" in out
     # Deduplicated: the crasher's two deaths are one signature on two workers.
-    sig_line = next(line for line in out.splitlines() if "oomguard._cli.demo_run.load_shard" in line)
+    sig_line = next(
+        line for line in out.splitlines() if "oomguard._cli.demo_run.load_shard" in line
+    )
     assert sig_line.split()[1:3] == ["2", "2"], sig_line
     page = html.read_text()
     assert "<svg" in page and "oomguard demo report" in page

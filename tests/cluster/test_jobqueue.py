@@ -17,11 +17,11 @@ import time
 import dask
 import distributed
 import pytest
-from capabilities import require
-from cluster_helpers import require_worker_groups, wait_for, wait_installed
 from distributed import Client
 
 import oomguard
+from capabilities import require
+from cluster_helpers import require_worker_groups, wait_for, wait_installed
 from oomguard._evidence import cgroup as _cgroup
 
 try:
@@ -51,8 +51,10 @@ def _gone(pid: int) -> bool:
 
 
 def test_jobqueue_worker_oom_killed_and_classified(tmp_path, monkeypatch):
-    require(JobQueueLocalCluster is not None,
-            "dask-jobqueue is not installed (it is in the `test` extra)")
+    require(
+        JobQueueLocalCluster is not None,
+        "dask-jobqueue is not installed (it is in the `test` extra)",
+    )
     require_worker_groups()
 
     # The job's process inherits this environment (dask_jobqueue.local runs the job
@@ -73,18 +75,22 @@ def test_jobqueue_worker_oom_killed_and_classified(tmp_path, monkeypatch):
 
     # The scheduler runs in this process (JobQueueCluster is a SpecCluster): its settings
     # come from this process's config.
-    with dask.config.set({
-        "oomguard.scheduler.store": str(tmp_path / "failures.sqlite3"),
-        "oomguard.scheduler.report-grace-timeout": "5s",
-    }):
+    with dask.config.set(
+        {
+            "oomguard.scheduler.store": str(tmp_path / "failures.sqlite3"),
+            "oomguard.scheduler.report-grace-timeout": "5s",
+        }
+    ):
         cluster = JobQueueLocalCluster(
             cores=1,
             processes=1,
             memory="400MiB",
             python=sys.executable,  # the job runs `<python> -m distributed.cli.dask_worker`
             worker_extra_args=["--preload-nanny", "oomguard.worker_plugin"],
-            scheduler_options={"preload": ["oomguard.scheduler_plugin"],
-                               "dashboard_address": ":0"},
+            scheduler_options={
+                "preload": ["oomguard.scheduler_plugin"],
+                "dashboard_address": ":0",
+            },
         )
         with cluster, Client(cluster) as client:
             # The job script as dask-jobqueue 0.9.0 writes it: the worker is the module
@@ -133,9 +139,11 @@ def test_jobqueue_worker_oom_killed_and_classified(tmp_path, monkeypatch):
             client.wait_for_workers(1, timeout=120)  # the nanny's new worker
             (new_pid,) = client.run(os.getpid).values()
             new_group = _cgroup.detect(new_pid).path
-            assert new_group == os.path.join(os.path.dirname(group),
-                                             f"oomguard-worker-{new_pid}"), new_group
+            assert new_group == os.path.join(
+                os.path.dirname(group), f"oomguard-worker-{new_pid}"
+            ), new_group
             client.retire_workers(close_workers=True)
-            wait_for(lambda: _gone(job_pid), "the job's nanny did not exit", timeout=60,
-                     interval=0.1)
+            wait_for(
+                lambda: _gone(job_pid), "the job's nanny did not exit", timeout=60, interval=0.1
+            )
             assert not os.path.exists(group) and not os.path.exists(new_group)

@@ -13,10 +13,10 @@ import time
 import dask
 import distributed
 import pytest
-from cluster_helpers import wait_installed
 from distributed import Client, LocalCluster
 
 import oomguard
+from cluster_helpers import wait_installed
 
 pytestmark = pytest.mark.timeout(300)
 MiB = 2**20
@@ -56,10 +56,18 @@ def deaths(log) -> int:
 
 @pytest.fixture
 def cluster(tmp_path):
-    with dask.config.set({"oomguard.scheduler.report-grace-timeout": "2s",
-                          "distributed.deploy.lost-worker-timeout": "300s"}):
-        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                          dashboard_address=":0") as cl, Client(cl) as client:
+    with dask.config.set(
+        {
+            "oomguard.scheduler.report-grace-timeout": "2s",
+            "distributed.deploy.lost-worker-timeout": "300s",
+        }
+    ):
+        with (
+            LocalCluster(
+                n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+            ) as cl,
+            Client(cl) as client,
+        ):
             yield cl, client
 
 
@@ -163,16 +171,22 @@ SHARED_MEMORY_CONFIG = {
 def two_thread_worker(tmp_path):
     """One nanny, one 2-thread worker of 1000 MiB, oomguard installed."""
     with dask.config.set(SHARED_MEMORY_CONFIG):
-        with LocalCluster(n_workers=1, threads_per_worker=2, processes=True,
-                          memory_limit=1000 * MiB, dashboard_address=":0") as cl, \
-                Client(cl) as client:
+        with (
+            LocalCluster(
+                n_workers=1,
+                threads_per_worker=2,
+                processes=True,
+                memory_limit=1000 * MiB,
+                dashboard_address=":0",
+            ) as cl,
+            Client(cl) as client,
+        ):
             oomguard.install(client, store=str(tmp_path / "f.sqlite3"))
             wait_installed(client, 1)
             yield client
 
 
-def test_a_memory_kill_of_a_two_thread_worker_whose_shards_fit_alone_finishes(
-        two_thread_worker):
+def test_a_memory_kill_of_a_two_thread_worker_whose_shards_fit_alone_finishes(two_thread_worker):
     client = two_thread_worker
     with distributed.span("pair"):
         futs = client.map(grow, [480 * MiB] * 2, [2.0] * 2, pure=False)
@@ -182,8 +196,12 @@ def test_a_memory_kill_of_a_two_thread_worker_whose_shards_fit_alone_finishes(
     try:
         assert client.gather(futs, errors="raise") == [480 * MiB] * 2
     except oomguard.PipelineAborted:
-        raise AssertionError([(e.cause, e.shard, e.evidence.get("executing_tasks"),
-                               e.evidence.get("summary")) for e in failures.events()])
+        raise AssertionError(  # noqa: B904 (the abort stays chained: it is the context)
+            [
+                (e.cause, e.shard, e.evidence.get("executing_tasks"), e.evidence.get("summary"))
+                for e in failures.events()
+            ]
+        )
     kills = failures.events(cause="memory_terminate")
     assert kills, "the two shards together were never killed: the test proves nothing"
     status = failures.pipeline("pair")
@@ -198,7 +216,8 @@ def nap(seconds: float, flag: str) -> float:
 
 
 def test_a_memory_kill_names_the_task_that_grew_and_spares_the_pipeline_beside_it(
-        two_thread_worker, tmp_path):
+    two_thread_worker, tmp_path
+):
     # Issue 11's report: a sleeping task under "healthy" beside one under "buggy" that
     # allocates past the worker's limit; "healthy" was aborted for a kill it did not cause.
     # The sleeper outlasts the hog's growth even on a loaded machine (~3 s quiet).
@@ -221,7 +240,8 @@ def test_a_memory_kill_names_the_task_that_grew_and_spares_the_pipeline_beside_i
     assert shared, [(e.shard, e.evidence.get("summary")) for e in kills]
     # The sampled growth names the task that grew, and says how sure that is.
     assert {e.evidence.get("likely_culprit") for e in shared} == {hog.key}, [
-        e.evidence for e in shared]
+        e.evidence for e in shared
+    ]
     assert f"likely {hog.key!r}" in shared[0].evidence["summary"]
     assert failures.pipeline("buggy").status == "aborted"
     healthy = failures.pipeline("healthy")
@@ -237,26 +257,46 @@ def test_a_killer_that_takes_its_host_on_saturated_workers_is_bounded(tmp_path):
     import sys
 
     hosts = []
-    with dask.config.set({"oomguard.scheduler.report-grace-timeout": "2s",
-                          "distributed.scheduler.allowed-failures": 1}):
-        with LocalCluster(n_workers=0, processes=True, dashboard_address=":0") as cl, \
-                Client(cl) as client:
+    with dask.config.set(
+        {
+            "oomguard.scheduler.report-grace-timeout": "2s",
+            "distributed.scheduler.allowed-failures": 1,
+        }
+    ):
+        with (
+            LocalCluster(n_workers=0, processes=True, dashboard_address=":0") as cl,
+            Client(cl) as client,
+        ):
             oomguard.install(client, store=str(tmp_path / "f.sqlite3"))
             try:
                 for _ in range(3):  # three "hosts": a nanny and its worker in one session
-                    hosts.append(subprocess.Popen(
-                        [sys.executable, "-m", "distributed.cli.dask_worker",
-                         cl.scheduler_address, "--nworkers", "1", "--nthreads", "1",
-                         "--preload-nanny", "oomguard.worker_plugin", "--no-dashboard"],
-                        start_new_session=True, stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL,
-                    ))
+                    hosts.append(
+                        subprocess.Popen(
+                            [
+                                sys.executable,
+                                "-m",
+                                "distributed.cli.dask_worker",
+                                cl.scheduler_address,
+                                "--nworkers",
+                                "1",
+                                "--nthreads",
+                                "1",
+                                "--preload-nanny",
+                                "oomguard.worker_plugin",
+                                "--no-dashboard",
+                            ],
+                            start_new_session=True,
+                            stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL,
+                        )
+                    )
                 client.wait_for_workers(3, timeout=120)
                 with distributed.span("host-killer"):
                     # Builtins only: the external workers cannot import this module.
                     busy = client.map(time.sleep, [0.5] * 30, pure=False)
-                    killer = client.submit(functools.partial(os.killpg, 0, signal.SIGKILL),
-                                           pure=False)
+                    killer = client.submit(
+                        functools.partial(os.killpg, 0, signal.SIGKILL), pure=False
+                    )
                 with pytest.raises(Exception) as e:
                     killer.result(timeout=120)
                 assert type(e.value).__name__ in ("PipelineAborted", "KilledWorker"), e.value

@@ -16,7 +16,8 @@ import pytest
 from distributed import Client, LocalCluster, rpc
 
 import oomguard
-from oomguard._evidence import build as _build, cgroup as _cgroup
+from oomguard._evidence import build as _build
+from oomguard._evidence import cgroup as _cgroup
 from oomguard.worker_plugin import REPORT_HANDLER
 
 pytestmark = pytest.mark.timeout(180)
@@ -64,9 +65,12 @@ def _metric(text, name, **labels):
 @pytest.fixture
 def cluster(tmp_path):
     with dask.config.set({"oomguard.worker.sample-interval": "100ms"}):
-        with LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
-        ) as cl, Client(cl) as client:
+        with (
+            LocalCluster(
+                n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+            ) as cl,
+            Client(cl) as client,
+        ):
             oomguard.install(client, store=str(tmp_path / "s.sqlite3"))
             yield cl, client
 
@@ -95,7 +99,11 @@ def test_malformed_reports_are_rejected_and_counted(cluster, tmp_path):
 
     answers = client.sync(send_all)
     # The handler only queues bytes; a thread validates them and counts each refusal.
-    assert answers["not_bytes"] == {"status": "rejected", "reason": "wrong_type", "field": "report"}
+    assert answers["not_bytes"] == {
+        "status": "rejected",
+        "reason": "wrong_type",
+        "field": "report",
+    }
     assert all(answers[name] == {"status": "queued"} for name in cases), answers
 
     def rejected():
@@ -147,9 +155,7 @@ def test_metrics_after_real_failures(cluster):
     while not failures.events(cause="sigkill") and time.monotonic() < deadline:
         time.sleep(0.1)
     running.cancel()
-    client.sync(
-        _send_one, cl.scheduler_address, msgpack.packb(_valid_report(schema=7))
-    )
+    client.sync(_send_one, cl.scheduler_address, msgpack.packb(_valid_report(schema=7)))
     port = cl.scheduler.http_server.port
 
     def scrape():

@@ -8,10 +8,10 @@ import time
 
 import dask
 import pytest
-from cluster_helpers import require_worker_groups, wait_installed
 from distributed import Client, LocalCluster, Nanny
 
 import oomguard
+from cluster_helpers import require_worker_groups, wait_installed
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -42,13 +42,16 @@ def cluster(tmp_path_factory):
             "distributed.deploy.lost-worker-timeout": "1h",
         }
     ):
-        with LocalCluster(
-            n_workers=1,
-            threads_per_worker=1,
-            processes=True,
-            memory_limit=SMALL,
-            dashboard_address=":0",
-        ) as cl, Client(cl) as client:
+        with (
+            LocalCluster(
+                n_workers=1,
+                threads_per_worker=1,
+                processes=True,
+                memory_limit=SMALL,
+                dashboard_address=":0",
+            ) as cl,
+            Client(cl) as client,
+        ):
             oomguard.install(client, store=str(store))
             wait_installed(client, 1)
             yield cl, client
@@ -85,8 +88,15 @@ def test_the_retry_goes_to_the_larger_worker_and_succeeds(cluster):
     small = next(a for a, lim in limits.items() if lim == SMALL)
     big = next(a for a, lim in limits.items() if lim == BIG)
     with dask.annotate(oomguard_pipeline="resized"):
-        fut = client.submit(hungry, 2, 600 * MiB, key=("hungry", 2), pure=False,
-                            workers=[small], allow_other_workers=True)
+        fut = client.submit(
+            hungry,
+            2,
+            600 * MiB,
+            key=("hungry", 2),
+            pure=False,
+            workers=[small],
+            allow_other_workers=True,
+        )
     assert fut.result(timeout=120) == 600 * MiB
     events = oomguard.Failures(client).shard(("hungry", 2))
     assert [(e.cause, e.worker) for e in events] == [("oom_kill", small)]

@@ -41,9 +41,11 @@ class _Widening(SchedulerPlugin):
 
 @gen_test(timeout=60)
 async def test_a_shard_waiting_for_a_larger_worker_runs_on_the_first_that_joins():
-    async with Scheduler(port=0, dashboard_address=":0") as s, \
-            Worker(s.address, nthreads=1, memory_limit=GiB) as small, \
-            Client(s.address, asynchronous=True) as c:  # fmt: skip
+    async with (
+        Scheduler(port=0, dashboard_address=":0") as s,
+        Worker(s.address, nthreads=1, memory_limit=GiB) as small,
+        Client(s.address, asynchronous=True) as c,
+    ):
         actions = DaskActions(s, store=None, metrics=None, guard=None)
         fut = c.submit(inc, 1, key="k", workers=[small.address])  # held: the key stays
         assert await fut == 2

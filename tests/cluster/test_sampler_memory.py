@@ -42,14 +42,23 @@ def freed() -> list[bool]:
 
 
 def test_a_finished_tasks_locals_are_freed_while_the_sampler_runs(tmp_path):
-    config = {"oomguard.worker.sample-interval": "20ms",
-              "distributed.nanny.preload": ["oomguard.worker_plugin"]}
-    with dask.config.set(config), LocalCluster(
-        n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
-    ) as cluster, Client(cluster) as client:
+    config = {
+        "oomguard.worker.sample-interval": "20ms",
+        "distributed.nanny.preload": ["oomguard.worker_plugin"],
+    }
+    with (
+        dask.config.set(config),
+        LocalCluster(
+            n_workers=1,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         oomguard.install(client, store=str(tmp_path / "s.sqlite3"))
         assert all(client.run(lambda: gc.disable() or not gc.isenabled()).values())
-        for i in range(3):
+        for _ in range(3):
             # 1 s at a 20 ms interval: ~50 samples of the task's frame each.
             assert client.submit(hold, 64 << 20, 1.0, pure=False).result(timeout=60) == 64 << 20
         time.sleep(0.2)  # a few more samples after the last task ended

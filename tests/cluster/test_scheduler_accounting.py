@@ -15,10 +15,10 @@ import time
 import dask
 import distributed
 import pytest
-from cluster_helpers import require_worker_groups, wait_for, wait_installed
 from distributed import Client, LocalCluster
 
 import oomguard
+from cluster_helpers import require_worker_groups, wait_for, wait_installed
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -54,13 +54,16 @@ def cluster(tmp_path):
             "distributed.deploy.lost-worker-timeout": "1h",
         }
     ):
-        with LocalCluster(
-            n_workers=2,
-            threads_per_worker=1,
-            processes=True,
-            memory_limit=LIMIT,
-            dashboard_address=":0",
-        ) as cl, Client(cl) as client:
+        with (
+            LocalCluster(
+                n_workers=2,
+                threads_per_worker=1,
+                processes=True,
+                memory_limit=LIMIT,
+                dashboard_address=":0",
+            ) as cl,
+            Client(cl) as client,
+        ):
             oomguard.install(client, store=str(tmp_path / "failures.sqlite3"))
             wait_installed(client)
             yield cl, client, tmp_path / "failures.sqlite3"
@@ -123,8 +126,9 @@ def test_only_the_executing_task_is_blamed(cluster):
     os.kill(pid, signal.SIGKILL)
     assert queued.result(timeout=60) == 2
     failures = oomguard.Failures(client)
-    wait_for(lambda: failures.shard("running-0"), "no failure of running-0", timeout=20.0,
-             interval=0.1)
+    wait_for(
+        lambda: failures.shard("running-0"), "no failure of running-0", timeout=20.0, interval=0.1
+    )
     assert [e.cause for e in failures.shard("running-0")] == ["sigkill"]
     assert failures.shard("queued-0") == []
     running.cancel()
@@ -230,8 +234,10 @@ def test_random_sigkills_without_a_crasher_complete(cluster):
             kills.append(victim)
             # Preemption: wait for the replacement worker before the next kill.
             wait_for(
-                lambda: victim not in client.scheduler_info()["workers"]
-                and len(client.scheduler_info()["workers"]) == 2,
+                lambda: (
+                    victim not in client.scheduler_info()["workers"]  # noqa: B023 (this round)
+                    and len(client.scheduler_info()["workers"]) == 2
+                ),
                 f"no replacement for {victim}",
                 timeout=60,
                 interval=0.1,
@@ -246,9 +252,11 @@ def test_random_sigkills_without_a_crasher_complete(cluster):
         def more(count):
             nonlocal n
             futs = client.map(
-                work, range(n, n + count), [0.3] * count,
+                work,
+                range(n, n + count),
+                [0.3] * count,
                 key=[("s", i) for i in range(n, n + count)],
-            )  # fmt: skip
+            )
             n += count
             return futs
 
@@ -266,8 +274,12 @@ def test_random_sigkills_without_a_crasher_complete(cluster):
     assert len(kills) == n_kills
     assert sorted(results) == list(range(n))
     failures = oomguard.Failures(client)
-    wait_for(lambda: len(failures.events(cause="sigkill")) >= n_kills,
-             f"fewer than {n_kills} sigkill deaths", timeout=30, interval=0.1)
+    wait_for(
+        lambda: len(failures.events(cause="sigkill")) >= n_kills,
+        f"fewer than {n_kills} sigkill deaths",
+        timeout=30,
+        interval=0.1,
+    )
     time.sleep(3.5)  # past the grace timeout: nothing more may arrive
     deaths = failures.events(cause="sigkill")
     # Exactly one event per kill (one thread per worker: one executing task at most).
@@ -287,15 +299,17 @@ def test_restarted_scheduler_keeps_history(cluster, tmp_path):
     time.sleep(1.0)
     os.kill(pid, signal.SIGKILL)
     failures = oomguard.Failures(client)
-    wait_for(lambda: failures.shard("history-0"), "no failure of history-0", timeout=20.0,
-             interval=0.1)
+    wait_for(
+        lambda: failures.shard("history-0"), "no failure of history-0", timeout=20.0, interval=0.1
+    )
     fut.cancel()
     before = [e.to_dict() for e in failures.events()]
     assert before
     # A new scheduler on the same store path.
-    with LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as cl2, Client(
-        cl2
-    ) as client2:
+    with (
+        LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as cl2,
+        Client(cl2) as client2,
+    ):
         oomguard.install(client2, store=str(store_path))
         after = [e.to_dict() for e in oomguard.Failures(client2).events()]
     assert after == before

@@ -36,9 +36,12 @@ def short_of_memory(marker_dir):
 @pytest.fixture
 def cluster(tmp_path):
     with dask.config.set({"oomguard.scheduler.report-grace-timeout": "2s"}):
-        with LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
-        ) as cl, Client(cl) as client:
+        with (
+            LocalCluster(
+                n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+            ) as cl,
+            Client(cl) as client,
+        ):
             oomguard.install(client, store=str(tmp_path / "s.sqlite3"))
             yield cl, client
 
@@ -57,15 +60,24 @@ def test_memory_error_is_infra_and_does_not_use_retries(cluster, tmp_path):
 def test_lost_with_its_nanny_is_worker_lost(tmp_path):
     """A worker whose nanny dies with it (a host or pod gone) sends no report."""
     with dask.config.set({"oomguard.scheduler.report-grace-timeout": "2s"}):
-        with LocalCluster(n_workers=0, processes=True, dashboard_address=":0") as cl, Client(
-            cl
-        ) as client:
+        with (
+            LocalCluster(n_workers=0, processes=True, dashboard_address=":0") as cl,
+            Client(cl) as client,
+        ):
             oomguard.install(client, store=str(tmp_path / "s.sqlite3"))
             proc = subprocess.Popen(
                 [
-                    sys.executable, "-m", "distributed.cli.dask_worker", cl.scheduler_address,
-                    "--nworkers", "1", "--nthreads", "1", "--preload-nanny",
-                    "oomguard.worker_plugin", "--no-dashboard",
+                    sys.executable,
+                    "-m",
+                    "distributed.cli.dask_worker",
+                    cl.scheduler_address,
+                    "--nworkers",
+                    "1",
+                    "--nthreads",
+                    "1",
+                    "--preload-nanny",
+                    "oomguard.worker_plugin",
+                    "--no-dashboard",
                 ],
                 start_new_session=True,
                 stdout=subprocess.DEVNULL,
@@ -77,13 +89,21 @@ def test_lost_with_its_nanny_is_worker_lost(tmp_path):
                     # time.sleep, not a test function: the worker process started here
                     # cannot import this test module.
                     fut = client.submit(time.sleep, 60, key="lost-0", pure=False)
-                    wait_for(lambda: any(client.processing().values()),
-                             "lost-0 never reached a worker", timeout=20.0, interval=0.1)
+                    wait_for(
+                        lambda: any(client.processing().values()),
+                        "lost-0 never reached a worker",
+                        timeout=20.0,
+                        interval=0.1,
+                    )
                     time.sleep(1.0)
                     os.killpg(proc.pid, signal.SIGKILL)  # nanny and worker together
                 failures = oomguard.Failures(client)
-                [event] = wait_for(lambda: failures.events(cause="worker_lost"),
-                                   "no worker_lost death", timeout=30, interval=0.1)
+                [event] = wait_for(
+                    lambda: failures.events(cause="worker_lost"),
+                    "no worker_lost death",
+                    timeout=30,
+                    interval=0.1,
+                )
                 assert event.shard == "lost-0"  # one task, one thread: it was executing
                 assert event.kind == "infra"
                 assert "no death report" in event.evidence["source"]
@@ -99,11 +119,19 @@ def test_graceful_closes_are_not_failures(cluster):
     client.restart()  # every worker killed by its nanny on request
     client.wait_for_workers(2, timeout=60)
     cl.scale(1)  # scale-down, as adaptive does
-    wait_for(lambda: len(client.scheduler_info()["workers"]) == 1, "not scaled down to 1",
-             timeout=20.0, interval=0.1)
+    wait_for(
+        lambda: len(client.scheduler_info()["workers"]) == 1,
+        "not scaled down to 1",
+        timeout=20.0,
+        interval=0.1,
+    )
     client.retire_workers(list(client.scheduler_info()["workers"]))
-    wait_for(lambda: len(client.scheduler_info()["workers"]) == 0, "workers not retired",
-             timeout=20.0, interval=0.1)
+    wait_for(
+        lambda: len(client.scheduler_info()["workers"]) == 0,
+        "workers not retired",
+        timeout=20.0,
+        interval=0.1,
+    )
     time.sleep(3)  # past the grace timeout
     assert oomguard.Failures(client).events() == []
     stats = client.run_on_scheduler(

@@ -18,7 +18,9 @@ FIXTURES = str(pathlib.Path(__file__).resolve().parent.parent / "fixtures")
 def shardapp(monkeypatch):
     # Importable here (so tasks pickle by reference) and in the spawned worker processes.
     monkeypatch.syspath_prepend(FIXTURES)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [FIXTURES, os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [FIXTURES, os.environ.get("PYTHONPATH")]))
+    )
     import shardapp.core
     import shardapp.debug
 
@@ -34,23 +36,31 @@ def _wait_for_dump(path: pathlib.Path, timeout: float = 30) -> str:
         got = text()
         return got if "Current thread" in got and "Extension modules" in got else ""
 
-    return wait_for(dump, lambda: f"no faulthandler dump in {path}: {text()!r}", timeout,
-                    interval=0.1)
+    return wait_for(
+        dump, lambda: f"no faulthandler dump in {path}: {text()!r}", timeout, interval=0.1
+    )
 
 
 @pytest.mark.timeout(120)
 def test_worker_segfault_dumps_share_one_signature(shardapp, tmp_path):
     dumps = tmp_path / "dumps"  # outside the worker directories, which the nanny deletes
     dumps.mkdir()
-    with LocalCluster(
-        n_workers=2, processes=True, threads_per_worker=1, dashboard_address=":0"
-    ) as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=2, processes=True, threads_per_worker=1, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         pids = client.run(shardapp.debug.enable_faulthandler, str(dumps))
         assert len(pids) == 2
         texts = []
         for i, (addr, pid) in enumerate(sorted(pids.items())):
             fut = client.submit(
-                shardapp.core.process_shard, i, workers=[addr], allow_other_workers=False, pure=False
+                shardapp.core.process_shard,
+                i,
+                workers=[addr],
+                allow_other_workers=False,
+                pure=False,
             )
             texts.append(_wait_for_dump(dumps / f"{pid}.txt"))
             fut.cancel()
@@ -67,16 +77,19 @@ def test_worker_segfault_dumps_share_one_signature(shardapp, tmp_path):
 
 @pytest.mark.timeout(120)
 def test_erred_task_texts_on_the_scheduler(shardapp):
-    with LocalCluster(
-        n_workers=1, processes=True, threads_per_worker=1, dashboard_address=":0"
-    ) as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=1, processes=True, threads_per_worker=1, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         futs = [client.submit(shardapp.core.lookup_shard, n, pure=False) for n in (17, 99)]
         futs.append(client.submit(shardapp.core.convert_shard, 17, pure=False))
         for fut in futs:
             with pytest.raises((KeyError, ValueError)):
                 fut.result()
 
-        def texts(dask_scheduler, keys=[f.key for f in futs]):
+        def texts(dask_scheduler, keys=[f.key for f in futs]):  # noqa: B006 (shipped by value)
             return [
                 (dask_scheduler.tasks[k].exception_text, dask_scheduler.tasks[k].traceback_text)
                 for k in keys

@@ -43,14 +43,14 @@ import subprocess
 import sys
 import time
 
-import _startup_preload as preload
 import dask
 import pytest
-from _memgroup import MiB, memory_group, mib
-from cluster_helpers import wait_for
 from distributed import Client, LocalCluster
 
+import _startup_preload as preload
 import oomguard
+from _memgroup import MiB, memory_group, mib
+from cluster_helpers import wait_for
 from oomguard._evidence.cgroup import ChildGroup
 
 pytestmark = pytest.mark.timeout(300)
@@ -92,11 +92,19 @@ def _run(tmp_path, *, enabled: bool) -> dict:
     args = {"tmp": str(tmp_path), "enabled": enabled}
     with memory_group("startup-stampede", LIMIT, v1_only=True) as group:
         args["group"] = [group.path, group.version, group.home]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH", "")])}
-        child = subprocess.Popen([sys.executable, __file__, json.dumps(args)], env=env,
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 start_new_session=True)  # fmt: skip
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                [str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH", "")]
+            ),
+        }
+        child = subprocess.Popen(
+            [sys.executable, __file__, json.dumps(args)],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+        )
         try:
             assert child.stdout.readline() == b"ready\n"
             group.add_pid(child.pid)  # before it starts anything: its workers are inside
@@ -133,8 +141,9 @@ def _scenario(args: dict) -> dict:
     cluster = client = None
     try:
         with dask.config.set(config):
-            cluster = LocalCluster(n_workers=0, threads_per_worker=1, processes=True,
-                                   dashboard_address=":0")  # fmt: skip
+            cluster = LocalCluster(
+                n_workers=0, threads_per_worker=1, processes=True, dashboard_address=":0"
+            )
             client = Client(cluster)
             oomguard.install(client)
             for n in range(1, WORKERS + 1):  # one at a time: see the module docstring
@@ -163,13 +172,20 @@ def _scenario(args: dict) -> dict:
             got["back_s"] = round(time.time() - t0, 2) if now else None
 
             def events() -> list[dict]:
-                return [m for t, m in client.get_events(TOPIC)
-                        if t >= t0 and m.get("action") == "startup"]  # fmt: skip
+                return [
+                    m
+                    for t, m in client.get_events(TOPIC)
+                    if t >= t0 and m.get("action") == "startup"
+                ]
 
             # The nannies send their events as their workers come up: wait for the last.
             with contextlib.suppress(AssertionError):  # fewer: the test asserts on them
-                wait_for(lambda: len(events()) >= WORKERS, "start-up events",
-                         10.0 if enabled else 0.0, interval=0.2)
+                wait_for(
+                    lambda: len(events()) >= WORKERS,
+                    "start-up events",
+                    10.0 if enabled else 0.0,
+                    interval=0.2,
+                )
             after = group.counters()
             assert after.oom_kill is not None, f"no oom_kill counter: {after.missing}"
             got["kills"] = after.oom_kill - before.oom_kill
@@ -182,8 +198,9 @@ def _scenario(args: dict) -> dict:
                 return len(failures.events(cause="oom_kill", since=t0, limit=None))
 
             with contextlib.suppress(AssertionError):  # fewer: the test asserts on them
-                wait_for(lambda: oom_events() >= got["kills"], "oom_kill deaths", 20.0,
-                         interval=0.2)
+                wait_for(
+                    lambda: oom_events() >= got["kills"], "oom_kill deaths", 20.0, interval=0.2
+                )
             got["oom_events"] = oom_events()
         got["causes"] = {}
         for e in failures.events(since=t0, limit=None):
@@ -194,8 +211,9 @@ def _scenario(args: dict) -> dict:
             got["events"] = sorted(events(), key=lambda m: m.get("granted_at") or 0)
             got["learned"] = _peaks(ledger).get(PEAK_KEY)
             spikes = client.run(_spike, on_error="return") if now else {}
-            got["spikes"] = sorted((s[0] - t0, s[1] - t0) for s in spikes.values()
-                                   if isinstance(s, tuple))  # fmt: skip
+            got["spikes"] = sorted(
+                (s[0] - t0, s[1] - t0) for s in spikes.values() if isinstance(s, tuple)
+            )
     finally:
         # Closed even while nannies keep restarting workers the kernel kills. On
         # distributed 2024.12 that close can hang after a long stampede (without
@@ -213,9 +231,14 @@ def _figures(got: dict) -> None:
     ev = got["events"]
     got["waits"] = [round(float(m.get("waited") or 0), 2) for m in ev]
     got["longest_wait"] = max(got["waits"], default=0.0)
-    got["spans"] = [(round(m["granted_at"] - ev[0]["granted_at"], 2),
-                     round(m["up_at"] - ev[0]["granted_at"], 2))
-                    for m in ev if m.get("granted_at") and m.get("up_at")]  # fmt: skip
+    got["spans"] = [
+        (
+            round(m["granted_at"] - ev[0]["granted_at"], 2),
+            round(m["up_at"] - ev[0]["granted_at"], 2),
+        )
+        for m in ev
+        if m.get("granted_at") and m.get("up_at")
+    ]
     got["outcomes"] = [m.get("outcome") for m in ev]
 
 
@@ -228,13 +251,15 @@ def _overlaps(intervals, slack: float = 0.05) -> list:
 
 def _line(got: dict) -> str:
     spikes = [(round(a, 1), round(b, 1)) for a, b in got["spikes"]]
-    return (f"startup stampede ({got['arm']} start-up reservations): kernel OOM kills "
-            f"{got['kills']} ({got['oom_events']} oom_kill deaths decided, all causes "
-            f"{got['causes']}), back after {got['back_s']} s, group peak {mib(got['peak'])} of "
-            f"{mib(LIMIT)}; {len(got['events'])} start-up events, outcomes {got['outcomes']}, "
-            f"waits {got['waits']} s (longest {got['longest_wait']} s), lease spans "
-            f"{got['spans']}; spikes (s after the kill) {spikes}; learned peak "
-            f"{mib(got['learned_before'])} before the kill, {mib(got['learned'])} after")
+    return (
+        f"startup stampede ({got['arm']} start-up reservations): kernel OOM kills "
+        f"{got['kills']} ({got['oom_events']} oom_kill deaths decided, all causes "
+        f"{got['causes']}), back after {got['back_s']} s, group peak {mib(got['peak'])} of "
+        f"{mib(LIMIT)}; {len(got['events'])} start-up events, outcomes {got['outcomes']}, "
+        f"waits {got['waits']} s (longest {got['longest_wait']} s), lease spans "
+        f"{got['spans']}; spikes (s after the kill) {spikes}; learned peak "
+        f"{mib(got['learned_before'])} before the kill, {mib(got['learned'])} after"
+    )
 
 
 def _record(got: dict, record_property) -> None:
@@ -243,15 +268,17 @@ def _record(got: dict, record_property) -> None:
 
 
 @pytest.mark.parametrize("enabled", [True, False], ids=["with", "without"])
-def test_killed_workers_come_back_one_after_another(tmp_path, artifacts_dir, record_property,
-                                                     admission_figures, enabled):
+def test_killed_workers_come_back_one_after_another(
+    tmp_path, artifacts_dir, record_property, admission_figures, enabled
+):
     got = _run(tmp_path, enabled=enabled)
     line = _line(got)
     print(line)
     admission_figures.append(line)
     _record(got, record_property)
     (artifacts_dir / f"startup-stampede-{got['arm']}.json").write_text(
-        json.dumps(got, indent=1, default=str))
+        json.dumps(got, indent=1, default=str)
+    )
     # Every kill reported once (they were refused as duplicates: 9 of 14 lost).
     assert got["oom_events"] <= got["kills_by_then"], line
     if got["back_s"] is not None:

@@ -15,9 +15,9 @@ import time
 
 import dask
 import pytest
-from cluster_helpers import require_worker_groups, wait_for
 from distributed import Client, LocalCluster
 
+from cluster_helpers import require_worker_groups, wait_for
 from oomguard._evidence import wire as _wire
 from oomguard.worker_plugin import CLEAN_EXIT_HANDLER, REPORT_HANDLER
 
@@ -95,13 +95,17 @@ def _cluster(n_workers):
     # a timer armed at an earlier kill fires while a later kill's (or client.restart()'s)
     # new worker is still starting, the nanny is closed and the test waits for a worker
     # that never comes. Nothing here needs that clean-up: turn it off.
-    with dask.config.set({"distributed.deploy.lost-worker-timeout": "1h"}), LocalCluster(
-        n_workers=n_workers,
-        threads_per_worker=1,
-        processes=True,
-        memory_limit=LIMIT,
-        dashboard_address=":0",
-    ) as cluster, Client(cluster) as client:
+    with (
+        dask.config.set({"distributed.deploy.lost-worker-timeout": "1h"}),
+        LocalCluster(
+            n_workers=n_workers,
+            threads_per_worker=1,
+            processes=True,
+            memory_limit=LIMIT,
+            dashboard_address=":0",
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         reports = _Received()
 
         def receive(report: bytes) -> None:
@@ -290,12 +294,21 @@ def test_clean_close_and_retirement_send_nothing(cluster):
     # Each nanny decides "report or clean exit" when its worker process is gone: wait for
     # those decisions, not a fixed time (a sleep can end first on a slow machine and see
     # nothing). The retired nanny closes after its worker process stopped.
-    wait_for(lambda: nanny.status.name == "closed",
-             lambda: f"the retired nanny did not close: {nanny.status}", 60)
-    wait_for(lambda: (addr, True) in reports.clean_exits,
-             lambda: f"no clean exit of {addr}: {reports.clean_exits}", 60)
+    wait_for(
+        lambda: nanny.status.name == "closed",
+        lambda: f"the retired nanny did not close: {nanny.status}",
+        60,
+    )
+    wait_for(
+        lambda: (addr, True) in reports.clean_exits,
+        lambda: f"no clean exit of {addr}: {reports.clean_exits}",
+        60,
+    )
     client.restart()  # a requested restart of every worker is not a failure either
     # A restart's kill has no teardown: this clean exit is the nanny's decision itself.
-    wait_for(lambda: (other, True) in reports.clean_exits,
-             lambda: f"no clean exit of {other}: {reports.clean_exits}", 60)
+    wait_for(
+        lambda: (other, True) in reports.clean_exits,
+        lambda: f"no clean exit of {other}: {reports.clean_exits}",
+        60,
+    )
     assert reports[before:] == []

@@ -29,12 +29,19 @@ def segfault_task(x):
 
 def test_workers_keep_their_nannys_crash_dir(tmp_path):
     nanny_dir = tmp_path / "nanny-crash"
-    with dask.config.set({
-        "distributed.nanny.preload": ["oomguard.worker_plugin"],
-        "oomguard.worker.crash-dir": str(nanny_dir),
-        "oomguard.worker.sample-interval": "100ms",
-    }), LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                     dashboard_address=":0") as cluster, Client(cluster) as client:
+    with (
+        dask.config.set(
+            {
+                "distributed.nanny.preload": ["oomguard.worker_plugin"],
+                "oomguard.worker.crash-dir": str(nanny_dir),
+                "oomguard.worker.sample-interval": "100ms",
+            }
+        ),
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         # The scheduler's own config names another crash dir. (In-process nannies share
         # the nested dicts of this process's config, so this is set only for the install.)
         with dask.config.set({"oomguard.worker.crash-dir": str(tmp_path / "scheduler-crash")}):

@@ -139,7 +139,7 @@ def _remove_group(group: str, timeout: float = 10.0) -> None:
     """rmdir a memory group and its children, innermost first (their processes dead)."""
     deadline = time.monotonic() + timeout
     while os.path.isdir(group):
-        for dirpath, dirnames, _ in sorted(os.walk(group), key=lambda w: -len(w[0])):
+        for dirpath, _, _ in sorted(os.walk(group), key=lambda w: -len(w[0])):
             with contextlib.suppress(OSError):
                 os.rmdir(dirpath)
         if os.path.isdir(group):
@@ -190,8 +190,9 @@ class Host:
 
     def pids(self) -> set[int]:
         """Every process of this host: in its network namespace or its memory group."""
-        out = subprocess.run(["ip", "netns", "pids", self.netns], capture_output=True,
-                             text=True, check=False).stdout
+        out = subprocess.run(
+            ["ip", "netns", "pids", self.netns], capture_output=True, text=True, check=False
+        ).stdout
         pids = {int(p) for p in out.split()}
         if self.group is not None:
             pids |= _group_pids(self.group)
@@ -222,8 +223,12 @@ class Lab:
         """(True, "") when a lab can be built here, else (False, what is missing)."""
         if os.geteuid() != 0:
             return False, "the multi-host lab needs root (network namespaces, a bridge)"
-        for tool, package in (("ip", "iproute2"), ("nsenter", "util-linux"),
-                              ("unshare", "util-linux"), ("hostname", "hostname")):
+        for tool, package in (
+            ("ip", "iproute2"),
+            ("nsenter", "util-linux"),
+            ("unshare", "util-linux"),
+            ("hostname", "hostname"),
+        ):
             if shutil.which(tool) is None:
                 return False, f"no `{tool}` (Debian package {package})"
         probe = f"{LINK_PREFIX}{os.getpid()}pr"
@@ -324,7 +329,7 @@ class Lab:
         removed = []
 
         def dead(name: str, prefix: str) -> bool:
-            digits = name[len(prefix):].split("-", 1)[0]
+            digits = name[len(prefix) :].split("-", 1)[0]
             for end, c in enumerate(digits):
                 if not c.isdigit():
                     digits = digits[:end]
@@ -334,8 +339,9 @@ class Lab:
         for line in _ip("netns", "list", check=False).stdout.splitlines():
             name = line.split()[0] if line.split() else ""
             if name.startswith(PREFIX) and dead(name, PREFIX):
-                pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True,
-                                      text=True, check=False).stdout.split()
+                pids = subprocess.run(
+                    ["ip", "netns", "pids", name], capture_output=True, text=True, check=False
+                ).stdout.split()
                 for pid in pids:
                     with contextlib.suppress(OSError):
                         os.kill(int(pid), signal.SIGKILL)
@@ -361,20 +367,38 @@ class Lab:
 
     # --- running things in a host ----------------------------------------------------
 
-    def run(self, host: str, argv: list[str], *, env: Mapping[str, str] | None = None,
-            log: str) -> subprocess.Popen:
+    def run(
+        self, host: str, argv: list[str], *, env: Mapping[str, str] | None = None, log: str
+    ) -> subprocess.Popen:
         """Start `argv` in `host` (its network namespace, hostname and memory group), its
         output to `<host dir>/<log>.log`, in a session of its own."""
         h = self.hosts[host]
         enter = f'echo $$ > "{h.group}/cgroup.procs" && ' if h.group is not None else ""
         script = enter + 'hostname "$0" && exec "$@"'
-        cmd = ["nsenter", f"--net=/var/run/netns/{h.netns}", "--", "unshare", "--uts", "--",
-               "sh", "-c", script, h.name, *argv]
+        cmd = [
+            "nsenter",
+            f"--net=/var/run/netns/{h.netns}",
+            "--",
+            "unshare",
+            "--uts",
+            "--",
+            "sh",
+            "-c",
+            script,
+            h.name,
+            *argv,
+        ]
         full_env = {**os.environ, **(env or {})}
         with open(h.dir / f"{log}.log", "ab") as out:
-            proc = subprocess.Popen(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True,
-                                    cwd=h.dir)
+            proc = subprocess.Popen(
+                cmd,
+                env=full_env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=h.dir,
+            )
         h.processes.append(proc)
         return proc
 
@@ -422,12 +446,18 @@ class Lab:
     # --- a Dask cluster across hosts -------------------------------------------------
 
     @contextlib.contextmanager
-    def cluster(self, scheduler: str, workers: list[str], *,
-                config: Mapping[str, Any] | None = None,
-                scheduler_config: Mapping[str, Any] | None = None,
-                worker_config: Mapping[str, Any] | None = None,
-                memory_limit: str = "400MiB", nworkers: Mapping[str, int] | None = None,
-                timeout: float = 180) -> Iterator[LabCluster]:
+    def cluster(
+        self,
+        scheduler: str,
+        workers: list[str],
+        *,
+        config: Mapping[str, Any] | None = None,
+        scheduler_config: Mapping[str, Any] | None = None,
+        worker_config: Mapping[str, Any] | None = None,
+        memory_limit: str = "400MiB",
+        nworkers: Mapping[str, int] | None = None,
+        timeout: float = 180,
+    ) -> Iterator[LabCluster]:
         """A scheduler with oomguard in `scheduler`, a nanny with oomguard in each of
         `workers` (`nworkers[host]` worker processes there, default 1, one thread each),
         a Client in the test process. Killed at exit, whatever happened."""
@@ -436,34 +466,70 @@ class Lab:
         t0 = time.monotonic()
         s = self.hosts[scheduler]
         address = f"tcp://{s.ip}:{SCHEDULER_PORT}"
-        common = {**_dask_env(config or {}), "PYTHONPATH": os.pathsep.join(
-            filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
+        common = {
+            **_dask_env(config or {}),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
+        }
         started: list[str] = [scheduler]
         self.clusters += 1
-        sched = self.run(scheduler, [
-            sys.executable, "-m", "dask", "scheduler", "--host", s.ip,
-            "--port", str(SCHEDULER_PORT), "--dashboard-address", f"{s.ip}:{HTTP_PORT}",
-            "--preload", "oomguard.scheduler_plugin",
-        ], env={**common, **_dask_env({
-            "temporary-directory": str(s.dir / "work"),
-            "oomguard.scheduler.store": str(s.dir / f"oomguard-{self.clusters}.sqlite3"),
-            **(scheduler_config or {}),
-        })}, log="scheduler")
-        cluster = LabCluster(self, address, f"http://{s.ip}:{HTTP_PORT}", list(workers),
-                             common, dict(worker_config or {}), memory_limit)
+        sched = self.run(
+            scheduler,
+            [
+                sys.executable,
+                "-m",
+                "dask",
+                "scheduler",
+                "--host",
+                s.ip,
+                "--port",
+                str(SCHEDULER_PORT),
+                "--dashboard-address",
+                f"{s.ip}:{HTTP_PORT}",
+                "--preload",
+                "oomguard.scheduler_plugin",
+            ],
+            env={
+                **common,
+                **_dask_env(
+                    {
+                        "temporary-directory": str(s.dir / "work"),
+                        "oomguard.scheduler.store": str(
+                            s.dir / f"oomguard-{self.clusters}.sqlite3"
+                        ),
+                        **(scheduler_config or {}),
+                    }
+                ),
+            },
+            log="scheduler",
+        )
+        cluster = LabCluster(
+            self,
+            address,
+            f"http://{s.ip}:{HTTP_PORT}",
+            list(workers),
+            common,
+            dict(worker_config or {}),
+            memory_limit,
+        )
         try:
             nannies = {}
             for name in workers:
                 started.append(name)
                 nannies[name] = cluster.start_nanny(name, (nworkers or {}).get(name, 1))
             running = {scheduler: sched, **nannies}
-            wait_for(lambda: self._alive(running) and _listening(s.ip, SCHEDULER_PORT),
-                     timeout, "the scheduler to listen")
+            wait_for(
+                lambda: self._alive(running) and _listening(s.ip, SCHEDULER_PORT),
+                timeout,
+                "the scheduler to listen",
+            )
             cluster.client = Client(address, timeout=timeout, set_as_default=False)
             for name in workers:
                 n = (nworkers or {}).get(name, 1)
-                wait_for(lambda name=name, n=n: self._alive(running) and len(
-                    cluster.on(name)) == n, timeout, f"{n} worker(s) on {name}")
+                wait_for(
+                    lambda name=name, n=n: self._alive(running) and len(cluster.on(name)) == n,
+                    timeout,
+                    f"{n} worker(s) on {name}",
+                )
             cluster.started = time.monotonic() - t0
             self.clusters_up.append(cluster.started)
             yield cluster
@@ -480,8 +546,10 @@ class Lab:
         """True while every process runs; otherwise fail with the dead one's log."""
         for host, proc in processes.items():
             if proc.poll() is not None:
-                raise RuntimeError(f"a process of {host} exited ({proc.returncode}) while "
-                                   f"the cluster started:\n{self.logs(30)}")
+                raise RuntimeError(
+                    f"a process of {host} exited ({proc.returncode}) while "
+                    f"the cluster started:\n{self.logs(30)}"
+                )
         return True
 
     def logs(self, lines: int = 40) -> str:
@@ -513,18 +581,43 @@ class LabCluster:
         process, as Dask runs them; names `host`, or `host-0`, `host-1`... for several).
         Also to bring a lost host back, as a supervisor would."""
         h = self.lab.hosts[host]
-        return self.lab.run(host, [
-            sys.executable, "-m", "dask", "worker", self.address, "--host", h.ip,
-            "--name", host, "--nworkers", str(nworkers), "--nthreads", "1",
-            "--memory-limit", self.memory_limit, "--no-dashboard",
-            "--preload-nanny", "oomguard.worker_plugin",
-            "--local-directory", str(h.dir / "work"),
-        ], env={**self.env, **_dask_env({
-            "oomguard.worker.crash-dir": str(h.crash_dir),
-            "oomguard.worker.admission.ledger": str(h.ledger),
-            "temporary-directory": str(h.dir / "work"),
-            **self.worker_config,
-        })}, log="nanny")
+        return self.lab.run(
+            host,
+            [
+                sys.executable,
+                "-m",
+                "dask",
+                "worker",
+                self.address,
+                "--host",
+                h.ip,
+                "--name",
+                host,
+                "--nworkers",
+                str(nworkers),
+                "--nthreads",
+                "1",
+                "--memory-limit",
+                self.memory_limit,
+                "--no-dashboard",
+                "--preload-nanny",
+                "oomguard.worker_plugin",
+                "--local-directory",
+                str(h.dir / "work"),
+            ],
+            env={
+                **self.env,
+                **_dask_env(
+                    {
+                        "oomguard.worker.crash-dir": str(h.crash_dir),
+                        "oomguard.worker.admission.ledger": str(h.ledger),
+                        "temporary-directory": str(h.dir / "work"),
+                        **self.worker_config,
+                    }
+                ),
+            },
+            log="nanny",
+        )
 
     def ip(self, host: str) -> str:
         """The host's address: as `workers=[ip]` in submit/map, a restriction to whatever
@@ -553,8 +646,11 @@ class LabCluster:
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         with opener.open(f"{self.http}/metrics", timeout=30) as r:
             text = r.read().decode()
-        return {(s.name, frozenset(s.labels.items())): s.value
-                for family in text_string_to_metric_families(text) for s in family.samples}
+        return {
+            (s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
 
     def metric(self, name: str, **labels: str) -> float | None:
         return self.metrics().get((name, frozenset(labels.items())))
@@ -564,15 +660,18 @@ class LabCluster:
         heartbeat said, which is what oomguard blames when a worker dies without a report."""
 
         def read(dask_scheduler):
-            return {a: sorted(str(ts.key) for ts in ws.executing)
-                    for a, ws in dask_scheduler.workers.items()}
+            return {
+                a: sorted(str(ts.key) for ts in ws.executing)
+                for a, ws in dask_scheduler.workers.items()
+            }
 
         return self.client.run_on_scheduler(read)
 
     def stats(self) -> dict:
         """oomguard's counters on the scheduler (deaths decided, pending, held, ...)."""
         return self.client.run_on_scheduler(
-            lambda dask_scheduler: dask_scheduler.plugins["oomguard"].metrics_snapshot())
+            lambda dask_scheduler: dask_scheduler.plugins["oomguard"].metrics_snapshot()
+        )
 
     def executing_on(self, addresses: list[str], n: int = 1, timeout: float = 120) -> dict:
         """Wait until the scheduler's view (the last heartbeats) has `n` tasks executing on
@@ -581,6 +680,7 @@ class LabCluster:
         def look():
             seen = self.executing()
             return all(len(seen.get(a, ())) == n for a in addresses) and {
-                a: seen[a] for a in addresses}
+                a: seen[a] for a in addresses
+            }
 
         return wait_for(look, timeout, f"{n} task(s) executing on each of {addresses}")

@@ -15,8 +15,9 @@ import pathlib
 import time
 
 import pytest
-from capabilities import require
 from lab import Lab
+
+from capabilities import require
 
 HOSTS = ["s", "h1", "h2", "h3", "h4"]
 ROOT_CONFTEST = pathlib.Path(__file__).resolve().parent.parent / "conftest.py"
@@ -54,12 +55,15 @@ def _timing(request, lab: Lab, seconds: float, failed: bool) -> None:
     _TOTAL["seconds"] += seconds
     _TOTAL["tests"] += 1
     up = "".join(f", cluster up in {s:.0f} s" for s in lab.clusters_up)
-    timings.append(f"  {request.node.name}: {seconds:.0f} s (network up in "
-                   f"{lab.timings.get('network up', 0):.1f} s{up}, torn down in "
-                   f"{lab.timings.get('teardown', 0):.1f} s){' FAILED' if failed else ''}")
+    timings.append(
+        f"  {request.node.name}: {seconds:.0f} s (network up in "
+        f"{lab.timings.get('network up', 0):.1f} s{up}, torn down in "
+        f"{lab.timings.get('teardown', 0):.1f} s){' FAILED' if failed else ''}"
+    )
     timings.extend(f"    {note}" for note in lab.notes)
-    total = (f"{_TOTAL['tests']} lab test(s), {len(HOSTS)} hosts each: "
-             f"{_TOTAL['seconds']:.0f} s in all")
+    total = (
+        f"{_TOTAL['tests']} lab test(s), {len(HOSTS)} hosts each: {_TOTAL['seconds']:.0f} s in all"
+    )
     if _TOTAL["listed"]:
         timings[0] = total
     else:

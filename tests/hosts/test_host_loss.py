@@ -31,8 +31,9 @@ def _by_pipeline(failures, name):
 
 def test_a_host_lost_with_its_nanny(lab):
     scheduler_config = {"oomguard.scheduler.report-grace-timeout": f"{GRACE}s"}
-    with lab.cluster("s", ["h1", "h2", "h3"], nworkers={"h3": 2},
-                     scheduler_config=scheduler_config) as cluster:
+    with lab.cluster(
+        "s", ["h1", "h2", "h3"], nworkers={"h3": 2}, scheduler_config=scheduler_config
+    ) as cluster:
         client = cluster.client
         lost = cluster.on("h3")
         assert len(lost) == 2
@@ -40,31 +41,42 @@ def test_a_host_lost_with_its_nanny(lab):
         # They may run on h3 only: a lost host's tasks wait for it to come back.
         done = str(lab.root / "done")  # the tasks below run until this file exists
         with distributed.span("victim"):
-            victims = [client.submit(lab_tasks.hold_until, f"v{i}", done,
-                                     workers=[cluster.ip("h3")], pure=False)
-                       for i in range(4)]
+            victims = [
+                client.submit(
+                    lab_tasks.hold_until, f"v{i}", done, workers=[cluster.ip("h3")], pure=False
+                )
+                for i in range(4)
+            ]
         executing = cluster.executing_on(lost)
         processing = client.processing(workers=lost)
         assert all(len(processing[a]) == 2 for a in lost), processing
         queued = {str(k) for a in lost for k in processing[a]} - {
-            k for keys in executing.values() for k in keys}
+            k for keys in executing.values() for k in keys
+        }
         assert len(queued) == 2
         # A healthy pipeline on the other hosts, running while h3 goes.
         with distributed.span("healthy"):
-            healthy = client.map(lab_tasks.sleepy, [f"ok{i}" for i in range(12)], [1.0] * 12,
-                                 workers=[cluster.ip("h1"), cluster.ip("h2")])
+            healthy = client.map(
+                lab_tasks.sleepy,
+                [f"ok{i}" for i in range(12)],
+                [1.0] * 12,
+                workers=[cluster.ip("h1"), cluster.ip("h2")],
+            )
         time.sleep(1.0)
 
         killed_at = time.time()
         pids = lab.kill_host("h3")
         failures = oomguard.Failures(client)
-        events = wait_for(lambda: len(got := failures.events()) >= 2 and got, 120,
-                          "two worker_lost events")
+        events = wait_for(
+            lambda: len(got := failures.events()) >= 2 and got, 120, "two worker_lost events"
+        )
         decided_after = time.time() - killed_at
         assert not cluster.on("h3")
-        lab.notes.append(f"h3 lost ({len(pids)} processes, 2 workers): removed "
-                         f"{max(e.time for e in events) - killed_at:.2f} s after the kill, "
-                         f"worker_lost seen {decided_after:.1f} s after it (grace {GRACE:g} s)")
+        lab.notes.append(
+            f"h3 lost ({len(pids)} processes, 2 workers): removed "
+            f"{max(e.time for e in events) - killed_at:.2f} s after the kill, "
+            f"worker_lost seen {decided_after:.1f} s after it (grace {GRACE:g} s)"
+        )
 
         # One worker_lost per worker of h3, decided only once the grace timeout was over,
         # each blamed on the one task its last heartbeat said was executing.
@@ -97,24 +109,42 @@ def test_a_host_lost_with_its_nanny(lab):
         assert m("oomguard_pipeline_aborts_total") == 0
         stats = cluster.stats()
         assert (stats["deaths"], stats["aborts"], stats["held"], stats["pending_deaths"]) == (
-            2, 0, 0, 0), stats
+            2,
+            0,
+            0,
+            0,
+        ), stats
 
 
 def test_two_hosts_lost_while_a_crasher_runs_elsewhere(lab):
     with lab.cluster("s", ["h1", "h2", "h3", "h4"]) as cluster:
         client = cluster.client
         with distributed.span("bystanders"):
-            bystanders = {h: client.submit(lab_tasks.hold_until, f"b-{h}",
-                                           str(lab.root / "done"), workers=[cluster.ip(h)],
-                                           pure=False)
-                          for h in ("h3", "h4")}
+            bystanders = {
+                h: client.submit(
+                    lab_tasks.hold_until,
+                    f"b-{h}",
+                    str(lab.root / "done"),
+                    workers=[cluster.ip(h)],
+                    pure=False,
+                )
+                for h in ("h3", "h4")
+            }
         cluster.executing_on([cluster.worker("h3"), cluster.worker("h4")])
         # A shard that segfaults every time, wherever it runs; only h1 may run it.
         with distributed.span("crash"):
-            crasher = client.submit(lab_tasks.crasher, "c", workers=[cluster.ip("h1")],
-                                    allow_other_workers=False, pure=False)
-        wait_for(lambda: client.processing(workers=[cluster.worker("h1")]).get(
-            cluster.worker("h1")), 60, "the crasher on h1")
+            crasher = client.submit(
+                lab_tasks.crasher,
+                "c",
+                workers=[cluster.ip("h1")],
+                allow_other_workers=False,
+                pure=False,
+            )
+        wait_for(
+            lambda: client.processing(workers=[cluster.worker("h1")]).get(cluster.worker("h1")),
+            60,
+            "the crasher on h1",
+        )
         # Both hosts go at once while the crasher starts (it dies half a second in).
         killed_at = time.time()
         pids = lab.kill_host("h3", "h4")
@@ -122,8 +152,9 @@ def test_two_hosts_lost_while_a_crasher_runs_elsewhere(lab):
 
         with pytest.raises(oomguard.PipelineAborted) as aborted:
             crasher.result(timeout=180)
-        lab.notes.append(f"h3 and h4 lost together; the crasher aborted "
-                         f"{time.time() - killed_at:.1f} s later")
+        lab.notes.append(
+            f"h3 and h4 lost together; the crasher aborted {time.time() - killed_at:.1f} s later"
+        )
 
         failures = oomguard.Failures(client)
         wait_for(lambda: len(failures.events(cause="worker_lost")) == 2, 60, "the lost hosts")
@@ -140,7 +171,11 @@ def test_two_hosts_lost_while_a_crasher_runs_elsewhere(lab):
         assert len({e.signature_id for e in crashes}) == 1
         e = aborted.value
         assert (e.pipeline, e.shard, e.cause, e.count) == (
-            "crash", str(crasher.key), "native_crash", 2), e.message
+            "crash",
+            str(crasher.key),
+            "native_crash",
+            2,
+        ), e.message
         assert e.signature == crashes[0].signature_id
         c = _by_pipeline(failures, "crash")
         assert (c.status, c.infra_failures) == ("aborted", 2), c
@@ -148,7 +183,8 @@ def test_two_hosts_lost_while_a_crasher_runs_elsewhere(lab):
         # The lost hosts are blamed on what ran there, and nothing was aborted for them:
         # their pipeline waits for its hosts to come back.
         assert sorted((e.shard, e.host) for e in lost) == sorted(
-            (str(f.key), cluster.ip(h)) for h, f in bystanders.items())
+            (str(f.key), cluster.ip(h)) for h, f in bystanders.items()
+        )
         assert all(e.pipeline == "bystanders" for e in lost)
         b = _by_pipeline(failures, "bystanders")
         assert (b.status, b.infra_failures, b.shards_aborted) == ("running", 2, 0), b
@@ -168,8 +204,14 @@ def test_a_host_stopped_in_order_is_not_a_death(lab):
         client = cluster.client
         done = str(lab.root / "done")
         with distributed.span("etl"):
-            fut = client.submit(lab_tasks.hold_until, "g", done, workers=[cluster.ip("h2")],
-                                allow_other_workers=True, pure=False)
+            fut = client.submit(
+                lab_tasks.hold_until,
+                "g",
+                done,
+                workers=[cluster.ip("h2")],
+                allow_other_workers=True,
+                pure=False,
+            )
         cluster.executing_on([cluster.worker("h2")])
         lab.stop_host("h2", signal.SIGTERM)
         wait_for(lambda: not cluster.on("h2"), 60, "h2's worker to leave")

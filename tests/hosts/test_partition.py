@@ -38,9 +38,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 GRACE = 5.0  # oomguard.scheduler.report-grace-timeout
 DETECTORS = {
     "tcp-timeout": {"distributed.comm.timeouts.tcp": "12s"},
-    "worker-ttl": {"distributed.scheduler.worker-ttl": "10s",
-                   "distributed.comm.timeouts.tcp": "60s",
-                   "distributed.comm.timeouts.connect": "5s"},
+    "worker-ttl": {
+        "distributed.scheduler.worker-ttl": "10s",
+        "distributed.comm.timeouts.tcp": "60s",
+        "distributed.comm.timeouts.connect": "5s",
+    },
 }
 
 
@@ -51,10 +53,17 @@ def _start(lab, cluster):
     client = cluster.client
     done = str(lab.root / "done")
     with distributed.span("etl"):
-        held = client.submit(lab_tasks.hold_until, "on-h2", done, workers=[cluster.ip("h2")],
-                             allow_other_workers=True, pure=False)
-        stream = client.map(lab_tasks.sleepy, [f"s{i}" for i in range(20)], [1.0] * 20,
-                            workers=[cluster.ip("h1")])
+        held = client.submit(
+            lab_tasks.hold_until,
+            "on-h2",
+            done,
+            workers=[cluster.ip("h2")],
+            allow_other_workers=True,
+            pure=False,
+        )
+        stream = client.map(
+            lab_tasks.sleepy, [f"s{i}" for i in range(20)], [1.0] * 20, workers=[cluster.ip("h1")]
+        )
     cluster.executing_on([cluster.worker("h2")])
     return held, stream, done
 
@@ -63,8 +72,9 @@ def _start(lab, cluster):
 def test_a_partition_longer_than_the_timeouts(lab, detector):
     config = DETECTORS[detector]
     scheduler_config = {"oomguard.scheduler.report-grace-timeout": f"{GRACE}s"}
-    with lab.cluster("s", ["h1", "h2"], config=config,
-                     scheduler_config=scheduler_config) as cluster:
+    with lab.cluster(
+        "s", ["h1", "h2"], config=config, scheduler_config=scheduler_config
+    ) as cluster:
         client = cluster.client
         failures = oomguard.Failures(client)
         w2 = cluster.worker("h2")
@@ -72,8 +82,11 @@ def test_a_partition_longer_than_the_timeouts(lab, detector):
 
         down = time.time()  # wall clock: the scheduler stamps the removal with its own
         lab.link_down("h2")
-        [lost] = wait_for(lambda: failures.events(), 120, "Dask to remove h2's worker, and "
-                          "oomguard to decide its death")
+        [lost] = wait_for(
+            lambda: failures.events(),
+            120,
+            "Dask to remove h2's worker, and oomguard to decide its death",
+        )
         decided = time.time() - down
         removed = lost.time - down  # when the scheduler removed the worker
         assert w2 not in cluster.workers()
@@ -86,15 +99,22 @@ def test_a_partition_longer_than_the_timeouts(lab, detector):
         gone = time.time() - down
         time.sleep(2 * GRACE)  # a late notice or report would have been taken by now
         assert not cluster.on("h2")
-        lab.notes.append(f"{detector}: h2's worker removed {removed:.1f} s into the "
-                         f"partition, worker_lost decided at {decided:.1f} s, link up at "
-                         f"{up - down:.1f} s, `dask worker` on h2 exited at {gone:.1f} s")
+        lab.notes.append(
+            f"{detector}: h2's worker removed {removed:.1f} s into the "
+            f"partition, worker_lost decided at {decided:.1f} s, link up at "
+            f"{up - down:.1f} s, `dask worker` on h2 exited at {gone:.1f} s"
+        )
 
         # One worker_lost, blamed on the task h2 was executing; no duplicate, no amendment.
         events = failures.events()
         assert events == [lost]
         assert (lost.cause, lost.worker, lost.host, lost.shard, lost.pipeline) == (
-            "worker_lost", w2, cluster.ip("h2"), str(held.key), "etl"), lost
+            "worker_lost",
+            w2,
+            cluster.ip("h2"),
+            str(held.key),
+            "etl",
+        ), lost
         assert lost.evidence["blame"] == "last heartbeat"
         assert "late_report" not in lost.evidence
         assert decided - removed >= GRACE  # it waited for a report that never came
@@ -105,13 +125,17 @@ def test_a_partition_longer_than_the_timeouts(lab, detector):
         assert client.gather(stream) == [f"s{i}" for i in range(20)]
         p = failures.pipeline("etl")
         assert (p.status, p.infra_failures, p.shards_aborted) == (
-            "succeeded_after_infra_failures", 1, 0), p
+            "succeeded_after_infra_failures",
+            1,
+            0,
+        ), p
         m = cluster.metric
         assert m("oomguard_worker_deaths_total", cause="worker_lost") == 1
         assert m("oomguard_pipeline_aborts_total") == 0
         metrics = cluster.metrics()
-        assert sum(v for (n, _), v in metrics.items()
-                   if n == "oomguard_reports_rejected_total") == 0
+        assert (
+            sum(v for (n, _), v in metrics.items() if n == "oomguard_reports_rejected_total") == 0
+        )
         stats = cluster.stats()
         assert (stats["deaths"], stats["held"], stats["pending_deaths"]) == (1, 0, 0), stats
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 import distributed
 import lab_tasks
 import pytest
-from capabilities import require
 from lab import wait_for
 from lab_fixtures import lab_fixture  # noqa: F401  (the `lab` fixture)
 
 import oomguard
+from capabilities import require
 from oomguard._evidence import cgroup as _cgroup
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -33,8 +33,11 @@ def _deaths_on_each_host(cluster, cause, submit):
     out = {}
     for n, host in enumerate(HOSTS, 1):
         fut = submit(host)
-        events = wait_for(lambda n=n: len(got := failures.events(cause=cause)) >= n and got,
-                          180, f"death {n} ({cause} on {host}) in the history")
+        events = wait_for(
+            lambda n=n: len(got := failures.events(cause=cause)) >= n and got,
+            180,
+            f"death {n} ({cause} on {host}) in the history",
+        )
         assert len(events) == n, events
         out[host] = (fut, events[0])  # newest first
     return out
@@ -67,8 +70,11 @@ def _assert_metrics(cluster, cause, signatures):
     assert m("oomguard_failures_total", kind="infra", cause=cause) == 3
     assert m("oomguard_worker_deaths_total", cause=cause) == 3
     # The gauges are recounted every 2 s, after the store's writes.
-    wait_for(lambda: (m("oomguard_signatures"), m("oomguard_signature_max_hosts")) == (
-        signatures, 3), 30, f"the gauges to read {signatures} signature(s), 3 hosts")
+    wait_for(
+        lambda: (m("oomguard_signatures"), m("oomguard_signature_max_hosts")) == (signatures, 3),
+        30,
+        f"the gauges to read {signatures} signature(s), 3 hosts",
+    )
     # Every report came from the nanny's own host: none refused, nothing went wrong.
     metrics = cluster.metrics()
     assert sum(v for (n, _), v in metrics.items() if n == "oomguard_reports_rejected_total") == 0
@@ -89,8 +95,14 @@ def test_the_same_oom_kill_on_three_hosts_is_one_signature(lab):
         client = cluster.client
 
         def submit(host):
-            return client.submit(lab_tasks.oom_task, host, LIMIT, workers=[cluster.ip(host)],
-                                 allow_other_workers=False, pure=False)
+            return client.submit(
+                lab_tasks.oom_task,
+                host,
+                LIMIT,
+                workers=[cluster.ip(host)],
+                allow_other_workers=False,
+                pure=False,
+            )
 
         deaths = _deaths_on_each_host(cluster, "oom_kill", submit)
         sig = _assert_one_signature(cluster, "oom_kill", deaths)
@@ -116,8 +128,9 @@ def test_the_same_segfault_on_three_hosts_is_one_signature(lab):
             # Crashes once, then its retry succeeds (on the same host's restarted worker).
             marker = str(lab.root / f"crashed-{host}")
             with distributed.span("segv"):
-                return client.submit(lab_tasks.segfault_once, host, marker,
-                                     workers=[cluster.ip(host)], pure=False)
+                return client.submit(
+                    lab_tasks.segfault_once, host, marker, workers=[cluster.ip(host)], pure=False
+                )
 
         deaths = _deaths_on_each_host(cluster, "native_crash", submit)
         sig = _assert_one_signature(cluster, "native_crash", deaths)
@@ -125,7 +138,7 @@ def test_the_same_segfault_on_three_hosts_is_one_signature(lab):
         assert sig.title.startswith("SIGSEGV in "), sig.title
         assert "segfault_once" in sig.title
         assert "Segmentation fault" in sig.example
-        for host, (fut, e) in deaths.items():
+        for host, (fut, _) in deaths.items():
             assert fut.result(timeout=120) == host
         _assert_metrics(cluster, "native_crash", signatures=1)
         assert cluster.metric("oomguard_pipeline_aborts_total") == 0

@@ -64,7 +64,10 @@ def read(path: str) -> str:
 
 
 def events_of(group: str) -> dict[str, int]:
-    return {k: int(v) for k, v in (line.split() for line in read(f"{group}/memory.events").splitlines())}
+    return {
+        k: int(v)
+        for k, v in (line.split() for line in read(f"{group}/memory.events").splitlines())
+    }
 
 
 def in_group(group: str, argv: list[str], *, container: bool) -> list[str]:
@@ -73,12 +76,19 @@ def in_group(group: str, argv: list[str], *, container: bool) -> list[str]:
     inner = argv
     if container:
         inner = [
-            "unshare", "--cgroup", "--mount", "--propagation", "private", "sh", "-c",
+            "unshare",
+            "--cgroup",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
             "umount -l /sys/fs/cgroup && mount -t cgroup2 -o ro cgroup2 /sys/fs/cgroup && "
             # /dev/kmsg takes CAP_SYSLOG, or the deprecated CAP_SYS_ADMIN: a container has neither.
             'exec setpriv --bounding-set -syslog,-sys_admin "$@"',
-            "sh", *argv,
-        ]  # fmt: skip
+            "sh",
+            *argv,
+        ]
     return ["sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$@"', "sh", *inner]
 
 
@@ -87,8 +97,10 @@ def doctor(group: str, *, container: bool) -> dict:
     runs = [
         subprocess.run(
             in_group(group, [PY, "-m", "oomguard._cli", "doctor", *flag], container=container),
-            capture_output=True, text=True, timeout=TIMEOUT,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
         for flag in (["--json"], [])
     ]
     try:
@@ -99,10 +111,22 @@ def doctor(group: str, *, container: bool) -> dict:
 
 def start_nanny(address: str, group: str, *, nworkers: int, memory_limit: int, container: bool):
     argv = [
-        PY, "-m", "distributed.cli.dask_worker", address, "--nworkers", str(nworkers),
-        "--nthreads", "1", "--memory-limit", str(memory_limit), "--no-dashboard",
-        "--preload-nanny", "oomguard.worker_plugin", "--death-timeout", "900",
-    ]  # fmt: skip
+        PY,
+        "-m",
+        "distributed.cli.dask_worker",
+        address,
+        "--nworkers",
+        str(nworkers),
+        "--nthreads",
+        "1",
+        "--memory-limit",
+        str(memory_limit),
+        "--no-dashboard",
+        "--preload-nanny",
+        "oomguard.worker_plugin",
+        "--death-timeout",
+        "900",
+    ]
     env = {**os.environ, **NANNY_ENV}
     return subprocess.Popen(in_group(group, argv, container=container), env=env)
 
@@ -170,7 +194,7 @@ def delegated(client, address: str) -> dict:
     limit = 300 * MiB
     nanny = start_nanny(address, f"{base}/nanny", nworkers=1, memory_limit=limit, container=False)
     try:
-        (worker, pid), = workers_and_pids(client, 1).items()
+        ((worker, pid),) = workers_and_pids(client, 1).items()
         group = f"{base}/oomguard-worker-{pid}"
         facts = {
             "children": sorted(n for n in os.listdir(base) if os.path.isdir(f"{base}/{n}")),
@@ -184,7 +208,11 @@ def delegated(client, address: str) -> dict:
             wait_for("the worker's group removed", lambda: not os.path.exists(group), 60)
         )
         facts["future"] = future.status
-        return {"events": events, "facts": facts, "doctor": doctor(f"{base}/nanny", container=False)}
+        return {
+            "events": events,
+            "facts": facts,
+            "doctor": doctor(f"{base}/nanny", container=False),
+        }
     finally:
         stop(nanny)
 
@@ -233,7 +261,7 @@ def oomgroup(client, address: str) -> dict:
     doc = doctor(grp, container=True)
     nanny = start_nanny(address, grp, nworkers=1, memory_limit=2**30, container=True)
     try:
-        (worker, _), = workers_and_pids(client, 1).items()
+        ((worker, _),) = workers_and_pids(client, 1).items()
         client.submit(allocate, 800 * MiB, pure=False)
         events = failures_for(client, worker)
         facts = {
@@ -263,20 +291,27 @@ def main(names: list[str]) -> int:
     from distributed import Client, LocalCluster
 
     write(f"{CG}/cgroup.subtree_control", "+memory")
-    dask.config.set({
-        "oomguard.scheduler.report-grace-timeout": "30s",
-        "distributed.comm.timeouts.connect": "300s",
-        "distributed.comm.timeouts.tcp": "300s",
-        "distributed.scheduler.worker-ttl": None,
-    })  # fmt: skip
+    dask.config.set(
+        {
+            "oomguard.scheduler.report-grace-timeout": "30s",
+            "distributed.comm.timeouts.connect": "300s",
+            "distributed.comm.timeouts.tcp": "300s",
+            "distributed.scheduler.worker-ttl": None,
+        }
+    )
     for name in names or list(SCENARIOS):
         started = time.monotonic()
         result: dict = {"scenario": name}
         try:
-            with LocalCluster(
-                n_workers=0, dashboard_address=":0", host="127.0.0.1",
-                scheduler_kwargs={"preload": ["oomguard.scheduler_plugin"]},
-            ) as cluster, Client(cluster) as client:  # fmt: skip
+            with (
+                LocalCluster(
+                    n_workers=0,
+                    dashboard_address=":0",
+                    host="127.0.0.1",
+                    scheduler_kwargs={"preload": ["oomguard.scheduler_plugin"]},
+                ) as cluster,
+                Client(cluster) as client,
+            ):
                 result.update(SCENARIOS[name](client, cluster.scheduler_address))
         except Exception as e:  # reported to the host, which fails the scenario's test
             import traceback

@@ -11,10 +11,12 @@ import os
 import sys
 
 import pytest
+
 from capabilities import require
 
 sys.path.insert(0, os.path.dirname(__file__))
 import vm  # noqa: E402
+
 from conftest import ARTIFACTS, KERNEL_TIMINGS  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3000)]

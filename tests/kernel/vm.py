@@ -60,15 +60,29 @@ def run(
     if pythonpath:  # e.g. an older checkout's src/, to show a bug before its fix
         command = f"env PYTHONPATH={pythonpath} {command}"
     argv = [
-        vng(), "--disable-kvm", "--run", kernel(), "--memory", "3G", "--cpus", "2",
-        "--exec", command,
-    ]  # fmt: skip
+        vng(),
+        "--disable-kvm",
+        "--run",
+        kernel(),
+        "--memory",
+        "3G",
+        "--cpus",
+        "2",
+        "--exec",
+        command,
+    ]
     env = {**os.environ, "PATH": f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}"}
     started = time.monotonic()
     proc = subprocess.run(
-        argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
-        timeout=timeout, env=env, cwd="/",
-    )  # fmt: skip
+        argv,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=timeout,
+        env=env,
+        cwd="/",
+    )
     seconds = time.monotonic() - started
     console = proc.stdout + "\n--- stderr ---\n" + proc.stderr
     if log_path is not None:
@@ -76,7 +90,7 @@ def run(
     results = {}
     for line in proc.stdout.splitlines():
         if line.startswith(MARK):
-            result = json.loads(line[len(MARK):])
+            result = json.loads(line[len(MARK) :])
             results[result["scenario"]] = result
     if not results:
         raise RuntimeError(f"the VM ran no scenario (exit {proc.returncode}):\n{console[-3000:]}")

@@ -58,9 +58,15 @@ def _env(venv: pathlib.Path | None = None) -> dict[str, str]:
 
 def _run(argv, cwd: pathlib.Path, timeout: float, venv: pathlib.Path | None = None):
     return subprocess.run(
-        [str(a) for a in argv], cwd=cwd, env=_env(venv), capture_output=True, text=True,
-        errors="replace", stdin=subprocess.DEVNULL, timeout=timeout,
-    )  # fmt: skip
+        [str(a) for a in argv],
+        cwd=cwd,
+        env=_env(venv),
+        capture_output=True,
+        text=True,
+        errors="replace",
+        stdin=subprocess.DEVNULL,
+        timeout=timeout,
+    )
 
 
 def _check(proc, what: str) -> None:
@@ -72,16 +78,28 @@ def _check_pip(proc, what: str) -> None:
     """`_check` for a command that downloads: where pip cannot reach the package registry
     at all, skip (fail when strict)."""
     if proc.returncode != 0:
-        require(_registry_reachable(), f"no network to the package registry ({what} failed, "
-                "and pip cannot download setuptools either)")  # fmt: skip
+        require(
+            _registry_reachable(),
+            f"no network to the package registry ({what} failed, "
+            "and pip cannot download setuptools either)",
+        )
     _check(proc, what)
 
 
 def _registry_reachable() -> bool:
     """Whether pip, as configured here, can download from its index (bypassing its cache)."""
     with tempfile.TemporaryDirectory() as dest:
-        argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir",
-                "--dest", dest, "setuptools"]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-cache-dir",
+            "--dest",
+            dest,
+            "setuptools",
+        ]
         return _run(argv, pathlib.Path(dest), 300).returncode == 0
 
 
@@ -124,8 +142,12 @@ def venv(work, dists) -> pathlib.Path:
     require(has_venv, "no venv/ensurepip module in this Python (Debian: apt install python3-venv)")
     path = work / "venv"
     _check(_run([sys.executable, "-m", "venv", path], work, 120), "python -m venv")
-    _check_pip(_run([path / "bin" / "python", "-m", "pip", "install", "--quiet", dists[1]],
-                    work, 840, path), "pip install <the wheel>")  # fmt: skip
+    _check_pip(
+        _run(
+            [path / "bin" / "python", "-m", "pip", "install", "--quiet", dists[1]], work, 840, path
+        ),
+        "pip install <the wheel>",
+    )
     return path
 
 
@@ -215,8 +237,11 @@ def test_the_oomguard_command_and_doctor_run(work, venv):
     proc = _run([oomguard, "doctor"], work, 120, venv)
     _check(proc, "oomguard doctor")
     lines = proc.stdout.strip().splitlines()
-    assert re.match(rf"oomguard doctor on \S+: Linux .*, oomguard {re.escape(VERSION)}, "
-                    r"dask \S+, distributed \S+$", lines[0]), proc.stdout  # fmt: skip
+    assert re.match(
+        rf"oomguard doctor on \S+: Linux .*, oomguard {re.escape(VERSION)}, "
+        r"dask \S+, distributed \S+$",
+        lines[0],
+    ), proc.stdout
     assert lines[1].startswith("cgroup layout: "), proc.stdout
     assert re.fullmatch(r"\d+ ok, \d+ warn, \d+ no", lines[-1]), proc.stdout
     assert "Traceback" not in proc.stderr, proc.stderr

@@ -45,9 +45,14 @@ async def flood(address: str, rate: float, seconds: float, connections: int) -> 
             else:
                 behind = max(behind, now - due)
             seq = n * connections + i
-            report = dict(template, worker=f"tcp://127.255.{seq // 60000 % 250}.{seq % 250}:{1 + seq % 60000}",
-                          time=time.time())
-            await comm.write({"op": REPORT_HANDLER, "report": msgpack.packb(report), "reply": False})
+            report = dict(
+                template,
+                worker=f"tcp://127.255.{seq // 60000 % 250}.{seq % 250}:{1 + seq % 60000}",
+                time=time.time(),
+            )
+            await comm.write(
+                {"op": REPORT_HANDLER, "report": msgpack.packb(report), "reply": False}
+            )
             n += 1
             sent[i] += 1
             second = int(time.monotonic() - start)

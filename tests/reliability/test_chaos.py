@@ -30,10 +30,10 @@ import time
 import dask
 import distributed
 import pytest
-from capabilities import require
 from distributed import Client, Nanny, Scheduler, SpecCluster
 
 import oomguard
+from capabilities import require
 from oomguard._evidence import cgroup as _cgroup
 
 pytestmark = pytest.mark.timeout(900)
@@ -145,7 +145,8 @@ class Killer(threading.Thread):
                 for addr, (pid, keys, name) in (
                     (a, v) for a, v in running.items() if isinstance(v, tuple)
                 )
-                if keys and keys[0] not in self.hit
+                if keys
+                and keys[0] not in self.hit
                 # A memory death on the largest worker means "no worker is big enough":
                 # oomguard aborts at once (issue 7). Memory chaos hits the small worker.
                 and (cause not in MEMORY or name == "small")
@@ -199,10 +200,13 @@ def cluster(tmp_path):
             name: {"cls": Nanny, "options": {"nthreads": 1, "memory_limit": limit}}
             for name, limit in (("small", LIMIT), ("big", 2 * LIMIT))
         }
-        with SpecCluster(
-            workers=spec,
-            scheduler={"cls": Scheduler, "options": {"dashboard_address": ":0"}},
-        ) as cl, Client(cl) as client:
+        with (
+            SpecCluster(
+                workers=spec,
+                scheduler={"cls": Scheduler, "options": {"dashboard_address": ":0"}},
+            ) as cl,
+            Client(cl) as client,
+        ):
             oomguard.install(client, store=str(tmp_path / "chaos.sqlite3"))
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
@@ -231,8 +235,10 @@ def test_chaos(cluster, long_run, record_figures):
         except TimeoutError:
             stuck = client.run_on_scheduler(_unfinished)
             record_figures("chaos", stuck=stuck, kills=killer.kills, done=len(results))
-            pytest.fail(f"the pipeline hung after {len(killer.kills)} deaths; unfinished "
-                        f"shards (state, restrictions, live workers): {stuck}")
+            pytest.fail(
+                f"the pipeline hung after {len(killer.kills)} deaths; unfinished "
+                f"shards (state, restrictions, live workers): {stuck}"
+            )
         del futs
     killer.stop = True
     killer.join(timeout=60)
@@ -277,7 +283,8 @@ def test_chaos(cluster, long_run, record_figures):
         "internal_errors": stats["internal_errors"],
         "shard_mismatches": [
             (k["cause"], k["shard"], [e.shard for e in by_worker[k["worker"]]])
-            for k in kills if k not in right_shard
+            for k in kills
+            if k not in right_shard
         ],
     }
     record_figures("chaos", **figures)

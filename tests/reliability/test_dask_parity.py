@@ -68,8 +68,10 @@ def workload(client, tmp, tag):
     out = {}
     # Graphs: delayed diamonds, arrays, bags; results and the final states of their tasks.
     values = [dask.delayed(inc)(i, dask_key_name=f"inc-{i}") for i in range(40)]
-    pairs = [dask.delayed(add)(a, b, dask_key_name=f"add-{i}")
-             for i, (a, b) in enumerate(zip(values, values[1:]))]
+    pairs = [
+        dask.delayed(add)(a, b, dask_key_name=f"add-{i}")
+        for i, (a, b) in enumerate(zip(values, values[1:]))
+    ]
     total = dask.delayed(sum)(pairs, dask_key_name="total")
     x = da.arange(4_000, chunks=250).reshape(40, 100)
     arr = (x + x.sum(axis=0)).mean(axis=1)
@@ -87,8 +89,12 @@ def workload(client, tmp, tag):
     tb = fut.traceback(timeout=30)
     import traceback
 
-    out["exception"] = (type(exc).__name__, str(exc), fut.status,
-                        [f.name for f in traceback.extract_tb(tb)][-1])
+    out["exception"] = (
+        type(exc).__name__,
+        str(exc),
+        fut.status,
+        [f.name for f in traceback.extract_tb(tb)][-1],
+    )
     # Retries: enough of them succeed; too few fail with the task's own exception.
     for name, retries, fails in (("enough", 2, 2), ("too-few", 1, 2)):
         d = tmp / f"{tag}-{name}"
@@ -111,10 +117,18 @@ def workload(client, tmp, tag):
 
 @pytest.fixture
 def cluster():
-    with dask.config.set({"oomguard.scheduler.report-grace-timeout": "1s",
-                          "distributed.scheduler.allowed-failures": 1}):
-        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                          dashboard_address=":0") as cl, Client(cl) as client:
+    with dask.config.set(
+        {
+            "oomguard.scheduler.report-grace-timeout": "1s",
+            "distributed.scheduler.allowed-failures": 1,
+        }
+    ):
+        with (
+            LocalCluster(
+                n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+            ) as cl,
+            Client(cl) as client,
+        ):
             yield cl, client
 
 

@@ -40,10 +40,21 @@ pytestmark = pytest.mark.timeout(600)
 DEFAULT_CASES = 2_500
 LONG_CASES = 25_000
 
-VALID = build_report(**{**EXAMPLE_ARGS, "executing": [
-    {"key": "('shard', 1)", "prefix": "shard", "start": 1.0, "thread": 7,
-     "stack": [["/app/shard.py", 3, "load"]], "stack_time": 1.5}
-]})
+VALID = build_report(
+    **{
+        **EXAMPLE_ARGS,
+        "executing": [
+            {
+                "key": "('shard', 1)",
+                "prefix": "shard",
+                "start": 1.0,
+                "thread": 7,
+                "stack": [["/app/shard.py", 3, "load"]],
+                "stack_time": 1.5,
+            }
+        ],
+    }
+)
 
 _atoms = (
     st.none()
@@ -55,8 +66,10 @@ _atoms = (
 )
 _nested = st.recursive(
     _atoms,
-    lambda inner: st.lists(inner, max_size=8)
-    | st.dictionaries(st.text(max_size=20) | st.integers(), inner, max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=8)
+        | st.dictionaries(st.text(max_size=20) | st.integers(), inner, max_size=8)
+    ),
     max_leaves=40,
 )
 # What msgpack can carry (no NaN-specific issues: msgpack carries them).
@@ -70,16 +83,25 @@ _wire_atoms = (
 )
 _wire = st.recursive(
     _wire_atoms,
-    lambda inner: st.lists(inner, max_size=8) | st.dictionaries(st.text(max_size=20), inner, max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=8) | st.dictionaries(st.text(max_size=20), inner, max_size=8)
+    ),
     max_leaves=40,
 )
 _FIELDS = sorted(VALID)
-_TRACE_BITS = st.sampled_from([
-    'Traceback (most recent call last):\n', '  File "/home/alice/app/x.py", line 3, in f\n',
-    "Fatal Python error: Segmentation fault\n\n", "Current thread 0x00007f00 (most recent call first):\n",
-    '  File "<script>alert(1)</script>", line 1 in g\n', "ValueError: <b>bad</b>\n",
-    "Thread 0x0000000000000001 (most recent call first):\n", "\x00\ud800\n", "    raise X\n",
-])
+_TRACE_BITS = st.sampled_from(
+    [
+        "Traceback (most recent call last):\n",
+        '  File "/home/alice/app/x.py", line 3, in f\n',
+        "Fatal Python error: Segmentation fault\n\n",
+        "Current thread 0x00007f00 (most recent call first):\n",
+        '  File "<script>alert(1)</script>", line 1 in g\n',
+        "ValueError: <b>bad</b>\n",
+        "Thread 0x0000000000000001 (most recent call first):\n",
+        "\x00\ud800\n",
+        "    raise X\n",
+    ]
+)
 _traceish = st.lists(_TRACE_BITS | st.text(max_size=80), max_size=40).map("".join)
 
 
@@ -109,7 +131,12 @@ CHUNK = 500
 
 
 def run_fuzz(cases: int) -> dict[str, int]:
-    counts = {"decode_bytes": [0], "decode_msgpack": [0], "validate_field": [0], "fingerprint": [0]}
+    counts = {
+        "decode_bytes": [0],
+        "decode_msgpack": [0],
+        "validate_field": [0],
+        "fingerprint": [0],
+    }
 
     @_fuzz(min(cases, CHUNK))
     @given(st.binary(max_size=4000))
@@ -192,7 +219,10 @@ def hostile_payloads(marker: str) -> dict[str, tuple[bytes | object, str]]:
     r = lambda **over: msgpack.packb({**VALID, **over}, use_bin_type=True)  # noqa: E731
     return {
         "oversized-host": (r(host="h" * 257), "too_large"),
-        "oversized-crash-10mb": (r(crash={"signal": "SIGSEGV", "text": "x" * 10 * 2**20}), "too_large"),
+        "oversized-crash-10mb": (
+            r(crash={"signal": "SIGSEGV", "text": "x" * 10 * 2**20}),
+            "too_large",
+        ),
         "oversized-executing": (r(executing=VALID["executing"] * 1000), "too_large"),
         "oversized-evidence-keys": (r(evidence={f"k{i}": i for i in range(500)}), "too_large"),
         "deep-msgpack-100k": (_nest(100_000), "too_deep"),
@@ -218,22 +248,32 @@ def hostile_payloads(marker: str) -> dict[str, tuple[bytes | object, str]]:
 HOSTILE_TRACE = (
     "Fatal Python error: Segmentation fault\n\n"
     "Current thread 0x00007f1c2a3b4700 (most recent call first):\n"
-    '  File "/home/alice/proj/<script>alert(\'x\')</script>.py", line 7 in <img src=x onerror=alert(1)>\n'
+    "  File \"/home/alice/proj/<script>alert('x')</script>.py\", line 7 in <img src=x onerror=alert(1)>\n"
     '  File "/Users/bob/work/shardapp/core.py", line 88 in decode_shard\n'
     '  File "/home/alice/.venv/lib/python3.11/site-packages/distributed/worker.py", line 2990 in execute\n'
 )
 
 
 def _hostile_crash_report() -> bytes:
-    report = build_report(**{
-        **EXAMPLE_ARGS,
-        "worker": "tcp://127.0.0.9:4001",
-        "exitcode": -11,
-        "crash_text": HOSTILE_TRACE,
-        "time": time.time(),
-        "executing": [{"key": "('<b>shard</b>', 1)", "prefix": "<i>p</i>", "start": 1.0,
-                       "thread": 1, "stack": None, "stack_time": None}],
-    })
+    report = build_report(
+        **{
+            **EXAMPLE_ARGS,
+            "worker": "tcp://127.0.0.9:4001",
+            "exitcode": -11,
+            "crash_text": HOSTILE_TRACE,
+            "time": time.time(),
+            "executing": [
+                {
+                    "key": "('<b>shard</b>', 1)",
+                    "prefix": "<i>p</i>",
+                    "start": 1.0,
+                    "thread": 1,
+                    "stack": None,
+                    "stack_time": None,
+                }
+            ],
+        }
+    )
     assert report["cause"] == "native_crash"
     return encode(report)
 
@@ -242,10 +282,16 @@ def _hostile_crash_report() -> bytes:
 def scheduler(tmp_path):
     with dask.config.set({"oomguard.scheduler.report-grace-timeout": "300ms"}):
         # tcp, not inproc: the sender check needs a real peer address.
-        with LocalCluster(n_workers=0, processes=False, protocol="tcp", host="127.0.0.1",
-                          dashboard_address=":0") as cl, Client(
-            cl
-        ) as client:
+        with (
+            LocalCluster(
+                n_workers=0,
+                processes=False,
+                protocol="tcp",
+                host="127.0.0.1",
+                dashboard_address=":0",
+            ) as cl,
+            Client(cl) as client,
+        ):
             oomguard.install(client, store=str(tmp_path / "hostile.sqlite3"))
             yield cl, client
 
@@ -265,7 +311,11 @@ def test_hostile_reports_over_the_wire(scheduler, tmp_path, record_figures):
     answers = client.sync(_send_all, cl.scheduler_address, {k: v[0] for k, v in cases.items()})
     # The handler only queues bytes (refusing non-bytes at once); a thread validates them
     # and counts each refusal by reason.
-    assert answers.pop("not-bytes") == {"status": "rejected", "reason": "wrong_type", "field": "report"}
+    assert answers.pop("not-bytes") == {
+        "status": "rejected",
+        "reason": "wrong_type",
+        "field": "report",
+    }
     assert all(a == {"status": "queued"} for a in answers.values()), answers
     want = collections.Counter(reason for _, reason in cases.values())
 
@@ -286,8 +336,9 @@ def test_hostile_reports_over_the_wire(scheduler, tmp_path, record_figures):
     # sends from loopback, so one for a worker at 10.0.0.5 is refused, one for a worker
     # on this machine is taken.
     local = msgpack.packb({**VALID, "worker": "tcp://127.0.0.1:40001"})
-    ok = client.sync(_send_all, cl.scheduler_address, {"forged": msgpack.packb(VALID),
-                                                       "ok": local})
+    ok = client.sync(
+        _send_all, cl.scheduler_address, {"forged": msgpack.packb(VALID), "ok": local}
+    )
     assert ok == {"forged": {"status": "queued"}, "ok": {"status": "queued"}}
     deadline = time.monotonic() + 10
     while snapshot()["reports"] < 1 and time.monotonic() < deadline:
@@ -307,21 +358,26 @@ def test_hostile_exit_notices_over_the_wire(scheduler):
     field is checked and named, and only the worker's own host may send one."""
     cl, client = scheduler
     worker = "tcp://127.0.0.1:40002"
-    answers = client.sync(_notices, cl.scheduler_address, [
-        {"worker": 7, "requested": True},
-        {"worker": worker, "requested": "yes"},
-        {"worker": worker, "requested": 1},
-        {"worker": worker, "requested": True, "pid": -3},
-        {"worker": worker, "requested": True, "pid": "12"},
-        {"worker": "tcp://10.0.0.5:40002", "requested": True, "pid": 12},
-        {"worker": worker, "requested": True, "pid": 12},
-        {"worker": worker},  # no `requested`: not requested, the safe side
-    ])  # fmt: skip
+    answers = client.sync(
+        _notices,
+        cl.scheduler_address,
+        [
+            {"worker": 7, "requested": True},
+            {"worker": worker, "requested": "yes"},
+            {"worker": worker, "requested": 1},
+            {"worker": worker, "requested": True, "pid": -3},
+            {"worker": worker, "requested": True, "pid": "12"},
+            {"worker": "tcp://10.0.0.5:40002", "requested": True, "pid": 12},
+            {"worker": worker, "requested": True, "pid": 12},
+            {"worker": worker},  # no `requested`: not requested, the safe side
+        ],
+    )
     fields = [a.get("field") for a in answers]
     assert fields == ["worker", "requested", "requested", "pid", "pid", "worker", None, None]
     assert [a["status"] for a in answers[-2:]] == ["ok", "ok"]
     stats = client.run_on_scheduler(
-        lambda dask_scheduler: dask_scheduler.plugins["oomguard"].metrics_snapshot())
+        lambda dask_scheduler: dask_scheduler.plugins["oomguard"].metrics_snapshot()
+    )
     assert stats["rejected"].get("wrong_type") == 5
     assert stats["rejected"].get("unknown_sender") == 1
     assert stats["internal_errors"] == 0
@@ -348,8 +404,11 @@ def test_html_and_user_names_in_a_trace(scheduler):
     from oomguard._cli.demo_run import DemoResult
     from oomguard.scheduler_plugin import _dashboard, _dashboard_data
 
-    page = render_html(DemoResult(memory_cause="oom_kill", kernel_oom=True, events=[event],
-                                  signatures=[sig], status=None))
+    page = render_html(
+        DemoResult(
+            memory_cause="oom_kill", kernel_oom=True, events=[event], signatures=[sig], status=None
+        )
+    )
     for raw in ("<script>", "<img", "<b>shard</b>", "<i>p</i>"):
         assert raw not in page, raw
     assert "<img src=x onerror=alert(1)>" in sig.example  # stored as text, as it was
@@ -360,6 +419,8 @@ def test_html_and_user_names_in_a_trace(scheduler):
     assert "self.detail = PreText(" in inspect.getsource(_dashboard.OomguardPage.__init__)
     # /metrics carries no trace text or key at all.
     port = cl.scheduler.http_server.port
-    metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    metrics = (
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    )
     for raw in ("alert(", "onerror", "<b>", "decode_shard"):
         assert raw not in metrics, raw

@@ -38,10 +38,24 @@ def _start_scheduler(tmp_path, store, tag):
         "DASK_DISTRIBUTED__SCHEDULER__WORK_STEALING": "False",
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-         "--port", "0", "--dashboard-address", ":0", "--scheduler-file", str(sched_file),
-         "--preload", "oomguard.scheduler_plugin"],
-        env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"scheduler-{tag}.log", "w"),
+        [
+            sys.executable,
+            "-m",
+            "distributed.cli.dask_scheduler",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--dashboard-address",
+            ":0",
+            "--scheduler-file",
+            str(sched_file),
+            "--preload",
+            "oomguard.scheduler_plugin",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / f"scheduler-{tag}.log", "w"),
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -76,8 +90,11 @@ async def _stream_and_kill(address, proc, min_acked, max_seconds):
         await _events(address)  # the plugin is up
         while True:
             for _ in range(20):
-                report = dict(template, worker=f"tcp://127.9.{sent // 250 % 250}.{sent % 250}:4000",
-                              time=time.time())
+                report = dict(
+                    template,
+                    worker=f"tcp://127.9.{sent // 250 % 250}.{sent % 250}:4000",
+                    time=time.time(),
+                )
                 try:
                     await getattr(s, REPORT_HANDLER)(report=msgpack.packb(report))
                 except Exception:

@@ -28,11 +28,33 @@ def test_scale_run_decides_each_death_once(tmp_path, record_figures):
     out = tmp_path / "scale.json"
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--workers", "40", "--hosts", "5",
-         "--tasks", "2000", "--pipelines", "10", "--deaths", str(DEATHS),
-         "--task-ms", "20", "80", "--idle", "1", "--json", str(out)],
-        capture_output=True, text=True, timeout=240, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(BENCH),
+            "--quick",
+            "--workers",
+            "40",
+            "--hosts",
+            "5",
+            "--tasks",
+            "2000",
+            "--pipelines",
+            "10",
+            "--deaths",
+            str(DEATHS),
+            "--task-ms",
+            "20",
+            "80",
+            "--idle",
+            "1",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     took = time.monotonic() - started
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     rounds = json.loads(out.read_text())["rounds"]
@@ -50,5 +72,10 @@ def test_scale_run_decides_each_death_once(tmp_path, record_figures):
     assert check["reports"] == {"queued": DEATHS}
     assert (check["aborts"], check["overflow"], check["internal_errors"]) == (0, 0, 0)
     assert check["refused"] == {}
-    record_figures("scale", seconds=round(took, 1), events=check["events"],
-                   deaths=check["deaths"], causes=check["causes"])  # fmt: skip
+    record_figures(
+        "scale",
+        seconds=round(took, 1),
+        events=check["events"],
+        deaths=check["deaths"],
+        causes=check["causes"],
+    )

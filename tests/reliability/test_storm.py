@@ -70,7 +70,10 @@ def _flood(address, rate, seconds):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     out = subprocess.run(
         [sys.executable, str(FLOOD), address, str(rate), str(seconds), "16"],
-        capture_output=True, text=True, timeout=seconds * 6 + 60, env=env,
+        capture_output=True,
+        text=True,
+        timeout=seconds * 6 + 60,
+        env=env,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -108,9 +111,16 @@ def test_report_storm(tmp_path, long_run, record_figures):
     # same flood on this machine now (a loaded machine slows Dask itself).
     lag_limit = max(LAG_P99_MAX, 3 * plain_lag_p99)
     with dask.config.set({"distributed.scheduler.work-stealing": False}):
-        with LocalCluster(
-            n_workers=0, processes=False, host="127.0.0.1", protocol="tcp", dashboard_address=":0"
-        ) as cl, Client(cl) as client:
+        with (
+            LocalCluster(
+                n_workers=0,
+                processes=False,
+                host="127.0.0.1",
+                protocol="tcp",
+                dashboard_address=":0",
+            ) as cl,
+            Client(cl) as client,
+        ):
             oomguard.install(client, store=str(tmp_path / "storm.sqlite3"))
             plugin = cl.scheduler.plugins["oomguard"]
             probe = LoopProbe()

@@ -13,8 +13,8 @@ from distributed import Client, LocalCluster
 
 import oomguard
 from oomguard import FailureEvent, PipelineStatus
-from oomguard._client import filters as _filters
 from oomguard._cli import main
+from oomguard._client import filters as _filters
 from oomguard._client.results import EventList, PipelineList, SignatureList
 
 NOW = time.time()  # reset when the history is stored (the `cluster` fixture)
@@ -36,24 +36,46 @@ def cluster(tmp_path_factory):
     global NOW
     NOW = time.time()
     store = tmp_path_factory.mktemp("api") / "failures.sqlite3"
-    with LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as cluster, \
-            Client(cluster) as client:  # fmt: skip
+    with (
+        LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
         oomguard.install(client, store=str(store))
         plugin = cluster.scheduler.plugins["oomguard"]
         for i, (cause, shard, pipeline, sig, hours) in enumerate(HISTORY):
-            plugin.store.add(FailureEvent(
-                kind="user" if cause == "exception" else "infra", cause=cause, shard=shard,
-                pipeline=pipeline, worker=f"tcp://10.0.0.{i}:4000", host=f"10.0.0.{i}",
-                signature_id=sig, signature_title=f"{cause} in load", attempt=1,
-                evidence={"summary": "x" * 1000}, time=NOW - hours * 3600,
-            ))  # fmt: skip
-        for name, started, state in (("etl", NOW - 4 * 3600, "succeeded"),
-                                     ("etl", NOW - 3 * 3600, "aborted"),
-                                     ("backfill", NOW - 3600, "running")):  # fmt: skip
-            plugin.store.upsert_pipeline(PipelineStatus(
-                name=name, status=state, shards_done=1, shards_failed=0, shards_aborted=0,
-                infra_failures=0, user_failures=0, summary="", started=started,
-            ))  # fmt: skip
+            plugin.store.add(
+                FailureEvent(
+                    kind="user" if cause == "exception" else "infra",
+                    cause=cause,
+                    shard=shard,
+                    pipeline=pipeline,
+                    worker=f"tcp://10.0.0.{i}:4000",
+                    host=f"10.0.0.{i}",
+                    signature_id=sig,
+                    signature_title=f"{cause} in load",
+                    attempt=1,
+                    evidence={"summary": "x" * 1000},
+                    time=NOW - hours * 3600,
+                )
+            )
+        for name, started, state in (
+            ("etl", NOW - 4 * 3600, "succeeded"),
+            ("etl", NOW - 3 * 3600, "aborted"),
+            ("backfill", NOW - 3600, "running"),
+        ):
+            plugin.store.upsert_pipeline(
+                PipelineStatus(
+                    name=name,
+                    status=state,
+                    shards_done=1,
+                    shards_failed=0,
+                    shards_aborted=0,
+                    infra_failures=0,
+                    user_failures=0,
+                    summary="",
+                    started=started,
+                )
+            )
         assert plugin.store.flush()
         yield cluster, client
 
@@ -70,8 +92,10 @@ def test_the_repr_names_the_scheduler_and_counts_the_history(cluster, failures):
 
 
 def test_the_repr_of_an_unreachable_history_is_still_one_line_and_quick():
-    with LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as cl, \
-            Client(cl) as client:  # fmt: skip
+    with (
+        LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as cl,
+        Client(cl) as client,
+    ):
         address = client.scheduler.address
         start = time.monotonic()
         text = repr(oomguard.Failures(client))  # no oomguard on this scheduler
@@ -151,8 +175,7 @@ def test_a_misspelt_cause_suggests_the_right_one(failures):
 
 
 def test_the_cli_refuses_the_same_values(capsys):
-    for argv in (["--cause", "oom"], ["--kind", "system"], ["--limit", "-5"],
-                 ["--since", "soon"]):  # fmt: skip
+    for argv in (["--cause", "oom"], ["--kind", "system"], ["--limit", "-5"], ["--since", "soon"]):
         with pytest.raises(SystemExit) as info:
             main(["report", "--store", "/nonexistent", *argv])
         assert info.value.code == 2, argv
@@ -203,10 +226,19 @@ def test_one_check_serves_the_api_and_the_command_line(capsys, flag, check, opti
     assert cli.startswith(f"report: error: argument {flag}: {value!r} "), cli
     assert api.startswith(f"{flag[2:]}={value!r} "), api
     assert cli.split(f"{value!r} ", 1)[1] == api.split(f"{value!r} ", 1)[1].replace(
-        " or None for no limit", "")
+        " or None for no limit", ""
+    )
 
 
 def test_the_report_of_an_unknown_pipeline_from_a_scheduler_says_none(cluster, capsys):
-    code = main(["report", "--scheduler", cluster[1].scheduler.address, "--pipelines",
-                 "--pipeline", "typo"])  # fmt: skip
+    code = main(
+        [
+            "report",
+            "--scheduler",
+            cluster[1].scheduler.address,
+            "--pipelines",
+            "--pipeline",
+            "typo",
+        ]
+    )
     assert code == 0, capsys.readouterr().err

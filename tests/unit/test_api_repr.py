@@ -12,8 +12,8 @@ import re
 import sys
 
 import pytest
-from capabilities import require
 
+from capabilities import require
 from oomguard import FailureEvent, PipelineStatus, SignatureRow
 from oomguard._client.results import EventList, PipelineList, SignatureList
 
@@ -34,42 +34,62 @@ EVIDENCE = {
     "likely_culprit": "('load-0a1b2c3d4e5f60718293a4b5c6d7e8f9', 17)",
     "stack": ["shardapp/core.py:88 load_shard", "numpy/core/_methods.py:41 _sum"] * 4,
     "summary": "the kernel OOM-killed the worker: oom_kill counted in its cgroup, peak "
-               "1.02 GiB of a 1 GiB limit, sampled RSS 986.3 MiB 500 ms before",
+    "1.02 GiB of a 1 GiB limit, sampled RSS 986.3 MiB 500 ms before",
 }
 
 
 def event(**changes) -> FailureEvent:
     fields = dict(
-        kind="infra", cause="oom_kill", shard="('load-0a1b', 17)", pipeline="etl",
-        worker="tcp://10.0.3.11:40211", host="10.0.3.11", signature_id="6d4c109d5cf8c83f",
-        signature_title="oom_kill in shardapp.core.load_shard ← run", evidence=EVIDENCE,
-        attempt=2, time=T, id=41,
-    )  # fmt: skip
+        kind="infra",
+        cause="oom_kill",
+        shard="('load-0a1b', 17)",
+        pipeline="etl",
+        worker="tcp://10.0.3.11:40211",
+        host="10.0.3.11",
+        signature_id="6d4c109d5cf8c83f",
+        signature_title="oom_kill in shardapp.core.load_shard ← run",
+        evidence=EVIDENCE,
+        attempt=2,
+        time=T,
+        id=41,
+    )
     fields.update(changes)
     return FailureEvent(**fields)
 
 
 def signature(**changes) -> SignatureRow:
     fields = dict(
-        id="6d4c109d5cf8c83f", title="oom_kill in shardapp.core.load_shard ← run",
-        grouping_version=1, count=3, first_seen=T - 3600, last_seen=T,
-        hosts=["10.0.3.11", "10.0.3.12"], workers=["tcp://10.0.3.11:40211"],
-        shards=["('load-0a1b', 17)"], pipelines=["etl"], causes=["oom_kill"],
+        id="6d4c109d5cf8c83f",
+        title="oom_kill in shardapp.core.load_shard ← run",
+        grouping_version=1,
+        count=3,
+        first_seen=T - 3600,
+        last_seen=T,
+        hosts=["10.0.3.11", "10.0.3.12"],
+        workers=["tcp://10.0.3.11:40211"],
+        shards=["('load-0a1b', 17)"],
+        pipelines=["etl"],
+        causes=["oom_kill"],
         example="Traceback (most recent call last):\n  ...",
-    )  # fmt: skip
+    )
     fields.update(changes)
     return SignatureRow(**fields)
 
 
 def status(**changes) -> PipelineStatus:
     fields = dict(
-        name="etl", status="aborted", shards_done=12, shards_failed=0, shards_aborted=3,
-        infra_failures=2, user_failures=0,
+        name="etl",
+        status="aborted",
+        shards_done=12,
+        shards_failed=0,
+        shards_aborted=3,
+        infra_failures=2,
+        user_failures=0,
         summary="aborted: shard ('load-0a1b', 17) was OOM-killed by the kernel twice.",
         abort_reason="oomguard aborted pipeline 'etl' because shard ('load-0a1b', 17) failed "
-                     "2 times: its worker was OOM-killed by the kernel each time.",
+        "2 times: its worker was OOM-killed by the kernel each time.",
         started=T - 60,
-    )  # fmt: skip
+    )
     fields.update(changes)
     return PipelineStatus(**fields)
 
@@ -85,8 +105,10 @@ def test_an_event_repr_is_one_short_line_with_a_readable_time_and_no_evidence():
     for part in ("oom_kill", "('load-0a1b', 17)", "etl", "tcp://10.0.3.11:40211"):
         assert part in text, (part, text)
     assert str(T) not in text and "peak_bytes" not in text
-    assert text == ("<FailureEvent 2026-05-01 14:03:07 oom_kill shard=('load-0a1b', 17) "
-                    "attempt=2 pipeline=etl worker=tcp://10.0.3.11:40211>")  # fmt: skip
+    assert text == (
+        "<FailureEvent 2026-05-01 14:03:07 oom_kill shard=('load-0a1b', 17) "
+        "attempt=2 pipeline=etl worker=tcp://10.0.3.11:40211>"
+    )
 
 
 def test_a_user_event_says_it_is_one_and_an_unknown_pipeline_shows_as_such():
@@ -96,11 +118,15 @@ def test_a_user_event_says_it_is_one_and_an_unknown_pipeline_shows_as_such():
 
 def test_signature_and_pipeline_reprs_are_one_short_line():
     s = repr(signature())
-    assert s == ("<SignatureRow 6d4c109d5cf8c83f 'oom_kill in shardapp.core.load_shard ← run' "
-                 "count=3 hosts=2 causes=oom_kill last 2026-05-01 14:03:07>"), s  # fmt: skip
+    assert s == (
+        "<SignatureRow 6d4c109d5cf8c83f 'oom_kill in shardapp.core.load_shard ← run' "
+        "count=3 hosts=2 causes=oom_kill last 2026-05-01 14:03:07>"
+    ), s
     p = repr(status())
-    assert p == ("<PipelineStatus etl aborted started 2026-05-01 14:02:07 done=12 failed=0 "
-                 "aborted=3 infra=2 user=0>"), p  # fmt: skip
+    assert p == (
+        "<PipelineStatus etl aborted started 2026-05-01 14:02:07 done=12 failed=0 "
+        "aborted=3 infra=2 user=0>"
+    ), p
     assert "started ?" in repr(status(started=0.0))  # 0.0: a run stored before runs had a time
 
 
@@ -202,11 +228,14 @@ def test_html_tables_for_events_signatures_and_pipelines():
 
 def test_html_escapes_every_value():
     hostile = "<script>alert('x')</script>&\"'"
-    rows = EventList([event(shard=hostile, pipeline=hostile, worker=hostile,
-                            signature_title=hostile)])  # fmt: skip
-    for page in (rows._repr_html_(), SignatureList([signature(title=hostile, hosts=[hostile])])
-                 ._repr_html_(), PipelineList([status(name=hostile, summary=hostile,
-                                                      abort_reason=hostile)])._repr_html_()):
+    rows = EventList(
+        [event(shard=hostile, pipeline=hostile, worker=hostile, signature_title=hostile)]
+    )
+    for page in (
+        rows._repr_html_(),
+        SignatureList([signature(title=hostile, hosts=[hostile])])._repr_html_(),
+        PipelineList([status(name=hostile, summary=hostile, abort_reason=hostile)])._repr_html_(),
+    ):
         assert "<script>" not in page and "alert('x')" not in page, page
         assert "&lt;script&gt;" in page
         # Every attribute value is quoted and escaped: no stray quote closes one early.
@@ -240,14 +269,17 @@ def test_the_tables_are_well_formed_html(artifacts_dir):
 
     hostile = "<b>x</b> & 'y'"
     pages = [
-        EventList([event(), event(shard=HUGE_PREFIX + "', 17)", pipeline=hostile)],
-                  "newest first")._repr_html_(),
-        SignatureList([signature(), signature(id="0be3a1f27c9d4e55", title=hostile)])
-        ._repr_html_(),
-        PipelineList([status(), status(name="backfill", status="running", started=0.0)])
-        ._repr_html_(),
+        EventList(
+            [event(), event(shard=HUGE_PREFIX + "', 17)", pipeline=hostile)], "newest first"
+        )._repr_html_(),
+        SignatureList(
+            [signature(), signature(id="0be3a1f27c9d4e55", title=hostile)]
+        )._repr_html_(),
+        PipelineList(
+            [status(), status(name="backfill", status="running", started=0.0)]
+        )._repr_html_(),
         EventList([])._repr_html_(),
-    ]  # fmt: skip
+    ]
     for page in pages:
         parser = Balance()
         parser.feed(page)
@@ -255,7 +287,8 @@ def test_the_tables_are_well_formed_html(artifacts_dir):
         assert parser.open == [], parser.open
     # What a notebook shows, kept for a look (CI keeps artifacts/).
     (artifacts_dir / "notebook-tables.html").write_text(
-        "<!doctype html><meta charset='utf-8'><body>" + "<br>".join(pages), encoding="utf-8")
+        "<!doctype html><meta charset='utf-8'><body>" + "<br>".join(pages), encoding="utf-8"
+    )
 
 
 def test_an_empty_table_says_so():
@@ -286,6 +319,7 @@ def test_to_pandas_gives_one_row_per_item_with_real_times():
 
     require(importlib.util.find_spec("pandas"), "pandas is not installed (the test extra has it)")
     import pandas as pd
+
     df = events(3).to_pandas()
     assert list(df.columns[:4]) == ["kind", "cause", "shard", "pipeline"]
     assert len(df) == 3 and df["shard"].tolist() == [f"('load-0a1b', {i})" for i in range(3)]

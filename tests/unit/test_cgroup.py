@@ -8,8 +8,8 @@ import shutil
 
 import msgpack
 import pytest
-from capabilities import require
 
+from capabilities import require
 from oomguard import CgroupError
 from oomguard._evidence import cgroup as _cgroup
 from oomguard._evidence.cgroup import (
@@ -31,8 +31,10 @@ K8S_POD = (
     "sys/fs/cgroup/kubepods.slice/kubepods-burstable.slice/"
     "kubepods-burstable-pod5f1c7e2a_3b9d_4c0e_9a57_2d1f6b0c8e11.slice"
 )
-K8S_CTR = K8S_POD + "/cri-containerd-" + (
-    "8e0f3b1a9c2d4e5f6a7b8c9d0e1f2a3b4c5d6e7f8a9b0c1d2e3f4a5b6c7d8e9f.scope"
+K8S_CTR = (
+    K8S_POD
+    + "/cri-containerd-"
+    + ("8e0f3b1a9c2d4e5f6a7b8c9d0e1f2a3b4c5d6e7f8a9b0c1d2e3f4a5b6c7d8e9f.scope")
 )
 
 
@@ -244,7 +246,10 @@ GLOBAL_6 = (
         (MEMCG_6, {5554: ("python", 68224 * 1024, "memcg")}),
         (f"[  417.474986] {MEMCG_6}", {5554: ("python", 68224 * 1024, "memcg")}),
         (f"3,1042,417474986,-;{MEMCG_6}", {5554: ("python", 68224 * 1024, "memcg")}),
-        (f"Jan 01 00:00:00 node kernel: {GLOBAL_6}", {812: ("dask worker", 8000000 * 1024, "global")}),
+        (
+            f"Jan 01 00:00:00 node kernel: {GLOBAL_6}",
+            {812: ("dask worker", 8000000 * 1024, "global")},
+        ),
         (
             "Out of memory (oom_kill_allocating_task): Killed process 9 (a) total-vm:1kB, anon-rss:2kB",
             {9: ("a", 2048, "global")},
@@ -458,16 +463,19 @@ def _stat(state="S", flags=0x400100, pending=0, comm="python (x) y"):
     return f"42 ({comm}) " + " ".join(rest + ["0"] * 21) + "\n"
 
 
-@pytest.mark.parametrize("stat, running", [
-    (_stat(), True),
-    (_stat(state="R", comm="a) b (c"), True),  # a comm with ")" and spaces
-    (_stat(state="Z"), False),
-    (_stat(state="X"), False),
-    (_stat(flags=0x400104), False),  # PF_EXITING: in do_exit()
-    (_stat(pending=1 << 8), False),  # SIGKILL pending: the OOM killer has sent it
-    (_stat(pending=1 << 14), True),  # SIGTERM pending is no sign of dying
-    ("42 (short) S 1\n", False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "stat, running",
+    [
+        (_stat(), True),
+        (_stat(state="R", comm="a) b (c"), True),  # a comm with ")" and spaces
+        (_stat(state="Z"), False),
+        (_stat(state="X"), False),
+        (_stat(flags=0x400104), False),  # PF_EXITING: in do_exit()
+        (_stat(pending=1 << 8), False),  # SIGKILL pending: the OOM killer has sent it
+        (_stat(pending=1 << 14), True),  # SIGTERM pending is no sign of dying
+        ("42 (short) S 1\n", False),
+    ],
+)
 def test_process_running_reads_state_flags_and_pending_sigkill(tmp_path, stat, running):
     (tmp_path / "proc" / "42").mkdir(parents=True)
     (tmp_path / "proc" / "42" / "stat").write_text(stat)

@@ -8,12 +8,11 @@ import sys
 import textwrap
 
 import pytest
-from capabilities import require
 from hypothesis import given
 from hypothesis import strategies as st
 
+from capabilities import require
 from oomguard import Cause
-from oomguard._words import evidence_summary
 from oomguard._evidence.classify import (
     DeathFacts,
     classify,
@@ -22,6 +21,7 @@ from oomguard._evidence.classify import (
     explain,
 )
 from oomguard._evidence.facts import evidence, facts_from
+from oomguard._words import evidence_summary
 
 KILL, TERM = -signal.SIGKILL, -signal.SIGTERM
 SEGV, ABRT, BUS, FPE, ILL = (
@@ -50,7 +50,12 @@ TABLE = [
     ("segv-beats-oom-counter", dict(exitcode=SEGV, **MOVED), Cause.NATIVE_CRASH, "R3"),
     ("segv-beats-kernel-log", dict(exitcode=SEGV, kernel_log_oom=True), Cause.NATIVE_CRASH, "R3"),
     # A crash while the nanny terminates it for memory: the termination came first.
-    ("nanny-beats-segv", dict(exitcode=SEGV, nanny_memory_kill=True), Cause.MEMORY_TERMINATE, "R3a"),
+    (
+        "nanny-beats-segv",
+        dict(exitcode=SEGV, nanny_memory_kill=True),
+        Cause.MEMORY_TERMINATE,
+        "R3a",
+    ),
     ("unknown-crashfile", dict(exitcode=None, crash_signal="SIGSEGV"), Cause.NATIVE_CRASH, "R4"),
     ("255-crashfile", dict(exitcode=255, crash_signal="SIGABRT"), Cause.NATIVE_CRASH, "R4"),
     (
@@ -65,7 +70,12 @@ TABLE = [
     ("oom-unknown", dict(exitcode=None, **MOVED), Cause.OOM_KILL, "R5"),
     ("oom-255", dict(exitcode=255, oom_kill_before=2, oom_kill_after=3), Cause.OOM_KILL, "R5"),
     ("oom-kernel-log", dict(exitcode=KILL, kernel_log_oom=True), Cause.OOM_KILL, "R5"),
-    ("oom-beats-nanny", dict(exitcode=KILL, nanny_memory_kill=True, **MOVED), Cause.OOM_KILL, "R5"),
+    (
+        "oom-beats-nanny",
+        dict(exitcode=KILL, nanny_memory_kill=True, **MOVED),
+        Cause.OOM_KILL,
+        "R5",
+    ),
     ("oom-counter-but-sigterm", dict(exitcode=TERM, **MOVED), Cause.SIGTERM, "R7"),
     (
         "oom-counter-sigterm-nanny",
@@ -76,10 +86,18 @@ TABLE = [
     ("oom-counter-but-exit1", dict(exitcode=1, **MOVED), Cause.EXIT, "R9"),
     ("before-unreadable", dict(exitcode=KILL, oom_kill_after=1), Cause.SIGKILL, "R8"),
     ("after-unreadable", dict(exitcode=KILL, oom_kill_before=0), Cause.SIGKILL, "R8"),
-    ("counter-still", dict(exitcode=KILL, oom_kill_before=1, oom_kill_after=1), Cause.SIGKILL,
-     "R8"),
-    ("counter-reset", dict(exitcode=KILL, oom_kill_before=2, oom_kill_after=0), Cause.SIGKILL,
-     "R8"),
+    (
+        "counter-still",
+        dict(exitcode=KILL, oom_kill_before=1, oom_kill_after=1),
+        Cause.SIGKILL,
+        "R8",
+    ),
+    (
+        "counter-reset",
+        dict(exitcode=KILL, oom_kill_before=2, oom_kill_after=0),
+        Cause.SIGKILL,
+        "R8",
+    ),
     ("nanny-sigterm", dict(exitcode=TERM, nanny_memory_kill=True), Cause.MEMORY_TERMINATE, "R6"),
     ("nanny-sigkill", dict(exitcode=KILL, nanny_memory_kill=True), Cause.MEMORY_TERMINATE, "R6"),
     ("nanny-unknown", dict(exitcode=None, nanny_memory_kill=True), Cause.MEMORY_TERMINATE, "R6"),
@@ -93,20 +111,56 @@ TABLE = [
     ("unknown", dict(exitcode=None), Cause.EXIT, "R9"),
     ("255", dict(exitcode=255), Cause.EXIT, "R9"),
     # Judged against the last reading while the worker ran, not against its start.
-    ("moved-since-reading", dict(exitcode=KILL, oom_kill_reading=1, others_gone=0,
-                                 oom_kill_before=0, oom_kill_after=2), Cause.OOM_KILL, "R5"),
-    ("moved-only-before-reading", dict(exitcode=KILL, oom_kill_reading=2, others_gone=0,
-                                       oom_kill_before=0, oom_kill_after=2), Cause.SIGKILL, "R8"),
-    ("moved-another-stopped", dict(exitcode=KILL, oom_kill_reading=1, others_gone=1,
-                                   oom_kill_before=0, oom_kill_after=2), Cause.SIGKILL, "R8"),
-    ("another-stopped-kernel-log", dict(exitcode=KILL, oom_kill_reading=1, others_gone=1,
-                                        oom_kill_after=2, kernel_log_oom=True),
-     Cause.OOM_KILL, "R5"),
-    ("another-stopped-unknown-exit", dict(exitcode=None, oom_kill_reading=0, others_gone=1,
-                                          oom_kill_after=1), Cause.EXIT, "R9"),
-    ("another-stopped-nanny", dict(exitcode=KILL, oom_kill_reading=0, others_gone=1,
-                                   oom_kill_after=1, nanny_memory_kill=True),
-     Cause.MEMORY_TERMINATE, "R6"),
+    (
+        "moved-since-reading",
+        dict(
+            exitcode=KILL, oom_kill_reading=1, others_gone=0, oom_kill_before=0, oom_kill_after=2
+        ),
+        Cause.OOM_KILL,
+        "R5",
+    ),
+    (
+        "moved-only-before-reading",
+        dict(
+            exitcode=KILL, oom_kill_reading=2, others_gone=0, oom_kill_before=0, oom_kill_after=2
+        ),
+        Cause.SIGKILL,
+        "R8",
+    ),
+    (
+        "moved-another-stopped",
+        dict(
+            exitcode=KILL, oom_kill_reading=1, others_gone=1, oom_kill_before=0, oom_kill_after=2
+        ),
+        Cause.SIGKILL,
+        "R8",
+    ),
+    (
+        "another-stopped-kernel-log",
+        dict(
+            exitcode=KILL, oom_kill_reading=1, others_gone=1, oom_kill_after=2, kernel_log_oom=True
+        ),
+        Cause.OOM_KILL,
+        "R5",
+    ),
+    (
+        "another-stopped-unknown-exit",
+        dict(exitcode=None, oom_kill_reading=0, others_gone=1, oom_kill_after=1),
+        Cause.EXIT,
+        "R9",
+    ),
+    (
+        "another-stopped-nanny",
+        dict(
+            exitcode=KILL,
+            oom_kill_reading=0,
+            others_gone=1,
+            oom_kill_after=1,
+            nanny_memory_kill=True,
+        ),
+        Cause.MEMORY_TERMINATE,
+        "R6",
+    ),
 ]
 
 
@@ -267,7 +321,8 @@ def test_evidence_names_kernel_sources(version, oom_source, peak_source, limit_s
     assert (ev["limit_bytes"], ev["limit_source"]) == (2**30, limit_source)
     assert ev["failcnt_delta"] == 7
     assert ev["failcnt_source"] == (
-        "kernel cgroup counter memory.failcnt" if version == 1
+        "kernel cgroup counter memory.failcnt"
+        if version == 1
         else "kernel cgroup counter memory.events max"
     )
     assert (ev["memory_limit_bytes"], ev["memory_limit_source"]) == (
@@ -352,8 +407,7 @@ GiB, MiB = 2**30, 2**20
         (
             {"oom_kill_delta": 1, "peak_bytes": 1095216660, "limit_bytes": GiB},
             "oom_kill",
-            "kernel oom_kill counted: kernel peak of the worker's group 1.02 GiB of a 1 GiB "
-            "limit",
+            "kernel oom_kill counted: kernel peak of the worker's group 1.02 GiB of a 1 GiB limit",
         ),
         (
             {"oom_kill_delta": None, "kernel_log_oom": True, "rss_sampled_bytes": GiB},
@@ -361,37 +415,58 @@ GiB, MiB = 2**30, 2**20
             "kernel log shows an OOM kill: sampled RSS 1 GiB",
         ),
         (
-            {"oom_kill_delta": None, "kernel_log_oom": True, "rss_sampled_bytes": GiB,
-             "rss_age_seconds": 2.34, "memory_limit_bytes": GiB},
+            {
+                "oom_kill_delta": None,
+                "kernel_log_oom": True,
+                "rss_sampled_bytes": GiB,
+                "rss_age_seconds": 2.34,
+                "memory_limit_bytes": GiB,
+            },
             "oom_kill",
             "kernel log shows an OOM kill: sampled RSS 1 GiB 2.3 s before, of a 1 GiB limit",
         ),
         (
-            {"oom_kill_delta": 1, "peak_bytes": GiB, "limit_bytes": 2**63 - 4096,
-             "memory_limit_bytes": 2 * GiB},
+            {
+                "oom_kill_delta": 1,
+                "peak_bytes": GiB,
+                "limit_bytes": 2**63 - 4096,
+                "memory_limit_bytes": 2 * GiB,
+            },
             "oom_kill",
             "kernel oom_kill counted: kernel peak of the worker's group 1 GiB of a 2 GiB limit",
         ),  # an "unlimited" cgroup limit falls back to Dask's memory_limit
         (
-            {"nanny_rss_bytes": int(1.9 * GiB), "memory_limit_bytes": 2 * GiB,
-             "rss_sampled_bytes": int(1.7 * GiB), "rss_age_seconds": 0.3},
+            {
+                "nanny_rss_bytes": int(1.9 * GiB),
+                "memory_limit_bytes": 2 * GiB,
+                "rss_sampled_bytes": int(1.7 * GiB),
+                "rss_age_seconds": 0.3,
+            },
             "memory_terminate",
             "nanny terminated it for memory: nanny RSS 1.9 GiB of a 2 GiB limit",
         ),  # the nanny's own reading, named as such, never as the sampled one
         (
-            {"rss_sampled_bytes": int(1.7 * GiB), "rss_age_seconds": 0.3,
-             "memory_limit_bytes": 2 * GiB},
+            {
+                "rss_sampled_bytes": int(1.7 * GiB),
+                "rss_age_seconds": 0.3,
+                "memory_limit_bytes": 2 * GiB,
+            },
             "memory_terminate",
-            "nanny terminated it for memory: sampled RSS 1.7 GiB 300 ms before, of a 2 GiB "
-            "limit",
+            "nanny terminated it for memory: sampled RSS 1.7 GiB 300 ms before, of a 2 GiB limit",
         ),  # no RSS in the nanny's event: the flight recorder's sample, named as such
         ({}, "memory_terminate", "nanny terminated it for memory"),
-        ({"signal": "SIGSEGV", "crash_stack": True}, "native_crash",
-         "SIGSEGV, faulthandler stack captured"),
+        (
+            {"signal": "SIGSEGV", "crash_stack": True},
+            "native_crash",
+            "SIGSEGV, faulthandler stack captured",
+        ),
         ({"signal": "SIGABRT"}, "native_crash", "SIGABRT, no faulthandler stack"),
         ({"signal": "SIGTERM"}, "sigterm", "SIGTERM from outside the nanny"),
-        ({"signal": "SIGKILL", "oom_kill_delta": 0, "oom_kill_source": "x"}, "sigkill",
-         "SIGKILL with no kernel OOM evidence"),
+        (
+            {"signal": "SIGKILL", "oom_kill_delta": 0, "oom_kill_source": "x"},
+            "sigkill",
+            "SIGKILL with no kernel OOM evidence",
+        ),
         ({"signal": "SIGKILL"}, "sigkill", "SIGKILL with no kernel OOM evidence"),
         ({"exitcode": 3}, "exit", "exit status 3"),
         ({"exitcode": None}, "exit", "exit status unknown"),
@@ -425,9 +500,14 @@ def _scenario(placement=None, version=1, **extra):
     if placement is not None:
         cgroup["placement"] = placement
     report_like = {
-        "exitcode": KILL, "pid": 10, "time": 100.0, "memory_limit": 600 * MiB,
-        "rss_sampled": 570 * MiB, "rss_time": 99.8, "cgroup": cgroup,
-    }  # fmt: skip
+        "exitcode": KILL,
+        "pid": 10,
+        "time": 100.0,
+        "memory_limit": 600 * MiB,
+        "rss_sampled": 570 * MiB,
+        "rss_time": 99.8,
+        "cgroup": cgroup,
+    }
     report_like.update(extra)
     return evidence(report_like)
 
@@ -528,7 +608,7 @@ def test_terminated_first_reads_the_crash_file_head():
     from oomguard._evidence.facts import facts_from
 
     sigterm_then_segv = (
-        "Current thread 0x00007f (most recent call first):\n  File \"x.py\", line 1 in f\n\n"
+        'Current thread 0x00007f (most recent call first):\n  File "x.py", line 1 in f\n\n'
         "Fatal Python error: Segmentation fault\n\nCurrent thread 0x00007f ...\n"
     )
     assert facts_from({"exitcode": -11, "crash": {"text": sigterm_then_segv}}).terminated_first
@@ -538,13 +618,17 @@ def test_terminated_first_reads_the_crash_file_head():
 
 def _shared(after, reading, others, gone, **extra):
     return {
-        "exitcode": KILL, "pid": 7, **extra,
-        "cgroup": {"version": 2, "before": {"oom_kill": 0}, "after": {"oom_kill": after,
-                   "peak": 600 * 2**20, "limit": 600 * 2**20},
-                   "placement": {"own_group": False},
-                   "reading": {"oom_kill": reading, "age": 0.42, "others": others,
-                               "others_gone": gone}},
-    }  # fmt: skip
+        "exitcode": KILL,
+        "pid": 7,
+        **extra,
+        "cgroup": {
+            "version": 2,
+            "before": {"oom_kill": 0},
+            "after": {"oom_kill": after, "peak": 600 * 2**20, "limit": 600 * 2**20},
+            "placement": {"own_group": False},
+            "reading": {"oom_kill": reading, "age": 0.42, "others": others, "others_gone": gone},
+        },
+    }
 
 
 def test_a_kill_in_a_shared_group_is_confirmed_when_every_other_process_runs():
@@ -598,18 +682,28 @@ _counts = st.none() | st.integers(0, 3)
 
 @given(
     exitcode=st.sampled_from([KILL, TERM, SEGV, None, 255, 0, 1]),
-    before=_counts, reading=_counts, after=_counts,
-    gone=st.none() | st.integers(0, 2), kernel_log=st.booleans(), nanny=st.booleans(),
-)  # fmt: skip
+    before=_counts,
+    reading=_counts,
+    after=_counts,
+    gone=st.none() | st.integers(0, 2),
+    kernel_log=st.booleans(),
+    nanny=st.booleans(),
+)
 def test_oom_kill_only_with_evidence_for_this_worker(
     exitcode, before, reading, after, gone, kernel_log, nanny
 ):
     """Whatever the facts, `oom_kill` means the kernel log named the worker, or the counter
     moved since the last reading (since the start when there is none) with nothing else in
     the group gone; and a kill counted before that reading never makes one."""
-    f = DeathFacts(exitcode=exitcode, oom_kill_before=before, oom_kill_reading=reading,
-                   oom_kill_after=after, others_gone=gone, kernel_log_oom=kernel_log,
-                   nanny_memory_kill=nanny)  # fmt: skip
+    f = DeathFacts(
+        exitcode=exitcode,
+        oom_kill_before=before,
+        oom_kill_reading=reading,
+        oom_kill_after=after,
+        others_gone=gone,
+        kernel_log_oom=kernel_log,
+        nanny_memory_kill=nanny,
+    )
     base = before if reading is None else reading
     moved = base is not None and after is not None and after > base
     if classify(f) is Cause.OOM_KILL:

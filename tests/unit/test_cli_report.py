@@ -16,12 +16,12 @@ import textwrap
 import time
 
 import pytest
+
 from _cli_run import report
 from capabilities import require
-
 from oomguard import FailureEvent, PipelineStatus, SignatureRow
-from oomguard._cli.report import parse_since
 from oomguard._cli.layout import table
+from oomguard._cli.report import parse_since
 from oomguard._store import FailureStore
 
 T0 = time.time() - 3 * 3600  # events from 3 h ago to ~1 h ago (reset when stored: _build)
@@ -56,8 +56,11 @@ def _event(i: int, kind, cause, shard, pipeline, host, sig) -> FailureEvent:
             "summary": "kernel oom_kill counted, peak 1.02 GiB of a 1 GiB limit",
         }
     elif cause == "native_crash":
-        evidence = {"exitcode": -11, "signal": "SIGSEGV",
-                    "summary": "SIGSEGV, faulthandler stack captured"}  # fmt: skip
+        evidence = {
+            "exitcode": -11,
+            "signal": "SIGSEGV",
+            "summary": "SIGSEGV, faulthandler stack captured",
+        }
     return FailureEvent(
         kind=kind,
         cause=cause,
@@ -82,18 +85,34 @@ def _build(path: pathlib.Path) -> None:
     store.start()
     for i, row in enumerate(ROWS):
         assert store.add(_event(i, *row), example=f"Traceback ...\n{TITLES[row[5]]}")
-    store.upsert_pipeline(PipelineStatus(
-        "backfill", "succeeded_after_infra_failures", 40, 0, 0, 3, 1,
-        "40 shards finished, after 3 worker deaths (2 native_crash, 1 oom_kill) that "
-        "oomguard retried, and 1 user error that Dask retried.",
-    ))  # fmt: skip
-    store.upsert_pipeline(PipelineStatus(
-        "etl", "aborted", 10, 1, 5, 2, 1,
-        "a worker was OOM-killed by the kernel at shard ('load', 7) 2 times; the pipeline "
-        "was aborted; 10 shards had finished, 1 erred, 5 were aborted.",
-        "oomguard aborted pipeline 'etl' because shard ('load', 7) failed 2 times: its worker "
-        "was OOM-killed by the kernel each time. " + "Pipeline tally: ... " * 8,
-    ))  # fmt: skip
+    store.upsert_pipeline(
+        PipelineStatus(
+            "backfill",
+            "succeeded_after_infra_failures",
+            40,
+            0,
+            0,
+            3,
+            1,
+            "40 shards finished, after 3 worker deaths (2 native_crash, 1 oom_kill) that "
+            "oomguard retried, and 1 user error that Dask retried.",
+        )
+    )
+    store.upsert_pipeline(
+        PipelineStatus(
+            "etl",
+            "aborted",
+            10,
+            1,
+            5,
+            2,
+            1,
+            "a worker was OOM-killed by the kernel at shard ('load', 7) 2 times; the pipeline "
+            "was aborted; 10 shards had finished, 1 erred, 5 were aborted.",
+            "oomguard aborted pipeline 'etl' because shard ('load', 7) failed 2 times: its worker "
+            "was OOM-killed by the kernel each time. " + "Pipeline tally: ... " * 8,
+        )
+    )
     assert store.flush(), store.last_error
     store.close()
 
@@ -133,8 +152,10 @@ def test_tables_hold_every_row_and_fit_100_columns(history, capsys, monkeypatch)
         assert head in out
     events = out.split("SIGNATURES:")[0]
     for _kind, cause, shard, pipeline, host, _sig in ROWS:
-        assert any(cause in ln and shard in ln and pipeline in ln and host in ln
-                   for ln in events.splitlines()), (cause, shard)  # fmt: skip
+        assert any(
+            cause in ln and shard in ln and pipeline in ln and host in ln
+            for ln in events.splitlines()
+        ), (cause, shard)
     # Newest first: the last event added is on the first row.
     assert events.splitlines()[2].split()[2:4] == ["infra", "native_crash"]
     sigs = out.split("SIGNATURES:")[1].split("PIPELINES:")[0]
@@ -191,20 +212,52 @@ def test_table_shortens_only_the_columns_it_may():
 
 #: (kind, cause, shard, pipeline, host, signature id, signature title)
 WIDE_ROWS = [
-    ("infra", "oom_kill", "('repartitiontofewer-6f2d8c1b7e4a3f5d9c0b1a2e3f4d5c6b', 17)",
-     "nightly-load", "dask-worker-7f9c8d-x2lqp", "6d4c109d5cf8c83f",
-     "oom_kill in shardapp.core.load_shard ← run"),
-    ("infra", "memory_terminate", "('read-parquet-8c1f0e2d9a7b4c3e5f6a7b8c9d0e1f2a', 3)",
-     "read_parquet → groupby → sum", "dask-worker-7f9c8d-9hq2v", "a1b2c3d4e5f60718",
-     "memory_terminate in pandas.core.groupby.ops._cython_operation ← shardapp.agg.totals"),
-    ("infra", "native_crash", "('load-0a1b', 17)", "per-file", "dask-worker-7f9c8d-x2lqp",
-     "0f9e8d7c6b5a4938", "SIGSEGV in numpy.core._multiarray_umath ← shardapp.core.load_shard"),
-    ("user", "exception", "parse-7", "etl", "10.0.3.12", "77aa88bb99cc00dd",
-     "ValueError in shardapp.parse.parse_block"),
-    ("infra", "worker_lost", "slowish-5f4e3d2c1b0a9f8e7d6c5b4a3f2e1d0c",
-     "finalize-hlgfinalizecompute-9a8b7c6d5e4f", "ip-10-0-3-11.eu-west-1.compute.internal",
-     "3c2b1a0f9e8d7c6b", "worker_lost (no death report)"),
-]  # fmt: skip
+    (
+        "infra",
+        "oom_kill",
+        "('repartitiontofewer-6f2d8c1b7e4a3f5d9c0b1a2e3f4d5c6b', 17)",
+        "nightly-load",
+        "dask-worker-7f9c8d-x2lqp",
+        "6d4c109d5cf8c83f",
+        "oom_kill in shardapp.core.load_shard ← run",
+    ),
+    (
+        "infra",
+        "memory_terminate",
+        "('read-parquet-8c1f0e2d9a7b4c3e5f6a7b8c9d0e1f2a', 3)",
+        "read_parquet → groupby → sum",
+        "dask-worker-7f9c8d-9hq2v",
+        "a1b2c3d4e5f60718",
+        "memory_terminate in pandas.core.groupby.ops._cython_operation ← shardapp.agg.totals",
+    ),
+    (
+        "infra",
+        "native_crash",
+        "('load-0a1b', 17)",
+        "per-file",
+        "dask-worker-7f9c8d-x2lqp",
+        "0f9e8d7c6b5a4938",
+        "SIGSEGV in numpy.core._multiarray_umath ← shardapp.core.load_shard",
+    ),
+    (
+        "user",
+        "exception",
+        "parse-7",
+        "etl",
+        "10.0.3.12",
+        "77aa88bb99cc00dd",
+        "ValueError in shardapp.parse.parse_block",
+    ),
+    (
+        "infra",
+        "worker_lost",
+        "slowish-5f4e3d2c1b0a9f8e7d6c5b4a3f2e1d0c",
+        "finalize-hlgfinalizecompute-9a8b7c6d5e4f",
+        "ip-10-0-3-11.eu-west-1.compute.internal",
+        "3c2b1a0f9e8d7c6b",
+        "worker_lost (no death report)",
+    ),
+]
 WIDE_CAUSES = {r[1] for r in WIDE_ROWS}
 
 
@@ -214,17 +267,35 @@ def wide(tmp_path_factory) -> pathlib.Path:
     store = FailureStore(str(path), batch_interval=0.01)
     store.start()
     for i, (kind, cause, shard, pipeline, host, sig, title) in enumerate(WIDE_ROWS):
-        store.add(FailureEvent(
-            kind=kind, cause=cause, shard=shard, pipeline=pipeline, host=host,
-            worker=f"tcp://{host}:4021{i}", signature_id=sig, signature_title=title,
-            evidence={"summary": f"{cause} of {shard}", "exitcode": -9}, time=T0 + i * 60,
-        ), example=title)  # fmt: skip
-        store.upsert_pipeline(PipelineStatus(
-            pipeline, "aborted" if i == 0 else "succeeded_after_infra_failures", 41, 1, 58,
-            2, 0, f"a worker died at shard {shard} 2 times; 41 shards had finished.",
-            f"oomguard aborted pipeline {pipeline!r} because shard {shard} failed 2 times. "
-            * (i == 0),
-        ))  # fmt: skip
+        store.add(
+            FailureEvent(
+                kind=kind,
+                cause=cause,
+                shard=shard,
+                pipeline=pipeline,
+                host=host,
+                worker=f"tcp://{host}:4021{i}",
+                signature_id=sig,
+                signature_title=title,
+                evidence={"summary": f"{cause} of {shard}", "exitcode": -9},
+                time=T0 + i * 60,
+            ),
+            example=title,
+        )
+        store.upsert_pipeline(
+            PipelineStatus(
+                pipeline,
+                "aborted" if i == 0 else "succeeded_after_infra_failures",
+                41,
+                1,
+                58,
+                2,
+                0,
+                f"a worker died at shard {shard} 2 times; 41 shards had finished.",
+                f"oomguard aborted pipeline {pipeline!r} because shard {shard} failed 2 times. "
+                * (i == 0),
+            )
+        )
     assert store.flush(), store.last_error
     store.close()
     return path
@@ -238,8 +309,9 @@ def _keys_whole(lines: list[str], keys) -> list[str]:
 def _too_wide(lines: list[str], columns: int) -> list[str]:
     """Lines wider than the terminal, but for a key longer than it, alone on its line."""
     keys = {r[2] for r in WIDE_ROWS}
-    return [ln for ln in lines if len(ln) > columns
-            and ln.strip().removeprefix("shard ") not in keys]  # fmt: skip
+    return [
+        ln for ln in lines if len(ln) > columns and ln.strip().removeprefix("shard ") not in keys
+    ]
 
 
 @pytest.mark.parametrize("columns", [60, 80, 100, 160])
@@ -278,8 +350,9 @@ def test_a_wider_terminal_shows_more_on_each_line(wide, capsys, monkeypatch):
 
 @pytest.mark.parametrize("columns", [60, 80, 160])
 @pytest.mark.parametrize("row", WIDE_ROWS[:3], ids=["oom", "terminate", "segv"])
-def test_shard_view_fits_the_terminal_and_keeps_keys_whole(wide, capsys, monkeypatch, columns,
-                                                           row):  # fmt: skip
+def test_shard_view_fits_the_terminal_and_keeps_keys_whole(
+    wide, capsys, monkeypatch, columns, row
+):
     monkeypatch.setenv("COLUMNS", str(columns))
     rc, out, err = report(capsys, "--store", wide, "--shard", row[2])
     assert rc == 0 and err == ""
@@ -316,8 +389,9 @@ def test_piped_output_cuts_nothing(wide, capsys, monkeypatch):
     # One line per event, every column whole: easy to grep and to cut(1).
     assert len(events) == len(WIDE_ROWS)
     for kind, cause, shard, pipeline, host, sig, title in WIDE_ROWS:
-        assert any(all(v in ln for v in (kind, cause, shard, pipeline, host, sig, title))
-                   for ln in events), shard  # fmt: skip
+        assert any(
+            all(v in ln for v in (kind, cause, shard, pipeline, host, sig, title)) for ln in events
+        ), shard
 
 
 def test_the_terminal_width_is_used_without_columns(wide, tmp_path):
@@ -331,9 +405,13 @@ def test_the_terminal_width_is_used_without_columns(wide, tmp_path):
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 80, 0, 0))
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     env["PYTHONIOENCODING"] = "utf-8"
-    proc = subprocess.Popen([sys.executable, "-m", "oomguard._cli", "report", "--store", str(wide)],
-                            stdin=subprocess.DEVNULL, stdout=follower, stderr=subprocess.PIPE,
-                            env=env)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "oomguard._cli", "report", "--store", str(wide)],
+        stdin=subprocess.DEVNULL,
+        stdout=follower,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
     os.close(follower)
     chunks = []
     while True:
@@ -355,52 +433,141 @@ def test_the_terminal_width_is_used_without_columns(wide, tmp_path):
 
 #: The example store of the docs: a P2P shuffle's repartition, read_parquet, client.map.
 DOC_T0 = datetime.datetime(2026, 11, 30, 12, 0, tzinfo=datetime.UTC).timestamp()
-_OOM = {"summary": "kernel oom_kill counted, peak 1.02 GiB of a 1 GiB limit", "exitcode": -9,
-        "oom_kill_delta": 1, "oom_kill_source": "kernel cgroup counter memory.events"}
+_OOM = {
+    "summary": "kernel oom_kill counted, peak 1.02 GiB of a 1 GiB limit",
+    "exitcode": -9,
+    "oom_kill_delta": 1,
+    "oom_kill_source": "kernel cgroup counter memory.events",
+}
 _REPART = "('repartitiontofewer-6f2d8c1b7e4a3f5d9c0b1a2e3f4d5c6b', 17)"
 #: (kind, cause, shard, pipeline, host, worker, signature id, title, attempt, evidence)
 DOC_ROWS = [
-    ("infra", "oom_kill", _REPART, "nightly-load", "10.0.3.11", "tcp://10.0.3.11:40211",
-     "6d4c109d5cf8c83f", "oom_kill in shardapp.core.load_shard ← run", 1, _OOM),
-    ("infra", "oom_kill", _REPART, "nightly-load", "10.0.3.12", "tcp://10.0.3.12:39117",
-     "6d4c109d5cf8c83f", "oom_kill in shardapp.core.load_shard ← run", 2,
-     {**_OOM, "summary": "kernel oom_kill counted, peak 1.01 GiB of a 1 GiB limit"}),
-    ("infra", "memory_terminate", "('read-parquet-8c1f0e2d9a7b4c3e5f6a7b8c9d0e1f2a', 3)",
-     "per-file", "10.0.3.12", "tcp://10.0.3.12:39117", "a1b2c3d4e5f60718",
-     "memory_terminate in pandas.core.groupby.ops._cython_operation ← shardapp.agg.totals", 1,
-     {"summary": "the nanny terminated it at 573.59 MiB nanny RSS", "exitcode": -15}),
-    ("infra", "native_crash", "('load-0a1b', 17)", "per-file", "10.0.3.11",
-     "tcp://10.0.3.11:40211", "0f9e8d7c6b5a4938",
-     "SIGSEGV in numpy.core._multiarray_umath ← shardapp.core.load_shard", 1,
-     {"summary": "SIGSEGV, faulthandler stack captured", "exitcode": -11, "signal": "SIGSEGV"}),
-    ("user", "exception", "parse-7", "etl", "10.0.3.12", "tcp://10.0.3.12:39117",
-     "77aa88bb99cc00dd", "ValueError in shardapp.parse.parse_block", 1,
-     {"exception": "ValueError: cannot parse block 7", "retries_left": 0}),
-    ("infra", "worker_lost", "slowish-5f4e3d2c1b0a9f8e7d6c5b4a3f2e1d0c", "sum-tree",
-     "ip-10-0-3-13.eu-west-1.compute.internal",
-     "tcp://ip-10-0-3-13.eu-west-1.compute.internal:36001", "3c2b1a0f9e8d7c6b",
-     "worker_lost (no death report)", 1, {"source": "no death report within the grace timeout"}),
-]  # fmt: skip
+    (
+        "infra",
+        "oom_kill",
+        _REPART,
+        "nightly-load",
+        "10.0.3.11",
+        "tcp://10.0.3.11:40211",
+        "6d4c109d5cf8c83f",
+        "oom_kill in shardapp.core.load_shard ← run",
+        1,
+        _OOM,
+    ),
+    (
+        "infra",
+        "oom_kill",
+        _REPART,
+        "nightly-load",
+        "10.0.3.12",
+        "tcp://10.0.3.12:39117",
+        "6d4c109d5cf8c83f",
+        "oom_kill in shardapp.core.load_shard ← run",
+        2,
+        {**_OOM, "summary": "kernel oom_kill counted, peak 1.01 GiB of a 1 GiB limit"},
+    ),
+    (
+        "infra",
+        "memory_terminate",
+        "('read-parquet-8c1f0e2d9a7b4c3e5f6a7b8c9d0e1f2a', 3)",
+        "per-file",
+        "10.0.3.12",
+        "tcp://10.0.3.12:39117",
+        "a1b2c3d4e5f60718",
+        "memory_terminate in pandas.core.groupby.ops._cython_operation ← shardapp.agg.totals",
+        1,
+        {"summary": "the nanny terminated it at 573.59 MiB nanny RSS", "exitcode": -15},
+    ),
+    (
+        "infra",
+        "native_crash",
+        "('load-0a1b', 17)",
+        "per-file",
+        "10.0.3.11",
+        "tcp://10.0.3.11:40211",
+        "0f9e8d7c6b5a4938",
+        "SIGSEGV in numpy.core._multiarray_umath ← shardapp.core.load_shard",
+        1,
+        {"summary": "SIGSEGV, faulthandler stack captured", "exitcode": -11, "signal": "SIGSEGV"},
+    ),
+    (
+        "user",
+        "exception",
+        "parse-7",
+        "etl",
+        "10.0.3.12",
+        "tcp://10.0.3.12:39117",
+        "77aa88bb99cc00dd",
+        "ValueError in shardapp.parse.parse_block",
+        1,
+        {"exception": "ValueError: cannot parse block 7", "retries_left": 0},
+    ),
+    (
+        "infra",
+        "worker_lost",
+        "slowish-5f4e3d2c1b0a9f8e7d6c5b4a3f2e1d0c",
+        "sum-tree",
+        "ip-10-0-3-13.eu-west-1.compute.internal",
+        "tcp://ip-10-0-3-13.eu-west-1.compute.internal:36001",
+        "3c2b1a0f9e8d7c6b",
+        "worker_lost (no death report)",
+        1,
+        {"source": "no death report within the grace timeout"},
+    ),
+]
 DOC_PIPELINES = [
-    PipelineStatus("sum-tree", "succeeded_after_infra_failures", 64, 0, 0, 1, 0,
-                   "all 64 shards finished, after 1 worker death (1 worker_lost) that oomguard "
-                   "retried.", started=DOC_T0),
-    PipelineStatus("etl", "failed", 99, 1, 0, 0, 1, "shard parse-7 raised ValueError past its "
-                   "retries; 99 shards finished.", started=DOC_T0),
-    PipelineStatus("per-file", "succeeded_after_infra_failures", 100, 0, 0, 2, 0,
-                   "all 100 shards finished, after 2 worker deaths (1 memory_terminate, "
-                   "1 native_crash) that oomguard retried without using task retries.",
-                   started=DOC_T0),
-    PipelineStatus("nightly-load", "aborted", 41, 1, 58, 2, 0,
-                   f"a worker was OOM-killed by the kernel at shard {_REPART} 2 times; the "
-                   "pipeline was aborted; 41 shards had finished, 58 are being aborted.",
-                   f"oomguard aborted pipeline 'nightly-load' because shard {_REPART} failed 2 "
-                   "times: its worker was OOM-killed by the kernel each time (last time: kernel "
-                   "oom_kill counted, peak 1.01 GiB of a 1 GiB limit). Crash signature: oom_kill "
-                   "in shardapp.core.load_shard ← run (id 6d4c109d5cf8c83f). Workers: "
-                   "tcp://10.0.3.11:40211, tcp://10.0.3.12:39117; hosts: 10.0.3.11, 10.0.3.12.",
-                   started=DOC_T0),
-]  # fmt: skip
+    PipelineStatus(
+        "sum-tree",
+        "succeeded_after_infra_failures",
+        64,
+        0,
+        0,
+        1,
+        0,
+        "all 64 shards finished, after 1 worker death (1 worker_lost) that oomguard retried.",
+        started=DOC_T0,
+    ),
+    PipelineStatus(
+        "etl",
+        "failed",
+        99,
+        1,
+        0,
+        0,
+        1,
+        "shard parse-7 raised ValueError past its retries; 99 shards finished.",
+        started=DOC_T0,
+    ),
+    PipelineStatus(
+        "per-file",
+        "succeeded_after_infra_failures",
+        100,
+        0,
+        0,
+        2,
+        0,
+        "all 100 shards finished, after 2 worker deaths (1 memory_terminate, "
+        "1 native_crash) that oomguard retried without using task retries.",
+        started=DOC_T0,
+    ),
+    PipelineStatus(
+        "nightly-load",
+        "aborted",
+        41,
+        1,
+        58,
+        2,
+        0,
+        f"a worker was OOM-killed by the kernel at shard {_REPART} 2 times; the "
+        "pipeline was aborted; 41 shards had finished, 58 are being aborted.",
+        f"oomguard aborted pipeline 'nightly-load' because shard {_REPART} failed 2 "
+        "times: its worker was OOM-killed by the kernel each time (last time: kernel "
+        "oom_kill counted, peak 1.01 GiB of a 1 GiB limit). Crash signature: oom_kill "
+        "in shardapp.core.load_shard ← run (id 6d4c109d5cf8c83f). Workers: "
+        "tcp://10.0.3.11:40211, tcp://10.0.3.12:39117; hosts: 10.0.3.11, 10.0.3.12.",
+        started=DOC_T0,
+    ),
+]
 
 
 def build_doc_store(path) -> None:
@@ -410,9 +577,22 @@ def build_doc_store(path) -> None:
     for i, (kind, cause, shard, pipe, host, worker, sig, title, attempt, ev) in enumerate(
         DOC_ROWS
     ):
-        store.add(FailureEvent(kind=kind, cause=cause, shard=shard, pipeline=pipe, worker=worker,
-                               host=host, signature_id=sig, signature_title=title, evidence=ev,
-                               attempt=attempt, time=DOC_T0 + i * 97), example=title)  # fmt: skip
+        store.add(
+            FailureEvent(
+                kind=kind,
+                cause=cause,
+                shard=shard,
+                pipeline=pipe,
+                worker=worker,
+                host=host,
+                signature_id=sig,
+                signature_title=title,
+                evidence=ev,
+                attempt=attempt,
+                time=DOC_T0 + i * 97,
+            ),
+            example=title,
+        )
     for status in DOC_PIPELINES:
         store.upsert_pipeline(status)
     assert store.flush(), store.last_error
@@ -421,17 +601,28 @@ def build_doc_store(path) -> None:
 
 @pytest.mark.parametrize(
     "columns, argv",
-    [(80, []), (160, []), (80, ["--shard", _REPART]), (80, ["--shard", "('load-0a1b', 18)",
-                                                             "--events"])],
+    [
+        (80, []),
+        (160, []),
+        (80, ["--shard", _REPART]),
+        (80, ["--shard", "('load-0a1b', 18)", "--events"]),
+    ],
     ids=["80", "160", "shard-80", "no-events-80"],
-)  # fmt: skip
+)
 def test_the_docs_show_what_the_report_prints(tmp_path, columns, argv):
     """The tmux captures in docs/reading-a-report.md are this output, character for character."""
     build_doc_store(tmp_path / "oomguard.sqlite3")
     env = {**os.environ, "COLUMNS": str(columns), "TZ": "UTC", "PYTHONIOENCODING": "utf-8"}
-    proc = subprocess.run([sys.executable, "-m", "oomguard._cli", "report", "--store",
-                           "oomguard.sqlite3", *argv], cwd=tmp_path, env=env, check=False,
-                          capture_output=True, text=True, encoding="utf-8", timeout=180)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "oomguard._cli", "report", "--store", "oomguard.sqlite3", *argv],
+        cwd=tmp_path,
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=180,
+    )
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     doc = (pathlib.Path(__file__).parents[2] / "docs" / "reading-a-report.md").read_text()
     assert proc.stdout.rstrip("\n") + "\n```" in doc
@@ -443,9 +634,18 @@ def test_the_docs_show_what_the_report_prints(tmp_path, columns, argv):
 
 @pytest.mark.parametrize(
     "shard",
-    ["", "   ", "('load', 7", "'load', 7)", "(load, 7)", "('load', [7])", "('load')",
-     "('load', None)", "load\n7"],
-)  # fmt: skip
+    [
+        "",
+        "   ",
+        "('load', 7",
+        "'load', 7)",
+        "(load, 7)",
+        "('load', [7])",
+        "('load')",
+        "('load', None)",
+        "load\n7",
+    ],
+)
 def test_a_malformed_shard_is_refused_in_one_line(history, capsys, shard):
     rc, out, err = report(capsys, "--store", history, "--shard", shard)
     assert (rc, out) == (2, "")
@@ -524,7 +724,9 @@ def test_json_round_trips_all_three_sections(history, capsys):
     assert {s.id: s.count for s in sigs} == {"sig-oom": 3, "sig-key": 2, "sig-segv": 2}
     assert {s.id: s.hosts for s in sigs}["sig-oom"] == ["node-a", "node-b"]
     assert [PipelineStatus.from_dict(r).status for r in doc["pipelines"]] == [
-        "aborted", "succeeded_after_infra_failures"]  # fmt: skip
+        "aborted",
+        "succeeded_after_infra_failures",
+    ]
 
 
 def test_json_shard_alone_is_the_shard_history(history, capsys):
@@ -537,8 +739,9 @@ def test_json_shard_alone_is_the_shard_history(history, capsys):
 
 
 def test_signature_and_pipeline_filters_narrow_their_sections(history, capsys):
-    rc, out, _ = report(capsys, "--store", history, "--json", "--cause", "native_crash",
-                        "--signatures")  # fmt: skip
+    rc, out, _ = report(
+        capsys, "--store", history, "--json", "--cause", "native_crash", "--signatures"
+    )
     assert json.loads(out)["signatures"] == store_api(history, "signatures", cause="native_crash")
     assert [s["id"] for s in json.loads(out)["signatures"]] == ["sig-segv"]
     rc, out, _ = report(capsys, "--store", history, "--json", "--pipeline", "etl", "--pipelines")
@@ -550,7 +753,8 @@ def test_signature_and_pipeline_filters_narrow_their_sections(history, capsys):
 def test_the_examples_in_docstrings_hold():
     import doctest
 
-    from oomguard._cli import report as _cli_report, layout as _layout
+    from oomguard._cli import layout as _layout
+    from oomguard._cli import report as _cli_report
 
     assert doctest.testmod(_cli_report).failed == 0
     assert doctest.testmod(_layout).attempted and doctest.testmod(_layout).failed == 0
@@ -650,9 +854,13 @@ def test_unusable_store_files_are_one_line_exit_1_and_untouched(tmp_path, capsys
 
 def test_the_installed_script_prints_one_line_and_no_traceback(tmp_path):
     require(OOMGUARD.exists(), f"no {OOMGUARD} (package not installed as a script)")
-    for argv, code in ((["--store", tmp_path / "nope"], 1), (["--store", "x", "--limit", "-1"], 2)):
-        proc = subprocess.run([str(OOMGUARD), "report", *map(str, argv)], capture_output=True,
-                              text=True, timeout=180)  # fmt: skip
+    for argv, code in (
+        (["--store", tmp_path / "nope"], 1),
+        (["--store", "x", "--limit", "-1"], 2),
+    ):
+        proc = subprocess.run(
+            [str(OOMGUARD), "report", *map(str, argv)], capture_output=True, text=True, timeout=180
+        )
         assert proc.returncode == code and proc.stdout == ""
         assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("oomguard report: ")
 
@@ -709,14 +917,16 @@ def test_a_store_of_schema_1_is_read_from_a_migrated_copy(tmp_path, capsys):
         conn.execute(statement)
     conn.execute("PRAGMA user_version = 1")
     conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("INSERT INTO pipelines VALUES ('etl', 'failed', 3, 1, 0, 0, 1, 'oops', '', ?)",
-                 (T0,))  # fmt: skip
+    conn.execute(
+        "INSERT INTO pipelines VALUES ('etl', 'failed', 3, 1, 0, 0, 1, 'oops', '', ?)", (T0,)
+    )
     conn.close()
     digest = sha256(path)
     rc, out, _ = report(capsys, "--store", path, "--json", "--pipelines")
     assert rc == 0
     assert json.loads(out)["pipelines"] == [
-        PipelineStatus("etl", "failed", 3, 1, 0, 0, 1, "oops", started=0.0).to_dict()]
+        PipelineStatus("etl", "failed", 3, 1, 0, 0, 1, "oops", started=0.0).to_dict()
+    ]
     assert sha256(path) == digest and sorted(os.listdir(tmp_path)) == ["store.sqlite3"]
 
 

@@ -15,7 +15,9 @@ def test_defaults_survive_a_reset_of_dasks_config():
         dask.config.config.pop("oomguard", None)
         assert _config.get_seconds("scheduler.report-grace-timeout") > 0
         assert _config.get_int("scheduler.max-shard-infra-failures", 1) >= 1
-        with pytest.raises(ConfigError, match="oomguard.scheduler.nope is not an oomguard setting"):
+        with pytest.raises(
+            ConfigError, match="oomguard.scheduler.nope is not an oomguard setting"
+        ):
             _config.get("scheduler.nope")
     finally:
         dask.config.config.clear()

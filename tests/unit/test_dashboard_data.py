@@ -19,8 +19,15 @@ NOW = 1_800_000_000.0
 
 def event(cause: str, age: float, **kw) -> FailureEvent:
     kind = "user" if cause == "exception" else "infra"
-    fields = dict(shard="('s', 0)", pipeline="p", worker="tcp://w", host="h", signature_id="id",
-                  signature_title="t", time=NOW - age)  # fmt: skip
+    fields = dict(
+        shard="('s', 0)",
+        pipeline="p",
+        worker="tcp://w",
+        host="h",
+        signature_id="id",
+        signature_title="t",
+        time=NOW - age,
+    )
     fields.update(kw)
     return FailureEvent(kind, cause, **fields)
 
@@ -46,8 +53,13 @@ def test_bin_width_keeps_at_most_max_bins(ages, width):
 
 
 def test_counts_by_cause_and_unknown_cause_is_other():
-    events = [event("oom_kill", 100), event("oom_kill", 100), event("exception", 30),
-              event("martian", 30), event("sigterm", -500)]  # fmt: skip
+    events = [
+        event("oom_kill", 100),
+        event("oom_kill", 100),
+        event("exception", 30),
+        event("martian", 30),
+        event("sigterm", -500),
+    ]
     cols = failure_columns(events, NOW)
     assert sum(cols["oom_kill"]) == 2
     assert sum(cols["exception"]) == 1
@@ -57,18 +69,27 @@ def test_counts_by_cause_and_unknown_cause_is_other():
 
 
 def test_signature_columns():
-    row = SignatureRow("abc", "<b>t</b>", 1, 4, NOW - 60, NOW, hosts=["a", "b"],
-                       causes=["oom_kill", "sigkill"])  # fmt: skip
+    row = SignatureRow(
+        "abc", "<b>t</b>", 1, 4, NOW - 60, NOW, hosts=["a", "b"], causes=["oom_kill", "sigkill"]
+    )
     cols = signature_columns([row])
-    assert cols == {"id": ["abc"], "count": [4], "hosts": [2], "first_seen": [(NOW - 60) * 1000],
-                    "last_seen": [NOW * 1000], "title": ["<b>t</b>"],
-                    "causes": ["oom_kill, sigkill"]}  # fmt: skip
+    assert cols == {
+        "id": ["abc"],
+        "count": [4],
+        "hosts": [2],
+        "first_seen": [(NOW - 60) * 1000],
+        "last_seen": [NOW * 1000],
+        "title": ["<b>t</b>"],
+        "causes": ["oom_kill, sigkill"],
+    }
 
 
 def test_pipeline_columns_live_first_and_not_twice():
     live = [PipelineStatus("a", "running", 1, 0, 0, 0, 0, "s")]
-    stored = [PipelineStatus("b", "failed", 1, 1, 0, 0, 1, "s"),
-              PipelineStatus("a", "running", 0, 0, 0, 0, 0, "old")]  # fmt: skip
+    stored = [
+        PipelineStatus("b", "failed", 1, 1, 0, 0, 1, "s"),
+        PipelineStatus("a", "running", 0, 0, 0, 0, 0, "old"),
+    ]
     cols = pipeline_columns(live, stored)
     assert cols["name"] == ["a", "b"] and cols["source"] == ["live", "stored"]
     assert cols["summary"] == ["s", "s"]
@@ -76,8 +97,17 @@ def test_pipeline_columns_live_first_and_not_twice():
 
 def test_signature_detail_is_the_raw_text():
     trace = "Traceback\n<script>x()</script>\n"
-    row = SignatureRow("abc", "T", 1, 2, NOW - 60, NOW, hosts=["h1"],
-                       shards=[f"s{i}" for i in range(25)], example=trace)  # fmt: skip
+    row = SignatureRow(
+        "abc",
+        "T",
+        1,
+        2,
+        NOW - 60,
+        NOW,
+        hosts=["h1"],
+        shards=[f"s{i}" for i in range(25)],
+        example=trace,
+    )
     text = signature_detail(row, [event("oom_kill", 5, evidence={"oom_kill_delta": 1})])
     assert "<script>x()</script>" in text  # escaping is the widget's job: PreText
     assert "... and 5 more" in text and '"oom_kill_delta": 1' in text

@@ -96,8 +96,11 @@ class CoreModel(RuleBasedStateMachine):
 
     # --- the world ------------------------------------------------------------------
 
-    @rule(keys=st.sets(st.sampled_from(KEYS[:4]), min_size=1), span=st.sampled_from(["a", "b"]),
-          block=st.integers(0, 2))
+    @rule(
+        keys=st.sets(st.sampled_from(KEYS[:4]), min_size=1),
+        span=st.sampled_from(["a", "b"]),
+        block=st.integers(0, 2),
+    )
     def submit(self, keys, span, block):
         new = [k for k in keys if k not in self.submitted]
         ann = {"span": {k: {"name": (span,), "ids": (f"{span}{block}",)} for k in new}}
@@ -139,33 +142,51 @@ class CoreModel(RuleBasedStateMachine):
         self.done.discard(key)
         self.deaths_while_executing[key] = 0
 
-    @rule(target=pending, key=st.sampled_from(KEYS), cause=st.sampled_from(CAUSES),
-          report=st.sampled_from(["before", "after", "never"]), guess=st.booleans())
+    @rule(
+        target=pending,
+        key=st.sampled_from(KEYS),
+        cause=st.sampled_from(CAUSES),
+        report=st.sampled_from(["before", "after", "never"]),
+        guess=st.booleans(),
+    )
     def kill_where(self, key, cause, report, guess):
         """The key kills the worker it runs on (or a worker dies under it)."""
         worker = self.on_worker(key)
         return self.kill(worker, cause, report, guess) if worker else None
 
-    @rule(target=pending, key=st.sampled_from(KEYS), worker=st.sampled_from(WORKERS),
-          cause=st.sampled_from(CAUSES), report=st.sampled_from(["before", "after", "never"]),
-          guess=st.booleans())
+    @rule(
+        target=pending,
+        key=st.sampled_from(KEYS),
+        worker=st.sampled_from(WORKERS),
+        cause=st.sampled_from(CAUSES),
+        report=st.sampled_from(["before", "after", "never"]),
+        guess=st.booleans(),
+    )
     def crasher(self, key, worker, cause, report, guess):
         """A task that kills every worker it starts on, whenever Dask lets it start."""
         self.start(key, worker, True)
         return self.kill_where(key, cause, report, guess)
 
-    @rule(target=pending, keys=st.lists(st.sampled_from(KEYS), min_size=2, max_size=3,
-                                        unique=True),
-          worker=st.sampled_from(WORKERS), report=st.sampled_from(["before", "after"]))
+    @rule(
+        target=pending,
+        keys=st.lists(st.sampled_from(KEYS), min_size=2, max_size=3, unique=True),
+        worker=st.sampled_from(WORKERS),
+        report=st.sampled_from(["before", "after"]),
+    )
     def shared_memory_kill(self, keys, worker, report):
         """Tasks that only together exceed the worker's memory."""
         for key in keys:
             self.start(key, worker, True)
         return self.kill(worker, "oom_kill", report, False)
 
-    @rule(target=pending, worker=st.sampled_from(WORKERS), cause=st.sampled_from(CAUSES),
-          report=st.sampled_from(["before", "after", "never"]), guess=st.booleans(),
-          stale=st.booleans())
+    @rule(
+        target=pending,
+        worker=st.sampled_from(WORKERS),
+        cause=st.sampled_from(CAUSES),
+        report=st.sampled_from(["before", "after", "never"]),
+        guess=st.booleans(),
+        stale=st.booleans(),
+    )
     def kill(self, worker, cause, report, guess, stale=False):
         if worker not in self.alive:
             return None
@@ -176,16 +197,26 @@ class CoreModel(RuleBasedStateMachine):
         rep = {
             # stale: the nanny had not read the restarted process's address yet, so its
             # report names the address of the process before (same nanny, same pid).
-            "worker": f"{worker}-before" if stale else worker, "nanny": f"{worker}-nanny",
-            "pid": self.pid[worker], "cause": cause, "host": "h",
-            "time": self.now, "memory_limit": self.limits[worker] or None, "crash": None,
-            "evidence": {}, "executing": [{"key": k, "prefix": k.split("-")[0], "stack": None}
-                                          for k in executing],
+            "worker": f"{worker}-before" if stale else worker,
+            "nanny": f"{worker}-nanny",
+            "pid": self.pid[worker],
+            "cause": cause,
+            "host": "h",
+            "time": self.now,
+            "memory_limit": self.limits[worker] or None,
+            "crash": None,
+            "evidence": {},
+            "executing": [{"key": k, "prefix": k.split("-")[0], "stack": None} for k in executing],
         }
         removal = Removal(
-            worker=worker, host="h", time=self.now, processing={k: k for k in tasks},
+            worker=worker,
+            host="h",
+            time=self.now,
+            processing={k: k for k in tasks},
             executing_guess={k: k for k in executing[:1]} if guess else {},
-            nthreads=2, pid=self.pid[worker], memory_limit=self.limits[worker] or None,
+            nthreads=2,
+            pid=self.pid[worker],
+            memory_limit=self.limits[worker] or None,
             nanny=f"{worker}-nanny",
         )
         if report == "before":
@@ -198,8 +229,12 @@ class CoreModel(RuleBasedStateMachine):
         self.apply(self.core.worker_added(worker, self.limits[worker]))
         return rep if report == "after" else None
 
-    @rule(worker=st.sampled_from(WORKERS), requested=st.booleans(),
-          notice=st.sampled_from(["before", "after", "never"]), guess=st.booleans())
+    @rule(
+        worker=st.sampled_from(WORKERS),
+        requested=st.booleans(),
+        notice=st.sampled_from(["before", "after", "never"]),
+        guess=st.booleans(),
+    )
     def exit_zero(self, worker, requested, notice, guess):
         """The worker ends with status 0: its nanny was asked to stop it (`requested`: a
         SIGTERM, a restart) or it ended itself (a task called `os._exit(0)`), and Dask
@@ -214,9 +249,14 @@ class CoreModel(RuleBasedStateMachine):
                 self.deaths_while_executing[k] += 1
             self.removals += 1
         removal = Removal(
-            worker=worker, host="h", time=self.now, processing={k: k for k in tasks},
+            worker=worker,
+            host="h",
+            time=self.now,
+            processing={k: k for k in tasks},
             executing_guess={k: k for k in executing[:1]} if guess else {},
-            nthreads=2, pid=self.pid[worker], memory_limit=self.limits[worker] or None,
+            nthreads=2,
+            pid=self.pid[worker],
+            memory_limit=self.limits[worker] or None,
             nanny=f"{worker}-nanny",
         )
         pid = self.pid[worker]
@@ -245,11 +285,22 @@ class CoreModel(RuleBasedStateMachine):
         self.forged += 1
         address = f"tcp://ghost{self.forged}:1"
         self.forged_addresses.add(address)
-        self.apply(self.core.reported({"worker": address, "pid": 1, "cause": cause, "host": "x",
-                                       "time": self.now, "memory_limit": None, "crash": None,
-                                       "evidence": {}, "executing": [{"key": "k-0", "prefix": "k",
-                                                                      "stack": None}]},
-                                      self.now))
+        self.apply(
+            self.core.reported(
+                {
+                    "worker": address,
+                    "pid": 1,
+                    "cause": cause,
+                    "host": "x",
+                    "time": self.now,
+                    "memory_limit": None,
+                    "crash": None,
+                    "evidence": {},
+                    "executing": [{"key": "k-0", "prefix": "k", "stack": None}],
+                },
+                self.now,
+            )
+        )
 
     @rule(dt=st.sampled_from([0.1, 1.0, 6.0]))
     def tick(self, dt):
@@ -267,8 +318,9 @@ class CoreModel(RuleBasedStateMachine):
     def a_held_key_waits_for_a_reason(self):
         core = self.core
         for k in core.held:
-            assert (core.budget.undecided(k) > 0 or k in core.suspects
-                    or k == core.isolating), f"{k} held with nothing to wait for"
+            assert core.budget.undecided(k) > 0 or k in core.suspects or k == core.isolating, (
+                f"{k} held with nothing to wait for"
+            )
         assert not core.held & set(core.stopped)
         if core.isolating is None and core.suspects:
             # Isolation only waits for a death still to be decided, never for nothing.

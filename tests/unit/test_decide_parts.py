@@ -16,9 +16,14 @@ def removal(worker="tcp://a:1", processing=None, **kw):
 
 
 def report(worker="tcp://a:1", pid=7, executing=(), grew=None):
-    return {"worker": worker, "pid": pid, "cause": "sigkill",
-            "executing": [{"key": k, "prefix": k, "stack": None, "grew": (grew or {}).get(k)}
-                          for k in executing]}
+    return {
+        "worker": worker,
+        "pid": pid,
+        "cause": "sigkill",
+        "executing": [
+            {"key": k, "prefix": k, "stack": None, "grew": (grew or {}).get(k)} for k in executing
+        ],
+    }
 
 
 @pytest.mark.parametrize("report_first", [False, True])
@@ -192,12 +197,17 @@ def test_submissions_without_a_name_join_the_live_run():
 
 def test_each_span_block_is_its_own_run_and_a_closed_run_takes_no_more():
     r = Runs()
-    span = lambda i: {"span": {f"k-{i}": {"name": ("etl",), "ids": (f"id{i // 2}",)}}}
+
+    def span(i):
+        return {"span": {f"k-{i}": {"name": ("etl",), "ids": (f"id{i // 2}",)}}}
+
     runs = [next(iter(r.observe([f"k-{i}"], [f"k-{i}"], span(i), 0.0))) for i in range(4)]
     assert runs[0] is runs[1] and runs[2] is runs[3] and runs[0] is not runs[2]
     assert [x.label for x in (runs[0], runs[2])] == ["etl", "etl#2"]
     r.close(runs[0])
-    assert next(iter(r.observe(["k-9"], ["k-9"], {ANNOTATION: {"k-9": "etl"}}, 0.0))).label == "etl#3"
+    assert (
+        next(iter(r.observe(["k-9"], ["k-9"], {ANNOTATION: {"k-9": "etl"}}, 0.0))).label == "etl#3"
+    )
 
 
 def test_blame_without_a_report_is_never_nobody():
@@ -234,9 +244,18 @@ def test_a_memory_killed_shard_waits_for_a_larger_worker_that_is_restarting(come
     c.worker_added("tcp://big:1", 2 * gib)
     c.removed(removal("tcp://big:1", memory_limit=2 * gib), now=0.0)  # restarting
     c.removed(removal("tcp://small:1", {"k": "k"}, memory_limit=gib), now=1.0)
-    out = c.reported({**report("tcp://small:1", executing=["k"]), "cause": "oom_kill",
-                      "host": "small", "time": 1.0, "memory_limit": gib, "crash": None,
-                      "evidence": {}}, now=1.1)
+    out = c.reported(
+        {
+            **report("tcp://small:1", executing=["k"]),
+            "cause": "oom_kill",
+            "host": "small",
+            "time": 1.0,
+            "memory_limit": gib,
+            "crash": None,
+            "evidence": {},
+        },
+        now=1.1,
+    )
     assert [d for d in out if isinstance(d, Stop)] == []
     assert [d.workers for d in out if isinstance(d, Restrict)] == [frozenset()]
     c.tick(now=7.0)  # the big worker's own death is decided (worker_lost)
@@ -248,11 +267,14 @@ def test_a_memory_killed_shard_waits_for_a_larger_worker_that_is_restarting(come
         assert "no worker has more than 1 GiB" in stop.exception.message
 
 
-@pytest.mark.parametrize("grew, named", [
-    ({"sleepy": 5 * 2**20, "hungry": 900 * 2**20}, "hungry"),   # one task grew the worker
-    ({"a": 450 * 2**20, "b": 470 * 2**20}, None),               # both did: no single culprit
-    ({"a": 0, "b": 0}, None),                                   # the samples saw nothing
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "grew, named",
+    [
+        ({"sleepy": 5 * 2**20, "hungry": 900 * 2**20}, "hungry"),  # one task grew the worker
+        ({"a": 450 * 2**20, "b": 470 * 2**20}, None),  # both did: no single culprit
+        ({"a": 0, "b": 0}, None),  # the samples saw nothing
+    ],
+)
 def test_a_shared_memory_kill_names_the_likely_culprit_and_isolates_it_first(grew, named):
     from oomguard._decide import DecisionCore, Record, Release, Stop
 
@@ -262,9 +284,18 @@ def test_a_shared_memory_kill_names_the_likely_culprit_and_isolates_it_first(gre
     c.submitted(keys, keys, {}, now=0.0)
     c.worker_added("tcp://w:1", gib)
     c.removed(removal("tcp://w:1", {k: k for k in keys}, memory_limit=gib, nthreads=2), now=1.0)
-    out = c.reported({**report("tcp://w:1", executing=keys, grew=grew), "cause": "oom_kill", "host": "w",
-                      "time": 1.0, "memory_limit": gib, "crash": None, "evidence": {}},
-                     now=1.1)
+    out = c.reported(
+        {
+            **report("tcp://w:1", executing=keys, grew=grew),
+            "cause": "oom_kill",
+            "host": "w",
+            "time": 1.0,
+            "memory_limit": gib,
+            "crash": None,
+            "evidence": {},
+        },
+        now=1.1,
+    )
     assert not [d for d in out if isinstance(d, Stop)]  # concurrency proves no shard too big
     evidence = [d.event.evidence for d in out if isinstance(d, Record)][0]
     assert evidence.get("likely_culprit") == named
@@ -277,9 +308,15 @@ def test_a_shared_memory_kill_names_the_likely_culprit_and_isolates_it_first(gre
 
 
 def _sigkill(worker, keys, stacks):
-    return {**report(worker, executing=keys), "host": "h", "time": 1.0, "memory_limit": None,
-            "crash": None, "evidence": {},
-            "executing": [{"key": k, "prefix": k.split("-")[0], "stack": stacks[k]} for k in keys]}
+    return {
+        **report(worker, executing=keys),
+        "host": "h",
+        "time": 1.0,
+        "memory_limit": None,
+        "crash": None,
+        "evidence": {},
+        "executing": [{"key": k, "prefix": k.split("-")[0], "stack": stacks[k]} for k in keys],
+    }
 
 
 def test_one_death_is_one_signature_whatever_the_executing_tasks_were_doing():
@@ -321,7 +358,11 @@ def test_a_worker_that_died_before_its_nanny_learned_its_new_address_is_one_deat
     else:
         assert p.removed(gone, now=0.0) is None
         death = p.reported(stale, now=0.1)
-    assert (death.worker, death.removal, death.report["worker"]) == ("tcp://a:2", gone, "tcp://a:2")
+    assert (death.worker, death.removal, death.report["worker"]) == (
+        "tcp://a:2",
+        gone,
+        "tcp://a:2",
+    )
     assert len(p) == 0 and p.expired(now=100.0) == []
 
 
@@ -339,8 +380,9 @@ def test_a_thousand_tasks_erring_with_one_bug_are_parsed_once(monkeypatch):
 
     parsed = []
     real = core_module.fingerprint_dask
-    monkeypatch.setattr(core_module, "fingerprint_dask",
-                        lambda e, t: parsed.append(e) or real(e, t))
+    monkeypatch.setattr(
+        core_module, "fingerprint_dask", lambda e, t: parsed.append(e) or real(e, t)
+    )
     monkeypatch.setattr(core_module, "_DASK_SIGNATURES", type(core_module._DASK_SIGNATURES)())
     c = DecisionCore(allowed_failures=3, grace=5.0)
     tb = '  File "/app/etl.py", line 8, in lookup\n    return table[k]\n'
@@ -368,8 +410,9 @@ def test_memory_waits_are_told_in_the_pipeline_summary():
         c.transition(k, "processing", "memory")
     [status] = [c.policy.status(p) for p in c.policy.pipelines()]
     assert status.status == "succeeded"
-    assert status.summary == ("all 3 shards finished; 2 tasks waited 12 s in total for "
-                              "memory."), status.summary
+    assert status.summary == ("all 3 shards finished; 2 tasks waited 12 s in total for memory."), (
+        status.summary
+    )
 
 
 def test_workers_killed_again_before_they_registered_are_each_one_death():

@@ -21,5 +21,6 @@ def test_configure_applies_each_setting_through_its_owner():
 
 def test_configure_refuses_a_bad_limit():
     with pytest.raises(ValueError, match="max_shard_infra_failures is 0"):
-        DecisionCore().configure(report_grace=5.0, max_shard_infra_failures=0,
-                                 abort_on_repeat_signature=True)
+        DecisionCore().configure(
+            report_grace=5.0, max_shard_infra_failures=0, abort_on_repeat_signature=True
+        )

@@ -12,17 +12,19 @@ import socket
 
 import dask.config
 import pytest
-from capabilities import require
 
-from oomguard._evidence import (
-    cgroup as _cgroup,
+from capabilities import require
+from oomguard._cli import main
+from oomguard._cli.doctor import (
+    cgroup as _doctor_cgroup,
+)
+from oomguard._cli.doctor import (
+    checks as _doctor,
 )
 from oomguard._cli.doctor import (
     command as _cli_doctor,
-    checks as _doctor,
-    cgroup as _doctor_cgroup,
 )
-from oomguard._cli import main
+from oomguard._cli.doctor.cgroup import check_cgroup
 from oomguard._cli.doctor.checks import (
     Check,
     check_crash_dir,
@@ -30,8 +32,10 @@ from oomguard._cli.doctor.checks import (
     check_oom_killers,
     diagnose,
 )
-from oomguard._cli.doctor.cgroup import check_cgroup
 from oomguard._cli.doctor.text import FIX, KILLERS, LAYOUTS
+from oomguard._evidence import (
+    cgroup as _cgroup,
+)
 from oomguard._evidence.paths import default_crash_dir
 
 FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "cgroup"
@@ -70,7 +74,9 @@ def test_v1_host_per_worker_groups_by_a_real_probe(tree):
     layout, checks = check_cgroup(root)
     assert layout == "v1"
     assert statuses(checks) == [
-        ("cgroup", "ok"), ("cgroup.mount", "ok"), ("cgroup.per-worker", "ok"),
+        ("cgroup", "ok"),
+        ("cgroup.mount", "ok"),
+        ("cgroup.per-worker", "ok"),
         ("cgroup.peak", "ok"),
     ]
     assert checks[0].detail == (
@@ -91,7 +97,9 @@ def test_v1_docker_read_only_mount_is_shared_and_not_probed(tree):
     layout, checks = check_cgroup(tree("v1-docker"), probe=must_not_probe)
     assert layout == "v1-shared"
     assert statuses(checks) == [
-        ("cgroup", "ok"), ("cgroup.mount", "warn"), ("cgroup.per-worker", "warn"),
+        ("cgroup", "ok"),
+        ("cgroup.mount", "warn"),
+        ("cgroup.per-worker", "warn"),
         ("cgroup.peak", "ok"),
     ]
     assert checks[1] == Check(
@@ -111,8 +119,12 @@ def test_v2_delegated_with_a_probe_that_succeeds(tree):
     layout, checks = check_cgroup(tree("v2-delegated"), probe=lambda info: (True, ""))
     assert layout == "v2-delegated"
     assert statuses(checks) == [
-        ("cgroup", "ok"), ("cgroup.memory", "ok"), ("cgroup.mount", "ok"),
-        ("cgroup.per-worker", "ok"), ("cgroup.processes", "ok"), ("cgroup.oom-group", "ok"),
+        ("cgroup", "ok"),
+        ("cgroup.memory", "ok"),
+        ("cgroup.mount", "ok"),
+        ("cgroup.per-worker", "ok"),
+        ("cgroup.processes", "ok"),
+        ("cgroup.oom-group", "ok"),
         ("cgroup.peak", "ok"),
     ]
     assert checks[0].detail == "cgroup v2, group /sys/fs/cgroup/nanny"
@@ -138,13 +150,18 @@ def test_v2_k8s_container_shares_its_group(tree):
     layout, checks = check_cgroup(tree("v2-k8s"))
     assert layout == "v2-shared"
     assert statuses(checks) == [
-        ("cgroup", "ok"), ("cgroup.memory", "ok"), ("cgroup.mount", "ok"),
-        ("cgroup.per-worker", "warn"), ("cgroup.processes", "warn"), ("cgroup.oom-group", "ok"),
+        ("cgroup", "ok"),
+        ("cgroup.memory", "ok"),
+        ("cgroup.mount", "ok"),
+        ("cgroup.per-worker", "warn"),
+        ("cgroup.processes", "warn"),
+        ("cgroup.oom-group", "ok"),
         ("cgroup.peak", "ok"),
     ]
     assert "no-internal-processes" in checks[3].detail
     assert checks[4] == Check(
-        "cgroup.processes", "warn",
+        "cgroup.processes",
+        "warn",
         f"{K8S_CTR} holds 2 processes: cgroup v2's no-internal-processes rule forbids "
         "memory-enabled children",
         FIX["processes"],
@@ -155,8 +172,12 @@ def test_v2_namespace_read_only_old_kernel(tree):
     layout, checks = check_cgroup(tree("v2-ns"), probe=must_not_probe)
     assert layout == "v2-shared"
     assert statuses(checks) == [
-        ("cgroup", "ok"), ("cgroup.memory", "ok"), ("cgroup.mount", "warn"),
-        ("cgroup.per-worker", "warn"), ("cgroup.processes", "warn"), ("cgroup.oom-group", "ok"),
+        ("cgroup", "ok"),
+        ("cgroup.memory", "ok"),
+        ("cgroup.mount", "warn"),
+        ("cgroup.per-worker", "warn"),
+        ("cgroup.processes", "warn"),
+        ("cgroup.oom-group", "ok"),
         ("cgroup.peak", "no"),
     ]
     assert checks[6] == Check(
@@ -169,7 +190,8 @@ def test_v2_oom_group_kills_the_nanny_too():
     assert layout == "v2-shared"
     oom_group = {c.name: c for c in checks}["cgroup.oom-group"]
     assert oom_group == Check(
-        "cgroup.oom-group", "warn",
+        "cgroup.oom-group",
+        "warn",
         "memory.oom.group is 1 in /sys/fs/cgroup: an OOM kill at its limit kills the nanny "
         "with its workers: no death report, only worker_lost",
         FIX["oom-group"],
@@ -194,7 +216,8 @@ def test_v2_group_whose_parent_does_not_delegate_memory(tree):
     layout, checks = check_cgroup(root, probe=must_not_probe)
     assert layout == "none"
     assert checks[1] == Check(
-        "cgroup.memory", "no",
+        "cgroup.memory",
+        "no",
         "no memory.current in /sys/fs/cgroup/nanny: its parent does not enable the memory "
         "controller for it",
         FIX["memory"],
@@ -204,14 +227,21 @@ def test_v2_group_whose_parent_does_not_delegate_memory(tree):
 def test_no_cgroup_at_all(tmp_path):
     layout, checks = check_cgroup(str(tmp_path), probe=must_not_probe)
     assert (layout, checks) == (
-        "none", [Check("cgroup", "no", "/proc/self/cgroup: not found", FIX["cgroup"])]
+        "none",
+        [Check("cgroup", "no", "/proc/self/cgroup: not found", FIX["cgroup"])],
     )
 
 
 @pytest.mark.parametrize(
     "version,usable,per_worker,label",
-    [(None, False, False, "none"), (1, True, True, "v1"), (1, True, False, "v1-shared"),
-     (2, True, True, "v2-delegated"), (2, True, False, "v2-shared"), (2, False, True, "none")],
+    [
+        (None, False, False, "none"),
+        (1, True, True, "v1"),
+        (1, True, False, "v1-shared"),
+        (2, True, True, "v2-delegated"),
+        (2, True, False, "v2-shared"),
+        (2, False, True, "none"),
+    ],
 )
 def test_layout_labels(version, usable, per_worker, label):
     assert _doctor.layout_label(version, usable, per_worker) == label
@@ -227,7 +257,8 @@ def test_kernel_log_readable(tmp_path):
     (tmp_path / "proc/sys/kernel").mkdir(parents=True)
     (tmp_path / "proc/sys/kernel/dmesg_restrict").write_text("1\n")
     assert check_kernel_log(str(tmp_path)) == Check(
-        "kernel-log", "ok",
+        "kernel-log",
+        "ok",
         "/dev/kmsg is readable (kernel.dmesg_restrict=1): the kernel's OOM-kill lines name "
         "the killed PID",
     )
@@ -235,7 +266,9 @@ def test_kernel_log_readable(tmp_path):
 
 def test_kernel_log_missing_in_a_container(tmp_path):
     assert check_kernel_log(str(tmp_path)) == Check(
-        "kernel-log", "no", "/dev/kmsg: not found (kernel.dmesg_restrict: not found)",
+        "kernel-log",
+        "no",
+        "/dev/kmsg: not found (kernel.dmesg_restrict: not found)",
         FIX["kmsg-missing"],
     )
     assert "--device /dev/kmsg" in FIX["kmsg-missing"] and "SYSLOG" in FIX["kmsg-missing"]
@@ -244,8 +277,10 @@ def test_kernel_log_missing_in_a_container(tmp_path):
 def test_kernel_log_denied_without_cap_syslog():
     # For real: the same check as user nobody, which lacks CAP_SYSLOG.
     restrict = pathlib.Path("/proc/sys/kernel/dmesg_restrict").read_text().strip()
-    require(os.geteuid() == 0 and restrict == "1" and os.path.exists("/dev/kmsg"),
-            "needs root (to drop to nobody), /dev/kmsg and kernel.dmesg_restrict=1")
+    require(
+        os.geteuid() == 0 and restrict == "1" and os.path.exists("/dev/kmsg"),
+        "needs root (to drop to nobody), /dev/kmsg and kernel.dmesg_restrict=1",
+    )
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child drops root (and with it CAP_SYSLOG), checks, reports, exits
@@ -260,7 +295,8 @@ def test_kernel_log_denied_without_cap_syslog():
         out = f.read()
     os.waitpid(pid, 0)
     assert json.loads(out) == {
-        "name": "kernel-log", "status": "no",
+        "name": "kernel-log",
+        "status": "no",
         "detail": "/dev/kmsg: cannot open: Operation not permitted (kernel.dmesg_restrict=1)",
         "fix": FIX["kmsg-denied"],
     }
@@ -271,8 +307,15 @@ def test_kernel_log_denied_without_cap_syslog():
 
 
 def test_oom_killers_found_by_comm(tmp_path):
-    for pid, comm in [(1, "systemd"), (27, "python3"), (812, "earlyoom"), (900, "systemd-oomd"),
-                      (901, "earlyoom"), (77, "nohang"), (78, "oomd")]:
+    for pid, comm in [
+        (1, "systemd"),
+        (27, "python3"),
+        (812, "earlyoom"),
+        (900, "systemd-oomd"),
+        (901, "earlyoom"),
+        (77, "nohang"),
+        (78, "oomd"),
+    ]:
         (tmp_path / f"proc/{pid}").mkdir(parents=True)
         (tmp_path / f"proc/{pid}/comm").write_text(comm + "\n")
     checks = check_oom_killers(str(tmp_path))
@@ -305,7 +348,8 @@ def test_crash_dir_made_probed_and_left_as_found(tmp_path):
     path = tmp_path / "a" / "b"
     check = check_crash_dir(str(path), configured=True)
     assert check == Check(
-        "crash-dir", "ok",
+        "crash-dir",
+        "ok",
         f"{path} (oomguard.worker.crash-dir) is writable: faulthandler stacks and flight "
         "records of dying workers go there",
     )
@@ -319,7 +363,8 @@ def test_crash_dir_not_writable(tmp_path):
     (tmp_path / "file").write_text("")
     path = tmp_path / "file" / "crash"  # below a regular file: ENOTDIR, also for root
     assert check_crash_dir(str(path), configured=False) == Check(
-        "crash-dir", "no",
+        "crash-dir",
+        "no",
         f"{path} (default crash dir) is not writable: Not a directory: reports lose "
         "faulthandler stacks and flight records",
         FIX["crash-dir"],
@@ -337,7 +382,9 @@ def test_diagnose_reads_the_configured_crash_dir(tmp_path):
     with dask.config.set({"oomguard.worker.crash-dir": 5}):
         crash = diagnose(str(tmp_path), probe=no_probe).checks[-1]
     assert crash == Check(
-        "crash-dir", "no", "oomguard.worker.crash-dir is 5; expected a path or null.",
+        "crash-dir",
+        "no",
+        "oomguard.worker.crash-dir is 5; expected a path or null.",
         FIX["crash-dir"],
     )
 
@@ -360,8 +407,9 @@ def test_json_shape(tmp_path, capsys):
     assert list(doc) == ["layout", "cgroup", "checks", "versions"]
     assert doc["layout"] in LAYOUTS
     assert list(doc["cgroup"]) == ["version", "path"]
-    assert doc["checks"] and all(list(c) == ["name", "status", "detail", "fix"]
-                                 for c in doc["checks"])
+    assert doc["checks"] and all(
+        list(c) == ["name", "status", "detail", "fix"] for c in doc["checks"]
+    )
     names = [c["name"] for c in doc["checks"]]
     assert names[0] == "cgroup" and names[-1] == "crash-dir" and "kernel-log" in names
     assert any(n == "oom-killer" or n.startswith("oom-killer.") for n in names)
@@ -388,8 +436,10 @@ def test_doctests():
 
 def test_this_host(capsys):
     info = _cgroup.detect()
-    require(os.geteuid() == 0 and info.version == 1,
-            "the live facts below are this machine's: cgroup v1, running as root")
+    require(
+        os.geteuid() == 0 and info.version == 1,
+        "the live facts below are this machine's: cgroup v1, running as root",
+    )
     d = diagnose()
     by_name = {c.name: c for c in d.checks}
     assert (d.layout, d.cgroup_version, d.cgroup_path) == ("v1", 1, info.path)

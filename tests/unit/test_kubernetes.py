@@ -18,10 +18,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from kubernetes.client import ApiClient, Configuration, CoreV1Api
 
-from oomguard._evidence import kubernetes as _kubernetes
 from oomguard._causes import Cause
+from oomguard._evidence import kubernetes as _kubernetes
 from oomguard._evidence.kubernetes import INSTALL_HINT, PodLookup, pod_death_evidence
-
 
 FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "k8s"
 
@@ -75,7 +74,11 @@ def test_oomkilled_current_state_counts_too():
     cs = data["status"]["containerStatuses"][0]
     cs["state"], cs["lastState"] = cs["lastState"], {}
     cause, evidence = pod_death_evidence(deserialize(json.dumps(data), "V1Pod"))
-    assert (cause, evidence["reason"], evidence["container"]) == ("oom_kill", "OOMKilled", "worker")
+    assert (cause, evidence["reason"], evidence["container"]) == (
+        "oom_kill",
+        "OOMKilled",
+        "worker",
+    )
 
 
 def test_oom_kill_of_an_earlier_restart_is_not_blamed_again():
@@ -110,7 +113,11 @@ def test_pod_being_deleted():
 
 def test_pod_gone():
     cause, evidence = pod_death_evidence(None)
-    assert (cause, evidence["reason"], evidence["source"]) == ("worker_lost", "deleted", "kubernetes pod status")
+    assert (cause, evidence["reason"], evidence["source"]) == (
+        "worker_lost",
+        "deleted",
+        "kubernetes pod status",
+    )
 
 
 def test_running_pod_has_nothing_to_say():
@@ -124,7 +131,12 @@ def test_container_sigkilled_without_oom():
 
 
 def test_evidence_is_plain_data():
-    for name in ("pod-oomkilled.json", "pod-evicted.json", "pod-terminating.json", "pod-sigkilled.json"):
+    for name in (
+        "pod-oomkilled.json",
+        "pod-evicted.json",
+        "pod-terminating.json",
+        "pod-sigkilled.json",
+    ):
         _, evidence = pod_death_evidence(pod(name))
         assert json.loads(json.dumps(evidence)) == evidence
 
@@ -146,7 +158,9 @@ def api_server():
                 code = 200
                 ip = query.get("fieldSelector", [""])[0]
                 body = recorded(
-                    "podlist-oomkilled.json" if ip == "status.podIP=10.42.1.23" else "podlist-empty.json"
+                    "podlist-oomkilled.json"
+                    if ip == "status.podIP=10.42.1.23"
+                    else "podlist-empty.json"
                 )
             elif url.path == "/api/v1/namespaces/data/pods/etl-oomguard-worker-7c9f6d8b5d-m8zfr":
                 code, body = 200, recorded("pod-running.json")

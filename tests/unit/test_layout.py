@@ -37,7 +37,8 @@ def _imports(name: str, path: pathlib.Path, *, lazy: bool = False) -> set[str]:
     found = set()
     tree = ast.parse(path.read_text())
     typing_only = {
-        id(n) for node in ast.walk(tree)
+        id(n)
+        for node in ast.walk(tree)
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
         for n in ast.walk(node)
     }
@@ -67,8 +68,9 @@ def _graph(*, lazy: bool = False) -> dict[str, set[str]]:
 
 
 def test_no_module_over_500_lines():
-    sizes = {p.relative_to(SRC).as_posix(): len(p.read_text().splitlines()) for p in
-             SRC.rglob("*.py")}
+    sizes = {
+        p.relative_to(SRC).as_posix(): len(p.read_text().splitlines()) for p in SRC.rglob("*.py")
+    }
     assert {p: n for p, n in sizes.items() if n > 500} == {}
 
 
@@ -83,8 +85,9 @@ def test_no_import_cycle():
 
     def visit(node: str, stack: list[str]) -> None:
         if node in stack:
-            raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(node):] +
-                                                             [node]))
+            raise AssertionError(
+                "import cycle: " + " -> ".join(stack[stack.index(node) :] + [node])
+            )
         if node in done:
             return
         for nxt in sorted(graph[node]):

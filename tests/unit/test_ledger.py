@@ -11,8 +11,8 @@ import time
 import pytest
 
 from oomguard._admission.ledger import HostLedger
-from oomguard._exceptions import AdmissionTimeout
 from oomguard._admission.needs import ANNOTATION, PeakEstimator, memory, need_of, parse_need
+from oomguard._exceptions import AdmissionTimeout
 
 GiB = 2**30
 
@@ -39,8 +39,10 @@ def test_a_cold_start_borrows_the_floor_but_not_memory_that_is_not_there(tmp_pat
     short = ledger.try_acquire("bigger", 5 * GiB)  # more than there is: it waits
     assert not short.granted and not short.cold
     assert (short.available, short.others) == (4 * GiB, 0)
-    assert ledger.try_acquire("fits", 3 * GiB).granted and not ledger.try_acquire(
-        "fits", 3 * GiB).cold  # fmt: skip
+    assert (
+        ledger.try_acquire("fits", 3 * GiB).granted
+        and not ledger.try_acquire("fits", 3 * GiB).cold
+    )
 
 
 def test_other_leases_and_floor_are_subtracted(tmp_path):
@@ -167,8 +169,11 @@ def test_two_leases_of_one_process_do_not_count_each_others_memory(tmp_path):
     """Per process: a worker with two threads holds two leases; what one task allocated is
     not the other's spending (it was, per lease: both looked spent)."""
     rss = [100 * MiB_]
-    ledger = HostLedger(str(tmp_path / "ledger.json"), available=lambda: 2 * GiB - rss[0],
-                        _process=(4242, lambda: rss[0], lambda pid, start: (True, None)))
+    ledger = HostLedger(
+        str(tmp_path / "ledger.json"),
+        available=lambda: 2 * GiB - rss[0],
+        _process=(4242, lambda: rss[0], lambda pid, start: (True, None)),
+    )
     assert ledger.try_acquire("a", 600 * MiB_).granted
     assert ledger.try_acquire("b", 600 * MiB_).granted
     rss[0] += 600 * MiB_  # task a allocates its whole need; b has not started
@@ -190,8 +195,11 @@ def test_a_lease_spent_elsewhere_claims_its_whole_need_until_released(tmp_path):
     scheduler and client in the same process) is not that lease being spent, not even after
     a release rebases the process's other leases."""
     rss = [100 * MiB_]
-    ledger = HostLedger(str(tmp_path / "ledger.json"), available=lambda: 2 * GiB - rss[0],
-                        _process=(4242, lambda: rss[0], lambda pid, start: (True, None)))
+    ledger = HostLedger(
+        str(tmp_path / "ledger.json"),
+        available=lambda: 2 * GiB - rss[0],
+        _process=(4242, lambda: rss[0], lambda pid, start: (True, None)),
+    )
     assert ledger.try_acquire("start-a", 300 * MiB_, elsewhere=True).granted
     assert ledger.try_acquire("start-b", 300 * MiB_, elsewhere=True).granted
     rss[0] += 250 * MiB_  # the process grows for other reasons

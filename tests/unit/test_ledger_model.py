@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import itertools
 
-from hypothesis import settings, strategies as st
+from hypothesis import settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from oomguard._admission.ledger import HostLedger
@@ -49,9 +50,15 @@ class LedgerModel(RuleBasedStateMachine):
         self.waiting: dict[tuple[int, str], int] = {}  # refused and asking again: need
         self.nanny = 30 * MiB
         self.keys = itertools.count()
-        self.ledgers = {pid: HostLedger(self.path, floor=FLOOR, available=self.available,
-                                        _process=(pid, self._own(pid), self._probe))
-                        for pid in (*PIDS, NANNY)}
+        self.ledgers = {
+            pid: HostLedger(
+                self.path,
+                floor=FLOOR,
+                available=self.available,
+                _process=(pid, self._own(pid), self._probe),
+            )
+            for pid in (*PIDS, NANNY)
+        }
 
     # -- what the ledger reads -------------------------------------------------------
 

@@ -7,9 +7,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from oomguard._causes import DEATH_CAUSES, Cause, Kind
+from oomguard._evidence.wire import REASONS
 from oomguard._metrics import INTERNAL_ERROR_SITES, LATENCY_BUCKETS, OomguardMetrics, store_totals
 from oomguard._models import FailureEvent
-from oomguard._evidence.wire import REASONS
 from oomguard._store import FailureStore
 
 NAMES = (
@@ -98,12 +98,7 @@ def test_unknown_labels_map_to_other(reg):
     assert value(r, "oomguard_worker_deaths_total", cause="other") == 1
     assert value(r, "oomguard_reports_rejected_total", reason="other") == 2
     assert value(r, "oomguard_internal_errors_total", where="other") == 1
-    labels = {
-        v
-        for family in r.collect()
-        for s in family.samples
-        for v in s.labels.values()
-    }
+    labels = {v for family in r.collect() for s in family.samples for v in s.labels.values()}
     assert "('load-0a1b', 17)" not in labels and "somewhere/new" not in labels
 
 
@@ -170,8 +165,19 @@ def test_store_totals(tmp_path):
         for i, (sig, host) in enumerate(
             [("a", "h1"), ("a", "h2"), ("a", "h2"), ("b", "h1"), ("c", "h3")]
         ):
-            store.add(FailureEvent("infra", "oom_kill", f"s{i}", "p", "w", host, sig,
-                                   f"title {sig}", time=1000.0 + i))  # fmt: skip
+            store.add(
+                FailureEvent(
+                    "infra",
+                    "oom_kill",
+                    f"s{i}",
+                    "p",
+                    "w",
+                    host,
+                    sig,
+                    f"title {sig}",
+                    time=1000.0 + i,
+                )
+            )
         assert store.flush()
         assert store_totals(store) == (3, 2)
     finally:

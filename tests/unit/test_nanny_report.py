@@ -12,11 +12,12 @@ import os
 import pytest
 
 from oomguard import CgroupError
-from oomguard._evidence import cgroup as _cgroup, wire as _wire
+from oomguard._evidence import cgroup as _cgroup
+from oomguard._evidence import wire as _wire
 from oomguard._evidence.flight import FlightRecorder
+from oomguard._evidence.paths import crash_path, flight_path
 from oomguard.worker_plugin._life import _Life
 from oomguard.worker_plugin._nanny import OomguardNannyPlugin
-from oomguard._evidence.paths import crash_path, flight_path
 
 
 def _plugin(tmp_path) -> OomguardNannyPlugin:
@@ -102,7 +103,9 @@ def test_bad_cgroup_limit_value_names_the_key(tmp_path):
 def test_install_rejects_an_unknown_setting_by_name():
     from oomguard.scheduler_plugin import OomguardSchedulerPlugin
 
-    with pytest.raises(ValueError, match="unknown oomguard scheduler setting 'max-shard-failures'"):
+    with pytest.raises(
+        ValueError, match="unknown oomguard scheduler setting 'max-shard-failures'"
+    ):
         OomguardSchedulerPlugin(max_shard_failures=2)
     plugin = OomguardSchedulerPlugin(max_shard_infra_failures=2, **{"kubernetes.enabled": False})
     assert plugin.config["max-shard-infra-failures"] == 2
@@ -189,8 +192,12 @@ def test_the_worker_is_moved_with_its_charge_where_the_kernel_can(
     assert placed.group is group and group.pids == [77] and group.limit == 600 * MiB
     assert group.calls[0] == "move_charge=True"  # set before the PID moves
     facts = placed.facts()
-    assert facts == {"own_group": True, "charge_moved": moved, "rss_at_move": 130 * MiB,
-                     "note": facts["note"]}
+    assert facts == {
+        "own_group": True,
+        "charge_moved": moved,
+        "rss_at_move": 130 * MiB,
+        "note": facts["note"],
+    }
     assert note in facts["note"]
 
 
@@ -209,14 +216,20 @@ def test_a_group_that_cannot_take_the_worker_is_removed_and_named(tmp_path, monk
 
 
 def test_the_report_says_what_the_groups_peak_covers(tmp_path):
-    placement = {"own_group": True, "charge_moved": False, "rss_at_move": 9 * MiB,
-                 "note": "memory.move_charge_at_immigrate refused (EINVAL)"}
-    life = _life(4330, cgroup_path=str(tmp_path / "gone"), cgroup_version=1,
-                 placement=placement)
+    placement = {
+        "own_group": True,
+        "charge_moved": False,
+        "rss_at_move": 9 * MiB,
+        "note": "memory.move_charge_at_immigrate refused (EINVAL)",
+    }
+    life = _life(4330, cgroup_path=str(tmp_path / "gone"), cgroup_version=1, placement=placement)
     report = _plugin(tmp_path)._build(4330, -9, False, "tcp://w:1", life, 2.0)
     ev = report["evidence"]
     assert (ev["peak_scope"], ev["charge_moved"], ev["rss_at_move_bytes"]) == (
-        "worker", False, 9 * MiB)
+        "worker",
+        False,
+        9 * MiB,
+    )
     assert "before it joined its group" in ev["peak_covers"]
     _wire.validate(report)
 
@@ -234,8 +247,9 @@ def test_a_worker_that_dies_before_it_is_up_is_reported_from_its_group(tmp_path,
 
     monkeypatch.setattr(plugin, "_report", report)
     group = _FakeGroup("oomguard-worker-91", 150 * MiB)
-    plugin._placed = _Placement(91, group=group, charge_moved=False, rss_at_move=5 * MiB,
-                                before={"oom_kill": 0})
+    plugin._placed = _Placement(
+        91, group=group, charge_moved=False, rss_at_move=5 * MiB, before={"oom_kill": 0}
+    )
 
     async def die():
         plugin._on_exit(91, -9, False, None)
@@ -245,6 +259,10 @@ def test_a_worker_that_dies_before_it_is_up_is_reported_from_its_group(tmp_path,
     (life,) = lives
     assert plugin._placed is None
     assert (life.pid, life.cgroup_path, life.cgroup_before) == (91, group.path, {"oom_kill": 0})
-    assert life.placement == {"own_group": True, "charge_moved": False,
-                              "rss_at_move": 5 * MiB, "note": ""}
+    assert life.placement == {
+        "own_group": True,
+        "charge_moved": False,
+        "rss_at_move": 5 * MiB,
+        "note": "",
+    }
     assert "the worker died before it was up" in life.missing

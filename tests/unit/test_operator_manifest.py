@@ -67,12 +67,16 @@ def strict(schema: dict[str, Any]) -> dict[str, Any]:
     unknown = {k for k in schema if k.startswith("x-kubernetes-")} - _HANDLED
     if unknown:  # a newer CRD uses an extension this converter does not know: say so
         raise NotImplementedError(f"CRD schema extension(s) not handled: {sorted(unknown)}")
-    out = {k: v for k, v in schema.items()
-           if k not in _HANDLED and k not in ("properties", "items", "additionalProperties")}
+    out = {
+        k: v
+        for k, v in schema.items()
+        if k not in _HANDLED and k not in ("properties", "items", "additionalProperties")
+    }
     if "properties" in schema:
         out["properties"] = {name: strict(sub) for name, sub in schema["properties"].items()}
         if "additionalProperties" not in schema and not schema.get(
-                "x-kubernetes-preserve-unknown-fields"):
+            "x-kubernetes-preserve-unknown-fields"
+        ):
             out["additionalProperties"] = False
     if isinstance(schema.get("additionalProperties"), dict):
         out["additionalProperties"] = strict(schema["additionalProperties"])
@@ -105,19 +109,24 @@ def crd_errors(obj: dict[str, Any]) -> list[str]:
     group = crd["spec"]["group"]
     served = {f"{group}/{v['name']}": v for v in crd["spec"]["versions"] if v.get("served")}
     if obj.get("apiVersion") not in served:
-        return [f"apiVersion: {obj.get('apiVersion')!r} is not served by {path.name} "
-                f"(served: {', '.join(sorted(served))})"]
+        return [
+            f"apiVersion: {obj.get('apiVersion')!r} is not served by {path.name} "
+            f"(served: {', '.join(sorted(served))})"
+        ]
     if obj["kind"] != crd["spec"]["names"]["kind"]:
         return [f"kind: {obj['kind']!r} is not {crd['spec']['names']['kind']!r}"]
     schema = strict(served[obj["apiVersion"]]["schema"]["openAPIV3Schema"])
     # apiVersion, kind and metadata are implicit in every CRD (ObjectMeta is checked apart).
     schema["properties"].update(
-        apiVersion={"type": "string"}, kind={"type": "string"},
-        metadata={"type": "object", "required": ["name"]})
+        apiVersion={"type": "string"},
+        kind={"type": "string"},
+        metadata={"type": "object", "required": ["name"]},
+    )
     jsonschema.Draft4Validator.check_schema(schema)
     errors = jsonschema.Draft4Validator(schema).iter_errors(without_nulls(obj))
-    return sorted(f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}"
-                  for e in errors)
+    return sorted(
+        f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in errors
+    )
 
 
 # -- the examples --------------------------------------------------------------------------
@@ -140,7 +149,9 @@ def from_python() -> dict[str, Any]:
 
 
 SOURCES: dict[str, Callable[[], dict[str, Any]]] = {
-    "daskcluster.yaml": manifest, "make_cluster_spec": from_python}
+    "daskcluster.yaml": manifest,
+    "make_cluster_spec": from_python,
+}
 
 
 def containers(cluster: dict[str, Any], role: str) -> dict[str, Any]:
@@ -189,12 +200,20 @@ def built(cluster: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {
         "workergroup": group,
         "scheduler": controller.build_scheduler_deployment_spec(
-            name, spec["scheduler"]["spec"], {}, {}),
+            name, spec["scheduler"]["spec"], {}, {}
+        ),
         "service": controller.build_scheduler_service_spec(
-            name, spec["scheduler"]["service"], {}, {}),
+            name, spec["scheduler"]["service"], {}, {}
+        ),
         "worker": controller.build_worker_deployment_spec(
-            group["metadata"]["name"], "data", name, "0123456789",
-            group["spec"]["worker"]["spec"], {}, {}),
+            group["metadata"]["name"],
+            "data",
+            name,
+            "0123456789",
+            group["spec"]["worker"]["spec"],
+            {},
+            {},
+        ),
     }
 
 
@@ -216,25 +235,32 @@ def _rename(d: dict, old: str, new: str) -> None:
 MISTAKES: dict[str, tuple[Callable[[dict], None], str]] = {
     "misspelled container field": (
         lambda c: _rename(containers(c, "worker"), "env", "evn"),
-        "spec/worker/spec/containers/0: Additional properties are not allowed ('evn'"),
+        "spec/worker/spec/containers/0: Additional properties are not allowed ('evn'",
+    ),
     "misspelled DaskCluster field": (
         lambda c: _rename(c["spec"]["worker"], "replicas", "replica"),
-        "spec/worker: Additional properties are not allowed ('replica'"),
+        "spec/worker: Additional properties are not allowed ('replica'",
+    ),
     "pod field at the wrong level": (
         lambda c: c["spec"]["scheduler"].__setitem__("serviceAccountName", "dask-oomguard"),
-        "spec/scheduler: Additional properties are not allowed ('serviceAccountName'"),
+        "spec/scheduler: Additional properties are not allowed ('serviceAccountName'",
+    ),
     "wrong type": (
         lambda c: c["spec"]["worker"].__setitem__("replicas", "4"),
-        "spec/worker/replicas: '4' is not of type 'integer'"),
+        "spec/worker/replicas: '4' is not of type 'integer'",
+    ),
     "numeric targetPort (the CRD types it as a string)": (
         lambda c: c["spec"]["scheduler"]["service"]["ports"][0].__setitem__("targetPort", 8786),
-        "spec/scheduler/service/ports/0/targetPort: 8786 is not of type 'string'"),
+        "spec/scheduler/service/ports/0/targetPort: 8786 is not of type 'string'",
+    ),
     "required part missing": (
         lambda c: c["spec"]["scheduler"].pop("service"),
-        "spec/scheduler: 'service' is a required property"),
+        "spec/scheduler: 'service' is a required property",
+    ),
     "unserved apiVersion": (
         lambda c: c.__setitem__("apiVersion", "kubernetes.dask.org/v2"),
-        "apiVersion: 'kubernetes.dask.org/v2' is not served"),
+        "apiVersion: 'kubernetes.dask.org/v2' is not served",
+    ),
 }
 
 
@@ -274,7 +300,7 @@ def test_the_kubernetes_check_rejects_a_misspelled_pod_field():
 
 
 def _follows(args: list[str], flag: str, value: str) -> bool:
-    return any(args[i:i + 2] == [flag, value] for i in range(len(args) - 1))
+    return any(args[i : i + 2] == [flag, value] for i in range(len(args) - 1))
 
 
 @pytest.mark.parametrize("source", SOURCES)
@@ -301,15 +327,20 @@ def test_the_pod_lookup_finds_the_workers_pods_and_may_read_them(source):
     scheduler_pod = objects["scheduler"]["spec"]["template"]
     assert selects(selector, worker_pod["metadata"]["labels"]), (selector, worker_pod["metadata"])
     assert not selects(selector, scheduler_pod["metadata"]["labels"])
-    assert settings["kubernetes.container"] in {c["name"] for c in worker_pod["spec"]["containers"]}
+    assert settings["kubernetes.container"] in {
+        c["name"] for c in worker_pod["spec"]["containers"]
+    }
 
     rbac = {d["kind"]: d for d in yaml.safe_load_all(RBAC.read_text()) if d}
     account = scheduler_pod["spec"]["serviceAccountName"]
     assert account == rbac["ServiceAccount"]["metadata"]["name"]
     binding = rbac["RoleBinding"]
     assert {"kind": "ServiceAccount", "name": account} in binding["subjects"]
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                  "name": rbac["Role"]["metadata"]["name"]}
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": rbac["Role"]["metadata"]["name"],
+    }
     # oomguard._evidence.kubernetes.PodLookup: list_namespaced_pod (find) and read_namespaced_pod (read).
     (rule,) = rbac["Role"]["rules"]
     assert rule["apiGroups"] == [""] and rule["resources"] == ["pods"]
@@ -329,8 +360,11 @@ def test_the_settings_check_rejects_a_misspelled_variable():
 #: dask/helm-chart at commit e25bf5116067684b0ca2f99924b3f0b183c2dcfd (the chart is not on a
 #: registry CI reaches). A key added to the overlay must be checked there and added here.
 CHECKED_CHART_KEYS = {
-    "scheduler.extraArgs", "scheduler.env", "scheduler.serviceAccountName",
-    "worker.extraArgs", "worker.env",
+    "scheduler.extraArgs",
+    "scheduler.env",
+    "scheduler.serviceAccountName",
+    "worker.extraArgs",
+    "worker.env",
 }
 
 
@@ -347,8 +381,11 @@ def test_dask_chart_overlay_uses_checked_keys_and_loads_oomguard():
     labels = {"app": "dask", "release": "my-dask"}
     assert selects(settings["kubernetes.label-selector"], {**labels, "component": "worker"})
     assert not selects(settings["kubernetes.label-selector"], {**labels, "component": "scheduler"})
-    assert scheduler["serviceAccountName"] == next(
-        d for d in yaml.safe_load_all(RBAC.read_text()) if d["kind"] == "ServiceAccount"
-    )["metadata"]["name"]
+    assert (
+        scheduler["serviceAccountName"]
+        == next(d for d in yaml.safe_load_all(RBAC.read_text()) if d["kind"] == "ServiceAccount")[
+            "metadata"
+        ]["name"]
+    )
     assert "dask-oomguard[kubernetes]" in env(scheduler)["EXTRA_PIP_PACKAGES"].split()
     assert "dask-oomguard" in env(worker)["EXTRA_PIP_PACKAGES"].split()

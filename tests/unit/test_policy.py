@@ -54,65 +54,134 @@ def run(policy: FailurePolicy, events: list[FailureEvent]) -> list[int]:
 CASES = {
     # Count threshold: same worker every time never takes the fast path.
     "three oom_kills on one worker reach the count": (
-        [ev("oom_kill", "w1"), ev("oom_kill", "w1"), ev("oom_kill", "w1")], {}, [2]),
+        [ev("oom_kill", "w1"), ev("oom_kill", "w1"), ev("oom_kill", "w1")],
+        {},
+        [2],
+    ),
     "two on one worker are not enough": ([ev("oom_kill", "w1"), ev("oom_kill", "w1")], {}, []),
     # Fast path: same shard, same signature, two different workers, a shard cause.
     "oom_kill on two workers, same signature": (
-        [ev("oom_kill", "w1"), ev("oom_kill", "w2")], {}, [1]),
+        [ev("oom_kill", "w1"), ev("oom_kill", "w2")],
+        {},
+        [1],
+    ),
     "native_crash on two workers": ([ev("native_crash", "w1"), ev("native_crash", "w2")], {}, [1]),
     "memory_terminate on two workers": (
-        [ev("memory_terminate", "w1"), ev("memory_terminate", "w2")], {}, [1]),
+        [ev("memory_terminate", "w1"), ev("memory_terminate", "w2")],
+        {},
+        [1],
+    ),
     "memory_error on two workers": ([ev("memory_error", "w1"), ev("memory_error", "w2")], {}, [1]),
     "oom_kill then memory_terminate, same signature": (
-        [ev("oom_kill", "w1"), ev("memory_terminate", "w2")], {}, [1]),
+        [ev("oom_kill", "w1"), ev("memory_terminate", "w2")],
+        {},
+        [1],
+    ),
     "different signatures: only the count decides": (
-        [ev(sig="a", worker="w1"), ev(sig="b", worker="w2"), ev(sig="c", worker="w3")], {}, [2]),
+        [ev(sig="a", worker="w1"), ev(sig="b", worker="w2"), ev(sig="c", worker="w3")],
+        {},
+        [2],
+    ),
     "unknown (empty) signature never matches": (
-        [ev(sig="", worker="w1"), ev(sig="", worker="w2")], {}, []),
+        [ev(sig="", worker="w1"), ev(sig="", worker="w2")],
+        {},
+        [],
+    ),
     "same signature on two workers but different shards": (
-        [ev(worker="w1", shard="a"), ev(worker="w2", shard="b")], {}, []),
+        [ev(worker="w1", shard="a"), ev(worker="w2", shard="b")],
+        {},
+        [],
+    ),
     "fast path off by config": (
-        [ev("oom_kill", "w1"), ev("oom_kill", "w2")], {"abort_on_repeat_signature": False}, []),
+        [ev("oom_kill", "w1"), ev("oom_kill", "w2")],
+        {"abort_on_repeat_signature": False},
+        [],
+    ),
     "fast path off, count still decides": (
         [ev("oom_kill", "w1"), ev("oom_kill", "w2"), ev("oom_kill", "w3")],
-        {"abort_on_repeat_signature": False}, [2]),
+        {"abort_on_repeat_signature": False},
+        [2],
+    ),
     # Preemption-looking causes never take the fast path, only the count.
     "sigkill on two workers": ([ev("sigkill", "w1"), ev("sigkill", "w2")], {}, []),
     "sigterm on two workers": ([ev("sigterm", "w1"), ev("sigterm", "w2")], {}, []),
     "worker_lost on two workers": ([ev("worker_lost", "w1"), ev("worker_lost", "w2")], {}, []),
     "exit on two workers": ([ev("exit", "w1"), ev("exit", "w2")], {}, []),
     "sigkill three times reaches the count": (
-        [ev("sigkill", "w1"), ev("sigkill", "w2"), ev("sigkill", "w3")], {}, [2]),
+        [ev("sigkill", "w1"), ev("sigkill", "w2"), ev("sigkill", "w3")],
+        {},
+        [2],
+    ),
     "sigkill then oom_kill, same signature: no fast path": (
-        [ev("sigkill", "w1"), ev("oom_kill", "w2")], {}, []),
+        [ev("sigkill", "w1"), ev("oom_kill", "w2")],
+        {},
+        [],
+    ),
     "oom_kill then sigkill, same signature: no fast path": (
-        [ev("oom_kill", "w1"), ev("sigkill", "w2")], {}, []),
+        [ev("oom_kill", "w1"), ev("sigkill", "w2")],
+        {},
+        [],
+    ),
     # User exceptions are counted but never abort, nor count towards the infra threshold.
     "exceptions never abort": ([ev("exception", f"w{i}") for i in range(6)], {}, []),
     "exceptions do not count towards the threshold": (
-        [ev("oom_kill", "w1"), ev("exception", "w1"), ev("exception", "w2"), ev("oom_kill", "w1"),
-         ev("oom_kill", "w1")], {}, [4]),
+        [
+            ev("oom_kill", "w1"),
+            ev("exception", "w1"),
+            ev("exception", "w2"),
+            ev("oom_kill", "w1"),
+            ev("oom_kill", "w1"),
+        ],
+        {},
+        [4],
+    ),
     # One decision per pipeline.
     "no second decision after an abort": (
         [ev("oom_kill", "w1"), ev("oom_kill", "w2"), ev("oom_kill", "w3"), ev("oom_kill", "w4")],
-        {}, [1]),
+        {},
+        [1],
+    ),
     "another shard of an aborted pipeline gets no decision": (
-        [ev(worker="w1", shard="a"), ev(worker="w2", shard="a"),
-         ev(worker="w1", shard="b"), ev(worker="w2", shard="b")], {}, [1]),
+        [
+            ev(worker="w1", shard="a"),
+            ev(worker="w2", shard="a"),
+            ev(worker="w1", shard="b"),
+            ev(worker="w2", shard="b"),
+        ],
+        {},
+        [1],
+    ),
     "other pipelines are untouched": (
-        [ev(worker="w1", pipeline="p"), ev(worker="w2", pipeline="p"),
-         ev(worker="w1", pipeline="q", shard="x"), ev(worker="w2", pipeline="q", shard="x")],
-        {}, [1, 3]),
+        [
+            ev(worker="w1", pipeline="p"),
+            ev(worker="w2", pipeline="p"),
+            ev(worker="w1", pipeline="q", shard="x"),
+            ev(worker="w2", pipeline="q", shard="x"),
+        ],
+        {},
+        [1, 3],
+    ),
     "same key counted per pipeline it belongs to": (
-        [ev(worker="w1", pipeline="p"), ev(worker="w2", pipeline="q")], {}, []),
+        [ev(worker="w1", pipeline="p"), ev(worker="w2", pipeline="q")],
+        {},
+        [],
+    ),
     # The threshold is configurable.
     "max 1: the first infra failure decides": (
-        [ev("sigkill", "w1")], {"max_shard_infra_failures": 1}, [0]),
+        [ev("sigkill", "w1")],
+        {"max_shard_infra_failures": 1},
+        [0],
+    ),
     "max 1: user failures still never abort": (
-        [ev("exception", "w1")], {"max_shard_infra_failures": 1}, []),
+        [ev("exception", "w1")],
+        {"max_shard_infra_failures": 1},
+        [],
+    ),
     "max 5 with the fast path off": (
         [ev("oom_kill", f"w{i}") for i in range(5)],
-        {"max_shard_infra_failures": 5, "abort_on_repeat_signature": False}, [4]),
+        {"max_shard_infra_failures": 5, "abort_on_repeat_signature": False},
+        [4],
+    ),
 }
 
 
@@ -449,10 +518,26 @@ def test_abort_message_tells_the_whole_story():
     policy.shard_erred("etl", "bad", aborted=False)
     policy.record(ev("sigkill", "w9", shard="k9", pipeline="etl"))  # crashed, not done
     evidence = {"summary": "kernel oom_kill counted, peak 1.02 GiB of 1 GiB limit"}
-    policy.record(ev("oom_kill", "tcp://10.0.0.1:4001", host="node-a", pipeline="etl",
-                     sig="3f2a9c", evidence=evidence))
-    d = policy.record(ev("oom_kill", "tcp://10.0.0.2:4001", host="node-b", pipeline="etl",
-                         sig="3f2a9c", evidence=evidence))
+    policy.record(
+        ev(
+            "oom_kill",
+            "tcp://10.0.0.1:4001",
+            host="node-a",
+            pipeline="etl",
+            sig="3f2a9c",
+            evidence=evidence,
+        )
+    )
+    d = policy.record(
+        ev(
+            "oom_kill",
+            "tcp://10.0.0.2:4001",
+            host="node-b",
+            pipeline="etl",
+            sig="3f2a9c",
+            evidence=evidence,
+        )
+    )
     assert isinstance(d, AbortDecision)
     assert (d.pipeline, d.shard, d.cause, d.count) == ("etl", SHARD, "oom_kill", 2)
     assert (d.signature_id, d.signature_title) == ("3f2a9c", "MemoryError in load_partition")
@@ -475,7 +560,7 @@ def test_abort_message_tells_the_whole_story():
     ]:
         assert part in m, part
     assert "\n" not in m  # one paragraph
-    assert shlex.split(f"oomguard report --shard \"{SHARD}\"")[-1] == SHARD
+    assert shlex.split(f'oomguard report --shard "{SHARD}"')[-1] == SHARD
 
 
 @pytest.mark.parametrize(
@@ -527,8 +612,9 @@ def _decision() -> AbortDecision:
     return d
 
 
-@pytest.mark.parametrize("dumps, loads", [(pickle.dumps, pickle.loads),
-                                          (cloudpickle.dumps, cloudpickle.loads)])
+@pytest.mark.parametrize(
+    "dumps, loads", [(pickle.dumps, pickle.loads), (cloudpickle.dumps, cloudpickle.loads)]
+)
 def test_pipeline_aborted_pickles_with_its_fields(dumps, loads):
     d = _decision()
     exc = d.exception()
@@ -536,7 +622,12 @@ def test_pipeline_aborted_pickles_with_its_fields(dumps, loads):
     assert isinstance(back, PipelineAborted)
     assert str(back) == d.message == back.message
     assert (back.pipeline, back.shard, back.cause, back.count, back.signature) == (
-        "p", SHARD, "native_crash", 2, "sigA")
+        "p",
+        SHARD,
+        "native_crash",
+        2,
+        "sigA",
+    )
     assert back.evidence == {"signal": "SIGSEGV", "summary": "s"}
     with pytest.raises(PipelineAborted, match="oomguard aborted pipeline 'p'"):
         raise back
@@ -554,8 +645,13 @@ def test_pipeline_aborted_through_distributed_pickle():
 
 causes = st.sampled_from([c.value for c in Cause])
 events = st.lists(
-    st.tuples(causes, st.sampled_from(["p", "q"]), st.sampled_from(["a", "b", "c"]),
-              st.sampled_from(["w1", "w2", "w3"]), st.sampled_from(["s1", "s2"])),
+    st.tuples(
+        causes,
+        st.sampled_from(["p", "q"]),
+        st.sampled_from(["a", "b", "c"]),
+        st.sampled_from(["w1", "w2", "w3"]),
+        st.sampled_from(["s1", "s2"]),
+    ),
     max_size=30,
 )
 
@@ -565,7 +661,7 @@ events = st.lists(
 def test_at_most_one_decision_per_pipeline_and_only_when_deserved(evs, limit, fast):
     policy = FailurePolicy(max_shard_infra_failures=limit, abort_on_repeat_signature=fast)
     decided: dict[str, AbortDecision] = {}
-    for i, (cause, pipe, shard, worker, sig) in enumerate(evs):
+    for cause, pipe, shard, worker, sig in evs:
         before = policy.attempt(f"{pipe}:{shard}")
         d = policy.record(ev(cause, worker, shard=f"{pipe}:{shard}", pipeline=pipe, sig=sig))
         assert policy.attempt(f"{pipe}:{shard}") == before + 1

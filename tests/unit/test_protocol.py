@@ -44,14 +44,18 @@ def test_metric_label_sets_come_from_the_protocol():
     for site in _protocol.SCHEDULER_GUARD_SITES:
         m.internal_error(site)
     text = "".join(
-        f"{s.name}{s.labels}{s.value}\n" for metric in m.collect() for s in metric.samples
+        f"{s.name}{s.labels}{s.value}\n"
+        for metric in m.collect()
+        for s in metric.samples
         if s.name == "oomguard_internal_errors_total"
     )
     assert "'other'}0.0" in text.replace(" ", "")  # nothing folded into "other"
     for reason in _protocol.REJECT_REASONS:
         m.report_rejected(reason)
     rejected = {
-        s.labels["reason"]: s.value for metric in m.collect() for s in metric.samples
+        s.labels["reason"]: s.value
+        for metric in m.collect()
+        for s in metric.samples
         if s.name == "oomguard_reports_rejected_total"
     }
     assert rejected["other"] == 0 and all(rejected[r] == 1 for r in _protocol.REJECT_REASONS)
@@ -59,7 +63,8 @@ def test_metric_label_sets_come_from_the_protocol():
 
 def test_no_rpc_or_topic_name_is_spelled_outside_the_protocol():
     names = {
-        v for k, v in vars(_protocol).items()
+        v
+        for k, v in vars(_protocol).items()
         if k.endswith(("_HANDLER", "_TOPIC", "_PLUGIN", "_ANNOTATION")) and v != "oomguard"
     }
     for path in SRC.rglob("*.py"):
@@ -67,4 +72,6 @@ def test_no_rpc_or_topic_name_is_spelled_outside_the_protocol():
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Constant) and node.value in names:
-                raise AssertionError(f"{path.relative_to(SRC)}:{node.lineno} spells {node.value!r}")
+                raise AssertionError(
+                    f"{path.relative_to(SRC)}:{node.lineno} spells {node.value!r}"
+                )

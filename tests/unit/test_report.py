@@ -61,10 +61,22 @@ def full_args(**over) -> dict:
     args = dict(EXAMPLE_ARGS)
     args.update(
         executing=[
-            {"key": "('load-parquet', 7)", "prefix": "load-parquet", "start": 1.5, "thread": 77,
-             "stack": _stack(30), "stack_time": 2.0},
-            {"key": "x-1", "prefix": "x", "start": 1.0, "thread": 78, "stack": None,
-             "stack_time": None},
+            {
+                "key": "('load-parquet', 7)",
+                "prefix": "load-parquet",
+                "start": 1.5,
+                "thread": 77,
+                "stack": _stack(30),
+                "stack_time": 2.0,
+            },
+            {
+                "key": "x-1",
+                "prefix": "x",
+                "start": 1.0,
+                "thread": 78,
+                "stack": None,
+                "stack_time": None,
+            },
         ],
         crash_text=None,
         cgroup_before=_counters(0, 100),
@@ -124,8 +136,14 @@ def test_build_caps_a_10mb_crash_and_1000_tasks():
     text = HEADER + others + "\n" + CURRENT + "\n" + others  # the crashing thread comes late
     assert len(text) > 10 * 2**20
     tasks = [
-        {"key": f"('shard', {i})", "prefix": "shard", "start": float(i), "thread": i,
-         "stack": _stack(100, tag=f"-{i}"), "stack_time": float(i)}
+        {
+            "key": f"('shard', {i})",
+            "prefix": "shard",
+            "start": float(i),
+            "thread": i,
+            "stack": _stack(100, tag=f"-{i}"),
+            "stack_time": float(i),
+        }
         for i in range(1000)
     ]
     r = build_report(**full_args(exitcode=-11, crash_text=text, executing=tasks))
@@ -147,8 +165,14 @@ def test_build_caps_a_10mb_crash_and_1000_tasks():
 
 def test_build_drops_tasks_last_when_stacks_are_not_enough():
     tasks = [
-        {"key": "k" * 1024, "prefix": "p", "start": 0.0, "thread": 1,
-         "stack": [("/" + "f" * 1000, 1, "g" * 200)] * 64, "stack_time": None}
+        {
+            "key": "k" * 1024,
+            "prefix": "p",
+            "start": 0.0,
+            "thread": 1,
+            "stack": [("/" + "f" * 1000, 1, "g" * 200)] * 64,
+            "stack_time": None,
+        }
         for _ in range(64)
     ]
     r = build_report(**full_args(executing=tasks), max_bytes=MIN_REPORT_BYTES)
@@ -200,11 +224,18 @@ def test_build_takes_memory_counters_from_the_cgroup_reader():
     from oomguard._evidence.cgroup import MemoryCounters
 
     before = MemoryCounters(1, "/sys/fs/cgroup/memory/w0", 0, None, None, 0, 10, 2**30, 5, ())
-    after = MemoryCounters(1, "/sys/fs/cgroup/memory/w0", 1, None, None, 9, 2**30, 2**30, 0,
-                           ("memory.stat",))
+    after = MemoryCounters(
+        1, "/sys/fs/cgroup/memory/w0", 1, None, None, 9, 2**30, 2**30, 0, ("memory.stat",)
+    )
     for b, a in ((before, after), (before.to_dict(), after.to_dict())):
-        r = build_report(**full_args(cgroup_before=b, cgroup_after=a, cgroup_version=1,
-                                     cgroup_path="/sys/fs/cgroup/memory/w0"))
+        r = build_report(
+            **full_args(
+                cgroup_before=b,
+                cgroup_after=a,
+                cgroup_version=1,
+                cgroup_path="/sys/fs/cgroup/memory/w0",
+            )
+        )
         assert validate(r) == r
         assert r["cause"] == "oom_kill"
         assert r["cgroup"]["after"] == after.to_dict()
@@ -238,45 +269,100 @@ BAD = [
     ("worker-bytes", lambda r: r.update(worker=b"tcp://x"), "worker", "wrong_type"),
     ("worker-ext", lambda r: r.update(worker=msgpack.ExtType(1, b"")), "worker", "undecodable"),
     ("executing-dict", lambda r: r.update(executing={}), "executing", "wrong_type"),
-    ("executing-65", lambda r: r.update(executing=r["executing"][:1] * 65), "executing",
-     "too_large"),
+    (
+        "executing-65",
+        lambda r: r.update(executing=r["executing"][:1] * 65),
+        "executing",
+        "too_large",
+    ),
     ("task-no-key", lambda r: r["executing"][0].pop("key"), "executing[0].key", "missing_field"),
     ("task-extra", lambda r: r["executing"][1].update(x=1), "executing[1].x", "bad_value"),
-    ("task-key-long", lambda r: r["executing"][0].update(key="k" * 1025), "executing[0].key",
-     "too_large"),
-    ("task-thread-neg", lambda r: r["executing"][0].update(thread=-1), "executing[0].thread",
-     "bad_value"),
-    ("frame-short", lambda r: r["executing"][0]["stack"].__setitem__(2, ["f.py", 1]),
-     "executing[0].stack[2]", "bad_value"),
-    ("frame-lineno", lambda r: r["executing"][0]["stack"][2].__setitem__(1, "1"),
-     "executing[0].stack[2][1]", "wrong_type"),
-    ("frame-deep", lambda r: r["executing"][0]["stack"][2].__setitem__(0, {"f": [1]}),
-     "executing[0].stack[2][0]", "too_deep"),
-    ("stack-65", lambda r: r["executing"][0].update(stack=[["f", 1, "g"]] * 65),
-     "executing[0].stack", "too_large"),
-    ("crash-10mb", lambda r: r.update(crash={"signal": "SIGSEGV", "text": "x" * 10 * 2**20}),
-     "crash.text", "too_large"),
+    (
+        "task-key-long",
+        lambda r: r["executing"][0].update(key="k" * 1025),
+        "executing[0].key",
+        "too_large",
+    ),
+    (
+        "task-thread-neg",
+        lambda r: r["executing"][0].update(thread=-1),
+        "executing[0].thread",
+        "bad_value",
+    ),
+    (
+        "frame-short",
+        lambda r: r["executing"][0]["stack"].__setitem__(2, ["f.py", 1]),
+        "executing[0].stack[2]",
+        "bad_value",
+    ),
+    (
+        "frame-lineno",
+        lambda r: r["executing"][0]["stack"][2].__setitem__(1, "1"),
+        "executing[0].stack[2][1]",
+        "wrong_type",
+    ),
+    (
+        "frame-deep",
+        lambda r: r["executing"][0]["stack"][2].__setitem__(0, {"f": [1]}),
+        "executing[0].stack[2][0]",
+        "too_deep",
+    ),
+    (
+        "stack-65",
+        lambda r: r["executing"][0].update(stack=[["f", 1, "g"]] * 65),
+        "executing[0].stack",
+        "too_large",
+    ),
+    (
+        "crash-10mb",
+        lambda r: r.update(crash={"signal": "SIGSEGV", "text": "x" * 10 * 2**20}),
+        "crash.text",
+        "too_large",
+    ),
     ("crash-no-text", lambda r: r.update(crash={"signal": None}), "crash.text", "missing_field"),
     ("evidence-nested", lambda r: r["evidence"].update(sub={"a": 1}), "evidence.sub", "too_deep"),
     ("evidence-list", lambda r: r["evidence"].update(l=[1]), "evidence.l", "too_deep"),
     ("evidence-nan", lambda r: r["evidence"].update(x=math.nan), "evidence.x", "bad_value"),
     ("evidence-intkey", lambda r: r["evidence"].update({1: 2}), "evidence", "wrong_type"),
-    ("evidence-65", lambda r: r["evidence"].update({f"k{i}": i for i in range(65)}), "evidence",
-     "too_large"),
+    (
+        "evidence-65",
+        lambda r: r["evidence"].update({f"k{i}": i for i in range(65)}),
+        "evidence",
+        "too_large",
+    ),
     ("cgroup-v3", lambda r: r["cgroup"].update(version=3), "cgroup.version", "bad_value"),
-    ("counters-no-peak", lambda r: r["cgroup"]["after"].pop("peak"), "cgroup.after.peak",
-     "missing_field"),
-    ("counters-neg", lambda r: r["cgroup"]["before"].update(oom_kill=-1),
-     "cgroup.before.oom_kill", "bad_value"),
+    (
+        "counters-no-peak",
+        lambda r: r["cgroup"]["after"].pop("peak"),
+        "cgroup.after.peak",
+        "missing_field",
+    ),
+    (
+        "counters-neg",
+        lambda r: r["cgroup"]["before"].update(oom_kill=-1),
+        "cgroup.before.oom_kill",
+        "bad_value",
+    ),
     ("host-neg", lambda r: r["host_memory"].update(total=-1), "host_memory.total", "bad_value"),
     ("missing-65", lambda r: r.update(missing=["m"] * 65), "missing", "too_large"),
     ("missing-long", lambda r: r.update(missing=["m" * 513]), "missing[0]", "too_large"),
     ("truncated-int", lambda r: r.update(truncated=[1]), "truncated[0]", "wrong_type"),
     ("timestamp", lambda r: r.update(started=msgpack.Timestamp(1, 0)), "started", "undecodable"),
-    ("whole-too-large",
-     lambda r: r.update(executing=[{**r["executing"][0], "key": "k" * 1024,
-                                    "stack": [["f" * 1024, 1, "g" * 256]] * 64}] * 64),
-     "report", "too_large"),
+    (
+        "whole-too-large",
+        lambda r: r.update(
+            executing=[
+                {
+                    **r["executing"][0],
+                    "key": "k" * 1024,
+                    "stack": [["f" * 1024, 1, "g" * 256]] * 64,
+                }
+            ]
+            * 64
+        ),
+        "report",
+        "too_large",
+    ),
 ]
 
 
@@ -391,8 +477,14 @@ def test_docstring_examples():
 
     from oomguard._evidence import (
         build as _build,
+    )
+    from oomguard._evidence import (
         classify as _classify,
+    )
+    from oomguard._evidence import (
         facts as _facts,
+    )
+    from oomguard._evidence import (
         wire as _wire,
     )
 
@@ -403,11 +495,25 @@ def test_docstring_examples():
 def test_counter_keys_come_from_memory_counters_as_schema_v1_has_them():
     # Derived from MemoryCounters' fields; reports are versioned, so set and order are fixed.
     assert COUNTER_KEYS == (
-        "version", "path", "oom_kill", "oom", "oom_group_kill", "failcnt", "peak", "limit",
-        "usage", "missing",
+        "version",
+        "path",
+        "oom_kill",
+        "oom",
+        "oom_group_kill",
+        "failcnt",
+        "peak",
+        "limit",
+        "usage",
+        "missing",
     )
     assert COUNTER_INTS == (
-        "oom_kill", "oom", "oom_group_kill", "failcnt", "peak", "limit", "usage",
+        "oom_kill",
+        "oom",
+        "oom_group_kill",
+        "failcnt",
+        "peak",
+        "limit",
+        "usage",
     )
 
 
@@ -429,9 +535,11 @@ _leaves = (
 )
 _nested = st.recursive(
     _leaves,
-    lambda kids: st.lists(kids, max_size=4)
-    | st.tuples(kids, kids)
-    | st.dictionaries(st.text(max_size=8) | st.integers(), kids, max_size=4),
+    lambda kids: (
+        st.lists(kids, max_size=4)
+        | st.tuples(kids, kids)
+        | st.dictionaries(st.text(max_size=8) | st.integers(), kids, max_size=4)
+    ),
     max_leaves=30,
 )
 _wire_leaves = (
@@ -444,9 +552,12 @@ _wire_leaves = (
 )
 _wire = st.recursive(
     _wire_leaves,
-    lambda kids: st.lists(kids, max_size=4)
-    | st.dictionaries(st.sampled_from(["schema", "worker", "cause", "evidence", "x"]), kids,
-                      max_size=4),
+    lambda kids: (
+        st.lists(kids, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(["schema", "worker", "cause", "evidence", "x"]), kids, max_size=4
+        )
+    ),
     max_leaves=30,
 )  # what a msgpack sender can actually put on the wire
 _FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -479,11 +590,24 @@ def test_fuzz_validate_arbitrary_data(obj):
 
 
 _PATHS = [
-    ("worker",), ("pid",), ("time",), ("executing",), ("executing", 0), ("executing", 0, "stack"),
-    ("executing", 0, "stack", 0), ("executing", 0, "stack", 0, 1), ("crash",), ("evidence",),
-    ("evidence", "peak_bytes"), ("cgroup",), ("cgroup", "before"), ("cgroup", "after", "peak"),
-    ("host_memory",), ("missing",), ("missing", 0),
-]  # fmt: skip
+    ("worker",),
+    ("pid",),
+    ("time",),
+    ("executing",),
+    ("executing", 0),
+    ("executing", 0, "stack"),
+    ("executing", 0, "stack", 0),
+    ("executing", 0, "stack", 0, 1),
+    ("crash",),
+    ("evidence",),
+    ("evidence", "peak_bytes"),
+    ("cgroup",),
+    ("cgroup", "before"),
+    ("cgroup", "after", "peak"),
+    ("host_memory",),
+    ("missing",),
+    ("missing", 0),
+]
 
 
 @_FUZZ
@@ -518,8 +642,14 @@ def test_fuzz_build_report_always_validates(
     exitcode, text, n_tasks, frames, key, before, after, nanny, close
 ):
     tasks = [
-        {"key": key, "prefix": key[:5], "start": 1.0, "thread": 1,
-         "stack": [(key, 1, key)] * frames, "stack_time": 1.0}
+        {
+            "key": key,
+            "prefix": key[:5],
+            "start": 1.0,
+            "thread": 1,
+            "stack": [(key, 1, key)] * frames,
+            "stack_time": 1.0,
+        }
         for _ in range(n_tasks)
     ]
     r = build_report(

@@ -11,12 +11,11 @@ import socket
 
 import dask
 import pytest
-from _cli_run import report
 from dask.utils import parse_bytes
 
-from oomguard._admission import ledger_file as _ledger_file, peaks as _peaks
-from oomguard._cli import main
-from oomguard._cli.report_peaks import PeaksRead, render_peaks
+from _cli_run import report
+from oomguard._admission import ledger_file as _ledger_file
+from oomguard._admission import peaks as _peaks
 from oomguard._admission.ledger import HostLedger
 from oomguard._admission.peaks import (
     STARTUP_LABEL,
@@ -26,6 +25,8 @@ from oomguard._admission.peaks import (
     read_ledger,
     suggested,
 )
+from oomguard._cli import main
+from oomguard._cli.report_peaks import PeaksRead, render_peaks
 
 MiB, GiB = 2**20, 2**30
 LONG = "repartitiontofewer-6f2d8c1b7e4a3f5d9c0b1a2e3f4d5c6b"
@@ -38,7 +39,9 @@ def write_ledger(path, peaks: dict, leases=()) -> pathlib.Path:
 
 
 def snapshot(directory) -> dict:
-    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in pathlib.Path(directory).iterdir()}
+    return {
+        p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in pathlib.Path(directory).iterdir()
+    }
 
 
 # -- reading a ledger file ------------------------------------------------------------------------
@@ -52,8 +55,9 @@ def test_reads_the_peaks_a_host_ledger_wrote_and_leaves_the_file_alone(tmp_path)
     assert ledger.try_acquire("('load-parquet', 1)", GiB).granted  # a lease held right now
     before = snapshot(tmp_path)
     got = read_ledger(path, host="node-a")
-    assert got == LedgerPeaks("node-a", path, {"load-parquet": 300 * MiB,
-                                               _ledger_file.STARTUP_PEAK: 70 * MiB})  # fmt: skip
+    assert got == LedgerPeaks(
+        "node-a", path, {"load-parquet": 300 * MiB, _ledger_file.STARTUP_PEAK: 70 * MiB}
+    )
     assert snapshot(tmp_path) == before  # no byte, no mtime, no lock file, no new file
     ledger.release("('load-parquet', 1)")
     ledger.close()
@@ -72,15 +76,18 @@ def test_an_empty_ledger_just_created_has_no_peaks_and_no_note(tmp_path):
     assert (got.peaks, got.note, got.missing) == ({}, None, False)
 
 
-@pytest.mark.parametrize("content, why", [
-    (b'{"version":1,"leases":[],"peaks":{"load":1048', "not JSON"),
-    (b'{"version":1,"leases":[],"peaks":{"load":1}}{"version":1,"lea', "not JSON"),
-    (b"\x00\x00\x00", "not JSON"),
-    (b'[1, 2, 3]', "not a JSON object"),
-    (b'{"version": 2, "peaks": {"load": 1048576}}', "version is 2"),
-    (b'{"leases": [], "peaks": {"load": 1048576}}', "version is None"),
-    (b'{"version": 1, "peaks": [["load", 1048576]]}', '"peaks" is not an object'),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "content, why",
+    [
+        (b'{"version":1,"leases":[],"peaks":{"load":1048', "not JSON"),
+        (b'{"version":1,"leases":[],"peaks":{"load":1}}{"version":1,"lea', "not JSON"),
+        (b"\x00\x00\x00", "not JSON"),
+        (b"[1, 2, 3]", "not a JSON object"),
+        (b'{"version": 2, "peaks": {"load": 1048576}}', "version is 2"),
+        (b'{"leases": [], "peaks": {"load": 1048576}}', "version is None"),
+        (b'{"version": 1, "peaks": [["load", 1048576]]}', '"peaks" is not an object'),
+    ],
+)
 def test_a_torn_or_foreign_file_gives_no_peaks_and_a_note(tmp_path, content, why):
     path = tmp_path / "memory-ledger.json"
     path.write_bytes(content)
@@ -105,8 +112,10 @@ def test_a_read_that_lands_mid_write_is_read_again(tmp_path, monkeypatch):
 
 
 def test_entries_that_are_not_byte_counts_are_skipped_with_a_note(tmp_path):
-    path = write_ledger(tmp_path / "l.json", {"load": 5 * MiB, "flag": True, "neg": -1,
-                                              "text": "6 GiB", "zero": 0, "float": 1.5})  # fmt: skip
+    path = write_ledger(
+        tmp_path / "l.json",
+        {"load": 5 * MiB, "flag": True, "neg": -1, "text": "6 GiB", "zero": 0, "float": 1.5},
+    )
     got = read_ledger(str(path))
     assert got.peaks == {"load": 5 * MiB}
     assert got.note == f"{path}: 5 peak(s) that are not a positive number of bytes skipped"
@@ -122,11 +131,17 @@ def test_a_directory_is_an_error_to_the_caller(tmp_path):
 
 def test_the_workers_ledger_path_is_resolved_as_admission_resolves_it(tmp_path):
     write_ledger(tmp_path / "memory-ledger.json", {"load": 7 * MiB})
-    with dask.config.set({"oomguard.worker.crash-dir": str(tmp_path),
-                          "oomguard.worker.admission.ledger": None}):  # fmt: skip
+    with dask.config.set(
+        {"oomguard.worker.crash-dir": str(tmp_path), "oomguard.worker.admission.ledger": None}
+    ):
         got = _peaks.worker_ledger_peaks()
-    assert got == {"host": socket.gethostname(), "path": str(tmp_path / "memory-ledger.json"),
-                   "peaks": {"load": 7 * MiB}, "note": None, "missing": False}  # fmt: skip
+    assert got == {
+        "host": socket.gethostname(),
+        "path": str(tmp_path / "memory-ledger.json"),
+        "peaks": {"load": 7 * MiB},
+        "note": None,
+        "missing": False,
+    }
     other = write_ledger(tmp_path / "elsewhere.json", {"sum": 9 * MiB})
     with dask.config.set({"oomguard.worker.admission.ledger": str(other)}):
         assert _peaks.worker_ledger_peaks()["peaks"] == {"sum": 9 * MiB}
@@ -143,14 +158,21 @@ def test_a_worker_never_raises_for_a_bad_path_or_setting(tmp_path):
 
 def test_what_a_worker_could_not_run_becomes_a_note():
     results = {
-        "tcp://10.0.3.11:40211": {"host": "a", "path": "/l.json", "peaks": {"x": 5},
-                                  "note": None, "missing": False},
+        "tcp://10.0.3.11:40211": {
+            "host": "a",
+            "path": "/l.json",
+            "peaks": {"x": 5},
+            "note": None,
+            "missing": False,
+        },
         "tcp://10.0.3.12:39117": ModuleNotFoundError("No module named 'oomguard'"),
-    }  # fmt: skip
+    }
     ok, failed = _peaks.from_workers(results)
     assert ok == LedgerPeaks("a", "/l.json", {"x": 5})
-    assert failed.note == ("worker tcp://10.0.3.12:39117: could not read its ledger: "
-                           "ModuleNotFoundError: No module named 'oomguard'")  # fmt: skip
+    assert failed.note == (
+        "worker tcp://10.0.3.12:39117: could not read its ledger: "
+        "ModuleNotFoundError: No module named 'oomguard'"
+    )
 
 
 # -- merging across hosts -------------------------------------------------------------------------
@@ -158,16 +180,22 @@ def test_what_a_worker_could_not_run_becomes_a_note():
 
 def test_merge_keeps_the_largest_peak_per_prefix_and_where_it_came_from():
     ledgers = [
-        LedgerPeaks("node-a", "/tmp/oomguard-0/memory-ledger.json",
-                    {"load": 300 * MiB, "sum": 20 * MiB, _ledger_file.STARTUP_PEAK: 70 * MiB}),
+        LedgerPeaks(
+            "node-a",
+            "/tmp/oomguard-0/memory-ledger.json",
+            {"load": 300 * MiB, "sum": 20 * MiB, _ledger_file.STARTUP_PEAK: 70 * MiB},
+        ),
         # node-a's second worker read the same file a moment later: counted once.
         LedgerPeaks("node-a", "/tmp/oomguard-0/memory-ledger.json", {"load": 900 * MiB}),
-        LedgerPeaks("node-b", "/tmp/oomguard-0/memory-ledger.json",
-                    {"load": 500 * MiB, "sum": 20 * MiB, "parse": 40 * MiB}),
+        LedgerPeaks(
+            "node-b",
+            "/tmp/oomguard-0/memory-ledger.json",
+            {"load": 500 * MiB, "sum": 20 * MiB, "parse": 40 * MiB},
+        ),
         # node-b also runs workers of another cluster, with their own ledger.
         LedgerPeaks("node-b", "/dev/shm/ledger.json", {_ledger_file.STARTUP_PEAK: 90 * MiB}),
         LedgerPeaks("node-c", "/tmp/oomguard-0/memory-ledger.json", missing=True),
-    ]  # fmt: skip
+    ]
     assert merge(ledgers) == [
         PeakRow(_ledger_file.STARTUP_PEAK, 90 * MiB, ("node-b",)),  # first, though not the largest
         PeakRow("load", 500 * MiB, ("node-b",)),
@@ -177,18 +205,31 @@ def test_merge_keeps_the_largest_peak_per_prefix_and_where_it_came_from():
 
 
 def test_notes_are_said_once():
-    lg = [LedgerPeaks("a", "/l", note="x"), LedgerPeaks("b", "/l", note="x"),
-          LedgerPeaks("c", "/l", note="y"), LedgerPeaks("d", "/l")]  # fmt: skip
+    lg = [
+        LedgerPeaks("a", "/l", note="x"),
+        LedgerPeaks("b", "/l", note="x"),
+        LedgerPeaks("c", "/l", note="y"),
+        LedgerPeaks("d", "/l"),
+    ]
     assert _peaks.notes(lg) == ["x", "y"]
 
 
 # -- suggested annotations ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("peak, size", [
-    (1, "16 MiB"), (16 * MiB, "16 MiB"), (16 * MiB + 1, "32 MiB"), (100 * MiB, "112 MiB"),
-    (GiB - 1, "1 GiB"), (GiB + 1, "1040 MiB"), (int(1.03 * GiB), "1056 MiB"), (6 * GiB, "6 GiB"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "peak, size",
+    [
+        (1, "16 MiB"),
+        (16 * MiB, "16 MiB"),
+        (16 * MiB + 1, "32 MiB"),
+        (100 * MiB, "112 MiB"),
+        (GiB - 1, "1 GiB"),
+        (GiB + 1, "1040 MiB"),
+        (int(1.03 * GiB), "1056 MiB"),
+        (6 * GiB, "6 GiB"),
+    ],
+)
 def test_a_suggestion_is_the_peak_rounded_up_to_16_mib(peak, size):
     assert suggested(peak) == f'oomguard.memory("{size}")'
     nbytes = parse_bytes(size)  # what oomguard.memory(size) will lease
@@ -199,14 +240,22 @@ def test_the_start_up_row_is_labelled_and_has_no_annotation():
     assert _peaks.STARTUP_PEAK == "oomguard:worker-start-up"
     row = PeakRow(_ledger_file.STARTUP_PEAK, 70 * MiB, ("a",))
     assert (row.label, row.suggested) == (STARTUP_LABEL, None)
-    assert row.to_dict() == {"prefix": "oomguard:worker-start-up", "peak": 70 * MiB,
-                             "hosts": ["a"], "suggested": None}  # fmt: skip
+    assert row.to_dict() == {
+        "prefix": "oomguard:worker-start-up",
+        "peak": 70 * MiB,
+        "hosts": ["a"],
+        "suggested": None,
+    }
 
 
 # -- the command ---------------------------------------------------------------------------------
 
-PEAKS = {_ledger_file.STARTUP_PEAK: 190_000_000, "load-parquet": 1_500_000_000,
-         LONG: 734_003_200, "sum": 70_000_000}  # fmt: skip
+PEAKS = {
+    _ledger_file.STARTUP_PEAK: 190_000_000,
+    "load-parquet": 1_500_000_000,
+    LONG: 734_003_200,
+    "sum": 70_000_000,
+}
 
 
 @pytest.fixture
@@ -260,8 +309,12 @@ def test_ledger_json_is_the_rows(ledger_file, capsys):
     assert (rc, err) == (0, "")
     doc = json.loads(out)
     assert list(doc) == ["peaks"]
-    assert doc["peaks"][0] == {"prefix": "oomguard:worker-start-up", "peak": 190_000_000,
-                               "hosts": [socket.gethostname()], "suggested": None}  # fmt: skip
+    assert doc["peaks"][0] == {
+        "prefix": "oomguard:worker-start-up",
+        "peak": 190_000_000,
+        "hosts": [socket.gethostname()],
+        "suggested": None,
+    }
     assert [r["prefix"] for r in doc["peaks"][1:]] == ["load-parquet", LONG, "sum"]
     assert doc["peaks"][1]["suggested"] == 'oomguard.memory("1440 MiB")'
 
@@ -272,15 +325,26 @@ def test_peaks_join_the_history_sections_asked_for(ledger_file, tmp_path, capsys
     store = FailureStore(str(tmp_path / "history.sqlite3"))
     store.start()
     store.close()
-    rc, out, err = report(capsys, "--store", tmp_path / "history.sqlite3", "--ledger",
-                          ledger_file, "--events", "--json")  # fmt: skip
+    rc, out, err = report(
+        capsys,
+        "--store",
+        tmp_path / "history.sqlite3",
+        "--ledger",
+        ledger_file,
+        "--events",
+        "--json",
+    )
     assert (rc, err) == (0, "")
     doc = json.loads(out)
     assert list(doc) == ["events", "peaks"] and doc["events"] == [] and len(doc["peaks"]) == 4
     rc, out, _ = report(capsys, "--store", tmp_path / "history.sqlite3", "--ledger", ledger_file)
     assert rc == 0
     assert [ln.split(":")[0] for ln in out.splitlines() if ln[:1].isupper() and ":" in ln] == [
-        "EVENTS", "SIGNATURES", "PIPELINES", "PEAKS"]  # fmt: skip
+        "EVENTS",
+        "SIGNATURES",
+        "PIPELINES",
+        "PEAKS",
+    ]
 
 
 def test_a_torn_ledger_prints_a_note_not_an_error(tmp_path, capsys, monkeypatch):
@@ -293,7 +357,8 @@ def test_a_torn_ledger_prints_a_note_not_an_error(tmp_path, capsys, monkeypatch)
     assert lines[:2] == [f"PEAKS: 0, largest first, from {path}", "  no peaks read: see the notes"]
     assert " ".join(" ".join(lines[2:]).split()) == (
         f"note: {path} is not an oomguard memory ledger: it is not JSON (torn, or another "
-        "program's file); no peaks read from it")  # fmt: skip
+        "program's file); no peaks read from it"
+    )
     rc, out, err = report(capsys, "--ledger", path, "--json")
     assert (rc, json.loads(out)) == (0, {"peaks": []})
     assert err.startswith(f"oomguard report: note: {path} is not an oomguard memory ledger")
@@ -306,8 +371,9 @@ def test_a_missing_ledger_says_no_peaks_learned_yet(tmp_path, capsys):
     assert not (tmp_path / "none.json").exists()
 
 
-@pytest.mark.parametrize("where, why", [("dir", "Is a directory"),
-                                        ("file/ledger.json", "Not a directory")])  # fmt: skip
+@pytest.mark.parametrize(
+    "where, why", [("dir", "Is a directory"), ("file/ledger.json", "Not a directory")]
+)
 def test_an_unreadable_ledger_is_one_line_and_exit_1(tmp_path, capsys, where, why):
     (tmp_path / "file").write_text("x")
     (tmp_path / "dir").mkdir()
@@ -319,12 +385,17 @@ def test_an_unreadable_ledger_is_one_line_and_exit_1(tmp_path, capsys, where, wh
 def test_peaks_alone_read_this_hosts_configured_ledger(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
     write_ledger(tmp_path / "memory-ledger.json", {"hold-memory": 100 * MiB})
-    with dask.config.set({"scheduler-address": None, "oomguard.worker.crash-dir": str(tmp_path),
-                          "oomguard.worker.admission.ledger": None}):  # fmt: skip
+    with dask.config.set(
+        {
+            "scheduler-address": None,
+            "oomguard.worker.crash-dir": str(tmp_path),
+            "oomguard.worker.admission.ledger": None,
+        }
+    ):
         rc, out, err = report(capsys, "--peaks")
     assert (rc, err) == (0, "")
     assert out.splitlines()[0] == f"PEAKS: 1, largest first, from {tmp_path}/memory-ledger.json"
-    assert 'hold-memory' in out and 'oomguard.memory("112 MiB")' in out
+    assert "hold-memory" in out and 'oomguard.memory("112 MiB")' in out
 
 
 def test_peaks_with_a_store_needs_a_ledger(tmp_path, capsys):
@@ -354,8 +425,10 @@ def test_the_help_says_how_peaks_combine(capsys):
     with pytest.raises(SystemExit):
         main(["report", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert ("Without a section flag the report prints events, signatures and pipelines; the "
-            "peaks only when asked for (--peaks, or --ledger)") in out
+    assert (
+        "Without a section flag the report prints events, signatures and pipelines; the "
+        "peaks only when asked for (--peaks, or --ledger)"
+    ) in out
     assert os.path.join("<crash-dir>", "memory-ledger.json") in out
 
 
@@ -365,11 +438,27 @@ def test_the_docs_show_what_the_peaks_section_prints():
     ledger = "/tmp/oomguard-1000/memory-ledger.json"
     repart, parquet = LONG, "read-parquet-8c1f0e2d9a7b4c3e5f6a7b8c9d0e1f2a"
     ledgers = [
-        LedgerPeaks("ip-10-0-3-11", ledger, {_ledger_file.STARTUP_PEAK: 71_303_168,
-                    repart: 1_140_850_688, parquet: 601_620_480, "load-0a1b": 420_478_976}),
-        LedgerPeaks("ip-10-0-3-12", ledger, {_ledger_file.STARTUP_PEAK: 74_448_896,
-                    parquet: 601_620_480, "load-0a1b": 398_458_880, "parse": 88_080_384}),
-    ]  # fmt: skip
+        LedgerPeaks(
+            "ip-10-0-3-11",
+            ledger,
+            {
+                _ledger_file.STARTUP_PEAK: 71_303_168,
+                repart: 1_140_850_688,
+                parquet: 601_620_480,
+                "load-0a1b": 420_478_976,
+            },
+        ),
+        LedgerPeaks(
+            "ip-10-0-3-12",
+            ledger,
+            {
+                _ledger_file.STARTUP_PEAK: 74_448_896,
+                parquet: 601_620_480,
+                "load-0a1b": 398_458_880,
+                "parse": 88_080_384,
+            },
+        ),
+    ]
     read = PeaksRead(merge(ledgers), "tcp://10.0.3.2:8786", ledgers, [], True)
     text = "\n".join(render_peaks(read, width=80))
     doc = (pathlib.Path(__file__).parents[2] / "docs" / "reading-a-report.md").read_text()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from oomguard._models import FailureEvent
 from oomguard._decide.memory import abort_decision, resize
+from oomguard._models import FailureEvent
 
 GiB = 2**30
 WORKERS = {"tcp://small:1": 4 * GiB, "tcp://mid:1": 8 * GiB, "tcp://big:1": 16 * GiB}
@@ -39,16 +39,30 @@ def test_user_restrictions_narrow_the_choice():
 
 @pytest.mark.parametrize(
     "cause, limit",
-    [("native_crash", 4 * GiB), ("sigkill", 4 * GiB), ("oom_kill", None), ("oom_kill", 0),
-     ("bogus", 4 * GiB)],
+    [
+        ("native_crash", 4 * GiB),
+        ("sigkill", 4 * GiB),
+        ("oom_kill", None),
+        ("oom_kill", 0),
+        ("bogus", 4 * GiB),
+    ],
 )
 def test_nothing_to_decide(cause, limit):
     assert resize(cause, limit, WORKERS) is None
 
 
 def test_abort_decision_reads_well():
-    ev = FailureEvent("infra", "oom_kill", "('load', 7)", "etl", "tcp://small:1", "node-a",
-                      "3f2a", "oom_kill in load", {"summary": "oom_kill counted"})
+    ev = FailureEvent(
+        "infra",
+        "oom_kill",
+        "('load', 7)",
+        "etl",
+        "tcp://small:1",
+        "node-a",
+        "3f2a",
+        "oom_kill in load",
+        {"summary": "oom_kill counted"},
+    )
     d = abort_decision(ev, 4 * GiB, 1)
     assert d.pipeline == "etl" and d.count == 1 and d.cause == "oom_kill"
     assert "no worker has more than 4 GiB; the shard needed more" in d.message

@@ -29,13 +29,23 @@ def _core(n_big: int, n_keys: int) -> tuple[DecisionCore, list]:
     for k, key in enumerate(keys):
         small = f"tcp://10.1.{k // 250}.{k % 250}:1"
         core.worker_added(small, 4 * GiB)
-        core.removed(Removal(small, "h", 0.0, {key: key}, pid=k + 1, memory_limit=4 * GiB),
-                     now=1.0)  # fmt: skip
-        out = core.reported({
-            "worker": small, "pid": k + 1, "cause": "oom_kill", "host": "h", "time": 1.0,
-            "memory_limit": 4 * GiB, "crash": None, "evidence": {},
-            "executing": [{"key": key, "prefix": "load", "stack": None}],
-        }, now=1.0)  # fmt: skip
+        core.removed(
+            Removal(small, "h", 0.0, {key: key}, pid=k + 1, memory_limit=4 * GiB), now=1.0
+        )
+        out = core.reported(
+            {
+                "worker": small,
+                "pid": k + 1,
+                "cause": "oom_kill",
+                "host": "h",
+                "time": 1.0,
+                "memory_limit": 4 * GiB,
+                "crash": None,
+                "evidence": {},
+                "executing": [{"key": key, "prefix": "load", "stack": None}],
+            },
+            now=1.0,
+        )
         restricted += [d.key for d in out if isinstance(d, Restrict)]
     assert restricted == keys
     return core, keys
@@ -52,13 +62,19 @@ def test_a_worker_added_is_one_widen_whatever_the_number_of_larger_workers():
 def test_a_shard_that_waits_for_a_larger_worker_runs_nowhere_until_one_comes():
     # Dask reads an empty worker_restrictions as "no restriction": a shard killed for memory
     # whose larger worker is restarting must wait, not run on a worker of the same size.
-    ts = SimpleNamespace(key="k", worker_restrictions=None, loose_restrictions=True,
-                         state="processing", processing_on=None)  # fmt: skip
+    ts = SimpleNamespace(
+        key="k",
+        worker_restrictions=None,
+        loose_restrictions=True,
+        state="processing",
+        processing_on=None,
+    )
     events, transitions = [], []
     scheduler = SimpleNamespace(
-        tasks={"k": ts}, log_event=lambda topic, msg: events.append(msg),
+        tasks={"k": ts},
+        log_event=lambda topic, msg: events.append(msg),
         transitions=lambda recs, stimulus_id: transitions.append(dict(recs)),
-    )  # fmt: skip
+    )
     actions = DaskActions(scheduler, store=None, metrics=None, guard=None)
     actions.apply([Hold(("k",))])  # its worker died: held until the death is decided
     actions.apply([Restrict("k", frozenset(), GiB)])  # no larger worker right now
@@ -73,10 +89,18 @@ def test_a_shard_that_waits_for_a_larger_worker_runs_nowhere_until_one_comes():
 
 
 def test_a_held_shard_gets_the_new_worker_when_it_is_released():
-    ts = SimpleNamespace(key="k", worker_restrictions=None, loose_restrictions=True,
-                         state="processing", processing_on=None)  # fmt: skip
-    scheduler = SimpleNamespace(tasks={"k": ts}, log_event=lambda topic, msg: None,
-                                transitions=lambda recs, stimulus_id: None)  # fmt: skip
+    ts = SimpleNamespace(
+        key="k",
+        worker_restrictions=None,
+        loose_restrictions=True,
+        state="processing",
+        processing_on=None,
+    )
+    scheduler = SimpleNamespace(
+        tasks={"k": ts},
+        log_event=lambda topic, msg: None,
+        transitions=lambda recs, stimulus_id: None,
+    )
     actions = DaskActions(scheduler, store=None, metrics=None, guard=None)
     actions.apply([Hold(("k",)), Restrict("k", frozenset({"tcp://big:1"}), GiB)])
     actions.apply([Widen(("k",), "tcp://big:2")])

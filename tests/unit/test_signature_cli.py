@@ -33,8 +33,17 @@ def test_json_records(capsys):
     assert main(["fingerprint", "--json", str(dump)]) == 0
     (line,) = capsys.readouterr().out.splitlines()
     record = json.loads(line)
-    assert set(record) == {"id", "title", "input_kind", "error", "message", "frames",
-                           "grouping_version", "reason", "path"}
+    assert set(record) == {
+        "id",
+        "title",
+        "input_kind",
+        "error",
+        "message",
+        "frames",
+        "grouping_version",
+        "reason",
+        "path",
+    }
     assert record["path"] == str(dump) and record["error"] == "SIGSEGV"
     assert record["frames"][-1]["function"] == "parse_record"
 
@@ -43,7 +52,9 @@ def test_missing_file_named_others_still_printed(tmp_path):
     missing = tmp_path / "no-such-trace.txt"
     args = [str(EXAMPLES[0]), str(missing), str(EXAMPLES[1])]
     proc = subprocess.run(
-        [sys.executable, "-m", "oomguard._cli", "fingerprint", *args], capture_output=True, text=True
+        [sys.executable, "-m", "oomguard._cli", "fingerprint", *args],
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 1
     assert [line.split("\t")[1] for line in proc.stdout.splitlines()] == [args[0], args[2]]

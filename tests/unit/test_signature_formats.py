@@ -66,7 +66,11 @@ def test_syntax_error_frame_without_function():
 
 def test_qualified_exception_type_hashes_like_dask_repr():
     tb = '  File "/srv/shardapp/core.py", line 3, in lookup\n'
-    text = "Traceback (most recent call last):\n" + tb + "shardapp.errors.ShardError: shard 4 is bad\n"
+    text = (
+        "Traceback (most recent call last):\n"
+        + tb
+        + "shardapp.errors.ShardError: shard 4 is bad\n"
+    )
     assert fingerprint(text).id == fingerprint_dask("ShardError('shard 4 is bad')", tb).id
 
 
@@ -103,27 +107,51 @@ def test_timeout_dump_of_one_thread(tmp_path):
 @pytest.mark.parametrize(
     "text, error, title, reason",
     [
-        ("Fatal Python error: Segmentation fault\n\nCurrent thread 0x00007f01 (most recent call first):\n"
-         "  <no Python frame>\n\nThread 0x00007f02 (most recent call first):\n"
-         '  File "/srv/shardapp/core.py", line 9 in idle\n',
-         "SIGSEGV", "SIGSEGV (no Python frame)", ""),
-        ("Fatal Python error: Bus error\n\nCurrent thread 0x01 (most recent call first):\n"
-         '  File "/srv/shardapp/mm.py", line 9 in read_map\n',
-         "SIGBUS", "SIGBUS in shardapp.mm.read_map", ""),
-        ("Fatal Python error: Floating-point exception\n\nStack (most recent call first):\n"
-         '  File "/srv/shardapp/m.py", line ??? in div\n',
-         "SIGFPE", "SIGFPE in shardapp.m.div", ""),
-        ("Fatal Python error: _enter_buffered_busy: could not acquire lock for "
-         "<_io.BufferedWriter name='<stderr>'> at interpreter shutdown\n\n"
-         "Current thread 0x01 (most recent call first):\n  <no Python frame>\n",
-         "FATAL:_enter_buffered_busy", "FATAL:_enter_buffered_busy (no Python frame)", ""),
-        ("Windows fatal exception: access violation\n\nCurrent thread 0x0000 (most recent call first):\n"
-         '  File "C:\\app\\shardapp\\core.py", line 9 in parse_record\n',
-         "EXCEPTION_ACCESS_VIOLATION", "EXCEPTION_ACCESS_VIOLATION in shardapp.core.parse_record", ""),
-        ("Fatal Python error: Segmentation fault\n\nThread 0x01 (most recent call first):\n"
-         '  File "/srv/a.py", line 1 in f\n\nThread 0x02 (most recent call first):\n'
-         '  File "/srv/b.py", line 1 in g\n',
-         "SIGSEGV", "SIGSEGV (no Python frame)", "no thread marked"),
+        (
+            "Fatal Python error: Segmentation fault\n\nCurrent thread 0x00007f01 (most recent call first):\n"
+            "  <no Python frame>\n\nThread 0x00007f02 (most recent call first):\n"
+            '  File "/srv/shardapp/core.py", line 9 in idle\n',
+            "SIGSEGV",
+            "SIGSEGV (no Python frame)",
+            "",
+        ),
+        (
+            "Fatal Python error: Bus error\n\nCurrent thread 0x01 (most recent call first):\n"
+            '  File "/srv/shardapp/mm.py", line 9 in read_map\n',
+            "SIGBUS",
+            "SIGBUS in shardapp.mm.read_map",
+            "",
+        ),
+        (
+            "Fatal Python error: Floating-point exception\n\nStack (most recent call first):\n"
+            '  File "/srv/shardapp/m.py", line ??? in div\n',
+            "SIGFPE",
+            "SIGFPE in shardapp.m.div",
+            "",
+        ),
+        (
+            "Fatal Python error: _enter_buffered_busy: could not acquire lock for "
+            "<_io.BufferedWriter name='<stderr>'> at interpreter shutdown\n\n"
+            "Current thread 0x01 (most recent call first):\n  <no Python frame>\n",
+            "FATAL:_enter_buffered_busy",
+            "FATAL:_enter_buffered_busy (no Python frame)",
+            "",
+        ),
+        (
+            "Windows fatal exception: access violation\n\nCurrent thread 0x0000 (most recent call first):\n"
+            '  File "C:\\app\\shardapp\\core.py", line 9 in parse_record\n',
+            "EXCEPTION_ACCESS_VIOLATION",
+            "EXCEPTION_ACCESS_VIOLATION in shardapp.core.parse_record",
+            "",
+        ),
+        (
+            "Fatal Python error: Segmentation fault\n\nThread 0x01 (most recent call first):\n"
+            '  File "/srv/a.py", line 1 in f\n\nThread 0x02 (most recent call first):\n'
+            '  File "/srv/b.py", line 1 in g\n',
+            "SIGSEGV",
+            "SIGSEGV (no Python frame)",
+            "no thread marked",
+        ),
     ],
 )
 def test_dump_corners(text, error, title, reason):
@@ -133,14 +161,20 @@ def test_dump_corners(text, error, title, reason):
 
 
 def test_fatal_message_is_not_hashed():
-    a = "Fatal Python error: Aborted\n\nCurrent thread 0x1 (most recent call first):\n" \
+    a = (
+        "Fatal Python error: Aborted\n\nCurrent thread 0x1 (most recent call first):\n"
         '  File "/srv/shardapp/core.py", line 9 in abort_record\n'
-    assert fingerprint(a).id == fingerprint(a.replace("0x1", "0x2").replace("line 9", "line 99")).id
+    )
+    assert (
+        fingerprint(a).id == fingerprint(a.replace("0x1", "0x2").replace("line 9", "line 99")).id
+    )
 
 
 def test_dask_record_as_json_and_as_worker_log():
-    record = {"exception_text": "KeyError('user-17')",
-              "traceback_text": '  File "<dynamic-code>", line 8, in lookup\n'}
+    record = {
+        "exception_text": "KeyError('user-17')",
+        "traceback_text": '  File "<dynamic-code>", line 8, in lookup\n',
+    }
     log = (
         "2026-11-30 07:26:49,801 - distributed.worker - ERROR - Compute Failed\n"
         "Key:       lookup-2d17d3c4\nState:     executing\n"

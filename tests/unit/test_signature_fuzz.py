@@ -13,7 +13,7 @@ from oomguard._signature import GROUPING_VERSION, Signature, fingerprint, finger
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "docs" / "examples"
 DUMP = (EXAMPLES / "faulthandler-sigsegv-dask-worker.txt").read_text()
 TRACEBACK = (EXAMPLES / "python-chained-traceback.txt").read_text()
-TRACE_MARKERS = ("File \"", "Traceback", "most recent call", "Fatal Python error", "exception_text")
+TRACE_MARKERS = ('File "', "Traceback", "most recent call", "Fatal Python error", "exception_text")
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -110,6 +110,6 @@ def test_time_is_linear_in_input():
     large = small * 4  # both below the 1 MiB cap
     for text in (small + TRACEBACK, small + DUMP):
         t_small = _best_time(text)
-        t_large = _best_time(small * 4 + text[len(small):])
+        t_large = _best_time(small * 4 + text[len(small) :])
         assert t_large < 8 * t_small, (t_small, t_large)
     assert len(large) < (1 << 20)

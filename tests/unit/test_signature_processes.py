@@ -151,7 +151,9 @@ def test_chained_traceback_keeps_the_last_exception(traces):
 def test_worker_log_traceback_and_dask_record_agree(traces):
     # Dask keeps format_tb of the last exception and repr(exception): same signature.
     text = traces["key_a"]
-    frames = text[text.rindex("Traceback (most recent call last):\n") + 35:text.rindex("KeyError")]
+    frames = text[
+        text.rindex("Traceback (most recent call last):\n") + 35 : text.rindex("KeyError")
+    ]
     sig = fingerprint_dask("KeyError(17)", frames)
     assert sig.input_kind == "dask_traceback"
     assert sig.id == fingerprint(text).id
@@ -181,7 +183,9 @@ def test_recursion_counts_once(tmp_path):
     script = tmp_path / "shardwalk.py"
     script.write_text(code)
     outs = [
-        subprocess.run([sys.executable, str(script), str(limit)], capture_output=True, text=True).stdout
+        subprocess.run(
+            [sys.executable, str(script), str(limit)], capture_output=True, text=True
+        ).stdout
         for limit in (120, 700)
     ]
     assert "[Previous line repeated" in outs[0]
@@ -194,16 +198,27 @@ def test_real_crashes_as_logs_deliver_them(traces):
     # journald, `kubectl logs --timestamps`, Dask's log prefix, a paste that lost indentation.
     wrappings = [
         lambda t: "\n".join(f"Nov 30 12:00:01 node-7 python3[4242]: {x}" for x in t.split("\n")),
-        lambda t: "\n".join(f"2026-11-30T12:00:01.{i:09d}Z {x}" for i, x in enumerate(t.split("\n"))),
-        lambda t: "\n".join(f"2026-11-30 12:00:01,{i % 1000:03d} - distributed.worker - ERROR - {x}"
-                            for i, x in enumerate(t.split("\n"))),
+        lambda t: "\n".join(
+            f"2026-11-30T12:00:01.{i:09d}Z {x}" for i, x in enumerate(t.split("\n"))
+        ),
+        lambda t: "\n".join(
+            f"2026-11-30 12:00:01,{i % 1000:03d} - distributed.worker - ERROR - {x}"
+            for i, x in enumerate(t.split("\n"))
+        ),
         lambda t: "\r\n".join(x.lstrip() for x in t.split("\n")),
     ]
     raw = {name: fingerprint(text).id for name, text in traces.items()}
     for wrap in wrappings:
         assert {name: fingerprint(wrap(text)).id for name, text in traces.items()} == raw
     # ... and the grouping is still the one above: same bug one id, other bugs other ids.
-    groups = [("segv_a", "segv_b", "segv_c"), ("segv_other_fn",), ("abort_a", "abort_b"),
-              ("key_a", "key_b"), ("index",), ("convert",), ("chain_a", "chain_b")]
+    groups = [
+        ("segv_a", "segv_b", "segv_c"),
+        ("segv_other_fn",),
+        ("abort_a", "abort_b"),
+        ("key_a", "key_b"),
+        ("index",),
+        ("convert",),
+        ("chain_a", "chain_b"),
+    ]
     assert [len({raw[n] for n in g}) for g in groups] == [1] * len(groups)
     assert len({raw[g[0]] for g in groups}) == len(groups)

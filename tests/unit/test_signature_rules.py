@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from oomguard._signature import Frame, GROUPING_VERSION, fingerprint_stack, normalise_path, scrub
+from oomguard._signature import GROUPING_VERSION, Frame, fingerprint_stack, normalise_path, scrub
 from oomguard._signature import _rules as rules
 from oomguard._signature._paths import is_in_app
 
@@ -19,12 +19,17 @@ from oomguard._signature._paths import is_in_app
         # installed packages: below site-packages / dist-packages
         ("/opt/conda/lib/python3.11/site-packages/distributed/worker.py", "distributed/worker.py"),
         ("/usr/lib/python3/dist-packages/shardapp/core.py", "shardapp/core.py"),
-        ("/home/u/.venv/lib/python3.12/site-packages/shardapp/io/parquet.py", "shardapp/io/parquet.py"),
+        (
+            "/home/u/.venv/lib/python3.12/site-packages/shardapp/io/parquet.py",
+            "shardapp/io/parquet.py",
+        ),
         # the standard library: below lib/pythonX.Y (and lib-dynload)
         ("/root/.pyenv/versions/3.11.7/lib/python3.11/threading.py", "threading.py"),
         ("/usr/lib/python3.13t/ctypes/__init__.py", "ctypes/__init__.py"),
-        ("/usr/lib/python3.11/lib-dynload/_ctypes.cpython-311-x86_64-linux-gnu.so",
-         "_ctypes.cpython-311-x86_64-linux-gnu.so"),
+        (
+            "/usr/lib/python3.11/lib-dynload/_ctypes.cpython-311-x86_64-linux-gnu.so",
+            "_ctypes.cpython-311-x86_64-linux-gnu.so",
+        ),
         # a src-layout project: below src/
         ("/home/u/proj/src/shardapp/core.py", "shardapp/core.py"),
         # Windows paths
@@ -82,11 +87,17 @@ def _recs(*frames):
 @pytest.mark.parametrize(
     "rule, frame_in, frame_out",
     [
-        (rules.mark_in_app, ("/usr/lib/python3.11/threading.py", "run", False),
-         ("/usr/lib/python3.11/threading.py", "run", False)),
+        (
+            rules.mark_in_app,
+            ("/usr/lib/python3.11/threading.py", "run", False),
+            ("/usr/lib/python3.11/threading.py", "run", False),
+        ),
         (rules.mark_in_app, ("/p/src/app/m.py", "f", False), ("/p/src/app/m.py", "f", True)),
-        (rules.mark_in_app, ("/v/lib/python3.11/site-packages/distributed/worker.py", "execute", False),
-         ("/v/lib/python3.11/site-packages/distributed/worker.py", "execute", False)),
+        (
+            rules.mark_in_app,
+            ("/v/lib/python3.11/site-packages/distributed/worker.py", "execute", False),
+            ("/v/lib/python3.11/site-packages/distributed/worker.py", "execute", False),
+        ),
         (rules.reduce_path, ("/p/src/app/m.py", "f", True), ("app/m.py", "f", True)),
         (rules.reduce_path, ("<dynamic-code>", "task", True), ("<dynamic-code>", "task", True)),
         (rules.short_function, ("app/m.py", "Loader.read", True), ("app/m.py", "read", True)),
@@ -99,35 +110,60 @@ def test_frame_rule(rule, frame_in, frame_out):
 
 def test_frame_rules_compose():
     assert rules.normalise_frame("/home/u/proj/src/shardapp/core.py", "Parser.parse_record") == (
-        "shardapp/core.py", "parse_record", True)
+        "shardapp/core.py",
+        "parse_record",
+        True,
+    )
 
 
 @pytest.mark.parametrize(
     "rule, frames_in, frames_out",
     [
-        (rules.drop_comprehensions,
-         [("app/m.py", 2, "run", True), ("app/m.py", 2, "<listcomp>", True), ("app/m.py", 5, "<genexpr>", True)],
-         [("app/m.py", 2, "run", True), ("app/m.py", 5, "<genexpr>", True)]),
+        (
+            rules.drop_comprehensions,
+            [
+                ("app/m.py", 2, "run", True),
+                ("app/m.py", 2, "<listcomp>", True),
+                ("app/m.py", 5, "<genexpr>", True),
+            ],
+            [("app/m.py", 2, "run", True), ("app/m.py", 5, "<genexpr>", True)],
+        ),
         # direct recursion: the repeated frame counts once, whatever its depth
-        (rules.collapse_recursion,
-         [("app/m.py", 1, "main", True)] + [("app/m.py", 9, "rec", True)] * 50,
-         [("app/m.py", 1, "main", True), ("app/m.py", 9, "rec", True)]),
+        (
+            rules.collapse_recursion,
+            [("app/m.py", 1, "main", True)] + [("app/m.py", 9, "rec", True)] * 50,
+            [("app/m.py", 1, "main", True), ("app/m.py", 9, "rec", True)],
+        ),
         # mutual recursion: the repeated run a->b counts once
-        (rules.collapse_recursion,
-         [("m.py", 1, "main", True)] + [("m.py", 3, "a", True), ("m.py", 6, "b", True)] * 7
-         + [("m.py", 8, "leaf", True)],
-         [("m.py", 1, "main", True), ("m.py", 3, "a", True), ("m.py", 6, "b", True), ("m.py", 8, "leaf", True)]),
+        (
+            rules.collapse_recursion,
+            [("m.py", 1, "main", True)]
+            + [("m.py", 3, "a", True), ("m.py", 6, "b", True)] * 7
+            + [("m.py", 8, "leaf", True)],
+            [
+                ("m.py", 1, "main", True),
+                ("m.py", 3, "a", True),
+                ("m.py", 6, "b", True),
+                ("m.py", 8, "leaf", True),
+            ],
+        ),
         # a run longer than MAX_PERIOD frames is not taken for recursion
-        (rules.collapse_recursion,
-         [("m.py", i, f"f{i}", True) for i in range(9)] * 2,
-         [("m.py", i, f"f{i}", True) for i in range(9)] * 2),
+        (
+            rules.collapse_recursion,
+            [("m.py", i, f"f{i}", True) for i in range(9)] * 2,
+            [("m.py", i, f"f{i}", True) for i in range(9)] * 2,
+        ),
         # the same function called from two places that are not a repeat stays twice
-        (rules.collapse_recursion,
-         [("m.py", 1, "a", True), ("m.py", 2, "b", True), ("m.py", 3, "a", True)],
-         [("m.py", 1, "a", True), ("m.py", 2, "b", True), ("m.py", 3, "a", True)]),
-        (rules.cap_depth,
-         [("m.py", i, "f", True) for i in range(rules.MAX_FRAMES + 5)],
-         [("m.py", i, "f", True) for i in range(5, rules.MAX_FRAMES + 5)]),
+        (
+            rules.collapse_recursion,
+            [("m.py", 1, "a", True), ("m.py", 2, "b", True), ("m.py", 3, "a", True)],
+            [("m.py", 1, "a", True), ("m.py", 2, "b", True), ("m.py", 3, "a", True)],
+        ),
+        (
+            rules.cap_depth,
+            [("m.py", i, "f", True) for i in range(rules.MAX_FRAMES + 5)],
+            [("m.py", i, "f", True) for i in range(5, rules.MAX_FRAMES + 5)],
+        ),
     ],
 )
 def test_stack_rule(rule, frames_in, frames_out):
@@ -147,7 +183,7 @@ def test_hashed_frames_are_in_app_or_all():
         ("key 99 not found", "key <n> not found"),
         ("17", "<n>"),
         ("'user-42'", "<str>"),
-        ("can't parse \"abc\" as int", "can't parse <str> as int"),
+        ('can\'t parse "abc" as int', "can't parse <str> as int"),
         ("object at 0x7f3a2b1c00d0 is gone", "object at <hex> is gone"),
         ("cannot read /data/shards/17.parquet", "cannot read <path>"),
         ("GET https://bucket.example.com/a/b?x=1 failed: 503", "GET <url> failed: <n>"),
@@ -170,10 +206,14 @@ def test_message_is_capped():
 @pytest.mark.parametrize(
     "text, expected",
     [
-        ('  File "/home/alice/proj/src/shardapp/core.py", line 3, in f',
-         '  File "shardapp/core.py", line 3, in f'),
-        ("Current thread 0x00007f30a37e6b80 (most recent call first):",
-         "Current thread 0x0000000000000000 (most recent call first):"),
+        (
+            '  File "/home/alice/proj/src/shardapp/core.py", line 3, in f',
+            '  File "shardapp/core.py", line 3, in f',
+        ),
+        (
+            "Current thread 0x00007f30a37e6b80 (most recent call first):",
+            "Current thread 0x0000000000000000 (most recent call first):",
+        ),
         ("wrote /home/alice/out/x.csv", "wrote out/x.csv"),
         ("cwd is /home/alice", "cwd is ~"),
         ("see https://example.com/a/b", "see https://example.com/a/b"),

@@ -106,8 +106,9 @@ ValueError: cannot load shard 17 from shards/17.parquet
 """
 
 # The same frames, another exception type: another crash.
-CHAINED_TYPE = CHAINED.replace(
-    "raise ValueError(f", "raise LookupError(f").replace("\nValueError: ", "\nLookupError: ")
+CHAINED_TYPE = CHAINED.replace("raise ValueError(f", "raise LookupError(f").replace(
+    "\nValueError: ", "\nLookupError: "
+)
 
 # NumPy's allocation failure, qualified exception name with a leading underscore.
 ALLOC = """\
@@ -158,8 +159,10 @@ def _lines(text: str) -> list[str]:
 
 def journald(text: str) -> str:
     # `journalctl -u dask-worker`: one entry per line written to stderr.
-    return "\n".join(f"Nov 30 12:00:{i % 60:02d} node-7 python3[4242]: {line}"
-                     for i, line in enumerate(_lines(text)))
+    return "\n".join(
+        f"Nov 30 12:00:{i % 60:02d} node-7 python3[4242]: {line}"
+        for i, line in enumerate(_lines(text))
+    )
 
 
 def journald_one_entry(text: str) -> str:
@@ -171,25 +174,32 @@ def journald_one_entry(text: str) -> str:
 
 def syslog_file(text: str) -> str:
     # rsyslog's RFC 3339 file format (/var/log/syslog on current distributions).
-    return "\n".join(f"2026-11-30T12:00:01.{i:06d}+00:00 node-7 python3[4242]: {line}"
-                     for i, line in enumerate(_lines(text)))
+    return "\n".join(
+        f"2026-11-30T12:00:01.{i:06d}+00:00 node-7 python3[4242]: {line}"
+        for i, line in enumerate(_lines(text))
+    )
 
 
 def syslog_rfc5424(text: str) -> str:
     # What a syslog collector receives: PRI, version, time, host, app, procid, msgid, SD.
-    return "\n".join(f"<11>1 2026-11-30T12:00:01.003Z node-7 python3 4242 - - {line}"
-                     for line in _lines(text))
+    return "\n".join(
+        f"<11>1 2026-11-30T12:00:01.003Z node-7 python3 4242 - - {line}" for line in _lines(text)
+    )
 
 
 def kubectl(text: str) -> str:
     # `kubectl logs --timestamps` (and `docker logs --timestamps`): RFC 3339, nanoseconds.
-    return "\n".join(f"2026-11-30T12:00:{i % 60:02d}.{i * 7919 % 10**9:09d}Z {line}"
-                     for i, line in enumerate(_lines(text)))
+    return "\n".join(
+        f"2026-11-30T12:00:{i % 60:02d}.{i * 7919 % 10**9:09d}Z {line}"
+        for i, line in enumerate(_lines(text))
+    )
 
 
 def cri_file(text: str) -> str:
     # /var/log/containers/*.log as containerd and CRI-O write it.
-    return "\n".join(f"2026-11-30T12:00:01.{i:09d}Z stderr F {line}" for i, line in enumerate(_lines(text)))
+    return "\n".join(
+        f"2026-11-30T12:00:01.{i:09d}Z stderr F {line}" for i, line in enumerate(_lines(text))
+    )
 
 
 def loki(text: str) -> str:
@@ -200,8 +210,10 @@ def loki(text: str) -> str:
 
 def dask_prefix(text: str) -> str:
     # Dask's default log format, "%(asctime)s - %(name)s - %(levelname)s - %(message)s".
-    return "\n".join(f"2026-11-30 12:00:01,{i % 1000:03d} - distributed.worker - ERROR - {line}"
-                     for i, line in enumerate(_lines(text)))
+    return "\n".join(
+        f"2026-11-30 12:00:01,{i % 1000:03d} - distributed.worker - ERROR - {line}"
+        for i, line in enumerate(_lines(text))
+    )
 
 
 def ci_brackets(text: str) -> str:
@@ -215,7 +227,9 @@ _FRAME_PARTS = re.compile(r'^(\s*File ")([^"]*)(", line )(\d+)(,? in )(.*)$', re
 def ansi(text: str) -> str:
     # A colouring log formatter: headers in bold red, paths, numbers and functions coloured.
     text = _FRAME_PARTS.sub("\\1\x1b[35m\\2\x1b[0m\\3\x1b[1m\\4\x1b[0m\\5\x1b[32m\\6\x1b[0m", text)
-    return "\n".join(f"\x1b[1;31m{line}\x1b[0m" if line[:1].isalpha() else line for line in _lines(text))
+    return "\n".join(
+        f"\x1b[1;31m{line}\x1b[0m" if line[:1].isalpha() else line for line in _lines(text)
+    )
 
 
 def crlf(text: str) -> str:
@@ -303,7 +317,10 @@ def test_dask_compute_failed_block_in_journald():
         "Traceback: '  File \"shardapp/core.py\", line 46, in load_shard\\n'\n"
     )
     raw = fingerprint(block)
-    assert raw.input_kind == "dask_traceback" and raw.title == "ValueError in shardapp.core.load_shard"
+    assert (
+        raw.input_kind == "dask_traceback"
+        and raw.title == "ValueError in shardapp.core.load_shard"
+    )
     for wrap in (journald, kubectl, crlf, loki):
         assert fingerprint(wrap(block)).id == raw.id
 
@@ -320,8 +337,10 @@ def test_a_timestamp_inside_a_message_is_kept():
 
 NOT_A_TRACE_1 = "Segmentation fault (core dumped)\n"
 NOT_A_TRACE_2 = "Killed\n"
-KERNEL = ("[10091.246585] python3.6[24625]: segfault at 11 ip 00007efe055d3c1a sp 00007ffc8450a070 "
-          "error 4 in libffi.so.6.0.4[7efe055ce000+7000]\n")
+KERNEL = (
+    "[10091.246585] python3.6[24625]: segfault at 11 ip 00007efe055d3c1a sp 00007ffc8450a070 "
+    "error 4 in libffi.so.6.0.4[7efe055ce000+7000]\n"
+)
 KERNEL_OTHER_LIB = KERNEL.replace("libffi.so.6.0.4", "libarrow.so.1500")
 
 
@@ -341,7 +360,10 @@ def test_unparsed_ids_ignore_addresses_and_pids_only():
     again = KERNEL.replace("24625", "31337").replace("00007efe055d3c1a", "00007f11aa2b3c1a")
     assert fingerprint(again).id == fingerprint(KERNEL).id
     # A number may be what tells two crashes apart (a line, a signal, an exit code): kept.
-    assert fingerprint("worker exited with code 137\n").id != fingerprint("worker exited with code 139\n").id
+    assert (
+        fingerprint("worker exited with code 137\n").id
+        != fingerprint("worker exited with code 139\n").id
+    )
 
 
 def test_truncated_tracebacks_with_other_text_are_not_one_bucket():
@@ -370,8 +392,12 @@ def test_frameless_exceptions_are_told_apart_by_their_message():
 # -- the examples shipped in docs/examples, as logs deliver them -------------------------------
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "docs" / "examples"
-TRACE_EXAMPLES = ["faulthandler-sigsegv-dask-worker.txt", "faulthandler-abort.txt",
-                  "python-chained-traceback.txt", "dask-worker-compute-failed.log"]
+TRACE_EXAMPLES = [
+    "faulthandler-sigsegv-dask-worker.txt",
+    "faulthandler-abort.txt",
+    "python-chained-traceback.txt",
+    "dask-worker-compute-failed.log",
+]
 
 
 @pytest.mark.parametrize("wrapping", list(WRAPPINGS))
@@ -425,7 +451,10 @@ def test_a_trace_as_python_wrote_it_is_not_stripped(monkeypatch):
 @pytest.mark.parametrize(
     "line, expected",
     [
-        ("Nov 30 12:00:01 node-7 python3[4242]:   File \"a.py\", line 1 in f", '  File "a.py", line 1 in f'),
+        (
+            'Nov 30 12:00:01 node-7 python3[4242]:   File "a.py", line 1 in f',
+            '  File "a.py", line 1 in f',
+        ),
         ("Nov  3 02:00:01.123456 node-7 kernel: Killed process 4242", "Killed process 4242"),
         ("2026-11-30T12:00:01+0000 node-7 python3[4242]: x", "x"),
         ("<11>1 2026-11-30T12:00:01.003Z node-7 python3 4242 - - x", "x"),
@@ -433,7 +462,10 @@ def test_a_trace_as_python_wrote_it_is_not_stripped(monkeypatch):
         ("2026-11-30T12:00:01.123456789Z   File", "  File"),
         ("2026-11-30T12:00:01.123456789Z stderr F x", "x"),
         ('2026-11-30T12:00:01Z {pod="w-1", container="worker"} x', "x"),
-        ("2026-11-30 12:00:01,123 - distributed.worker - ERROR - Compute Failed", "Compute Failed"),
+        (
+            "2026-11-30 12:00:01,123 - distributed.worker - ERROR - Compute Failed",
+            "Compute Failed",
+        ),
         ("2026-11-30T12:00:01Z 2026-11-30 12:00:01,123 - distributed.nanny - WARNING - x", "x"),
         ("[2025/08/07 20:32:59.260 GMT+08:00] x", "x"),
         ("[2025-08-07T12:32:59.260Z] x", "x"),
@@ -456,11 +488,16 @@ def test_journalctl_continuation_lines():
     from oomguard._signature._transport import line_headers
 
     head = "Nov 30 12:00:01 node-7 w[1]: "
-    lines = [head + "Traceback (most recent call last):",
-             " " * len(head) + '  File "a.py", line 1, in f',
-             " " * len(head) + "KeyError: 1"]
-    assert line_headers(lines) == ["Traceback (most recent call last):",
-                                   '  File "a.py", line 1, in f', "KeyError: 1"]
+    lines = [
+        head + "Traceback (most recent call last):",
+        " " * len(head) + '  File "a.py", line 1, in f',
+        " " * len(head) + "KeyError: 1",
+    ]
+    assert line_headers(lines) == [
+        "Traceback (most recent call last):",
+        '  File "a.py", line 1, in f',
+        "KeyError: 1",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -483,22 +520,44 @@ def test_text_rules(text, expected):
     "lines, expected",
     [
         # a traceback: frames get two spaces, their source four, the exception none
-        (['File "a.py", line 1, in <module>', "main()", 'File "a.py", line 9, in main',
-          "return d[k]", "~^^^", "KeyError: 'k'"],
-         ['  File "a.py", line 1, in <module>', "    main()", '  File "a.py", line 9, in main',
-          "    return d[k]", "    ~^^^", "KeyError: 'k'"]),
+        (
+            [
+                'File "a.py", line 1, in <module>',
+                "main()",
+                'File "a.py", line 9, in main',
+                "return d[k]",
+                "~^^^",
+                "KeyError: 'k'",
+            ],
+            [
+                '  File "a.py", line 1, in <module>',
+                "    main()",
+                '  File "a.py", line 9, in main',
+                "    return d[k]",
+                "    ~^^^",
+                "KeyError: 'k'",
+            ],
+        ),
         # no source lines: the line after the last frame is the exception
-        (['File "<string>", line 1, in <module>', "ZeroDivisionError: division by zero"],
-         ['  File "<string>", line 1, in <module>', "ZeroDivisionError: division by zero"]),
+        (
+            ['File "<string>", line 1, in <module>', "ZeroDivisionError: division by zero"],
+            ['  File "<string>", line 1, in <module>', "ZeroDivisionError: division by zero"],
+        ),
         # a source line that reads like a name is not taken for the exception
-        (['File "a.py", line 3, in f', "raise", "socket.timeout: timed out"],
-         ['  File "a.py", line 3, in f', "    raise", "socket.timeout: timed out"]),
+        (
+            ['File "a.py", line 3, in f', "raise", "socket.timeout: timed out"],
+            ['  File "a.py", line 3, in f', "    raise", "socket.timeout: timed out"],
+        ),
         # a dump: frames only
-        (['File "a.py", line 3 in f', "<no Python frame>"],
-         ['  File "a.py", line 3 in f', "  <no Python frame>"]),
+        (
+            ['File "a.py", line 3 in f', "<no Python frame>"],
+            ['  File "a.py", line 3 in f', "  <no Python frame>"],
+        ),
         # indented as Python does: untouched
-        (['  File "a.py", line 3, in f', "    g()", "KeyError: 1"],
-         ['  File "a.py", line 3, in f', "    g()", "KeyError: 1"]),
+        (
+            ['  File "a.py", line 3, in f', "    g()", "KeyError: 1"],
+            ['  File "a.py", line 3, in f', "    g()", "KeyError: 1"],
+        ),
     ],
 )
 def test_frame_indentation(lines, expected):
@@ -511,7 +570,8 @@ def test_glued_fatal_header():
     from oomguard._signature._transport import glued_fatal_header
 
     assert glued_fatal_header(["tests/x.py ..sF.Fatal Python error: Aborted"]) == [
-        "Fatal Python error: Aborted"]
+        "Fatal Python error: Aborted"
+    ]
     # quoted in a message, it stays a message
     line = "RuntimeError: worker said: Fatal Python error: Aborted"
     assert glued_fatal_header([line]) == [line]

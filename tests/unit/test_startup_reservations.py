@@ -10,9 +10,9 @@ import time
 
 import pytest
 
+from oomguard._admission.config import AdmissionConfig
 from oomguard._admission.ledger import HostLedger
 from oomguard._admission.ledger_file import STARTUP_PEAK
-from oomguard._admission.config import AdmissionConfig
 from oomguard._admission.startup import StartupReservations, startup_peak
 
 MiB = 2**20
@@ -20,8 +20,15 @@ MiB = 2**20
 
 def _config(tmp_path, **kw) -> AdmissionConfig:
     base = AdmissionConfig(
-        enabled=True, floor=0, max_wait=60.0, ledger=str(tmp_path / "ledger.json"), poll=0.02,
-        min_estimate=64 * MiB, cgroup=None, startup=True, startup_initial=100 * MiB,
+        enabled=True,
+        floor=0,
+        max_wait=60.0,
+        ledger=str(tmp_path / "ledger.json"),
+        poll=0.02,
+        min_estimate=64 * MiB,
+        cgroup=None,
+        startup=True,
+        startup_initial=100 * MiB,
         startup_max_wait=5.0,
     )
     return dataclasses.replace(base, **kw)
@@ -132,4 +139,3 @@ def test_startup_peak_prefers_the_group_and_else_reads_vmhwm():
         rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
     assert hwm is not None and hwm >= rss
     assert startup_peak(2**22 + 12345, None) is None  # no such process
-

@@ -168,16 +168,26 @@ def test_member_rows_are_bounded_and_one_batch_is_counted_exactly(tmp_path):
     s.start()
     try:
         assert s.flush(), s.last_error
-        assert member_rows(s, "sig-a") == {"hosts": 100, "workers": 100, "shards": 100,
-                                           "pipelines": 1, "causes": 1}  # fmt: skip
+        assert member_rows(s, "sig-a") == {
+            "hosts": 100,
+            "workers": 100,
+            "shards": 100,
+            "pipelines": 1,
+            "causes": 1,
+        }
         row = s.signature("sig-a")
         assert row.count == 3000
         assert row.shards == [f"shard-{n:04d}" for n in range(100)]  # the batch's smallest
         assert len(row.hosts) == 100 and row.pipelines == ["nightly"]
         assert [r.id for r in s.signatures(pipeline="nightly", cause="oom_kill")] == ["sig-a"]
         counts = s.distinct_counts("sig-a")
-        assert counts == {"hosts": 250, "workers": 250, "shards": 3000, "pipelines": 1,
-                          "causes": 1}  # fmt: skip
+        assert counts == {
+            "hosts": 250,
+            "workers": 250,
+            "shards": 3000,
+            "pipelines": 1,
+            "causes": 1,
+        }
     finally:
         s.close()
 
@@ -200,8 +210,13 @@ def test_past_member_rows_the_distinct_count_is_a_lower_bound(tmp_path):
                 assert s.add(ev(n, host="h"))
             assert s.flush()
             assert s.distinct_counts("sig-a")["shards"] == 3000
-        assert member_rows(s, "sig-a") == {"hosts": 1, "workers": 100, "shards": 100,
-                                           "pipelines": 1, "causes": 1}  # fmt: skip
+        assert member_rows(s, "sig-a") == {
+            "hosts": 1,
+            "workers": 100,
+            "shards": 100,
+            "pipelines": 1,
+            "causes": 1,
+        }
         assert s.signature("sig-a").count == 9000
     finally:
         s.close()
@@ -251,12 +266,17 @@ def test_each_run_of_a_pipeline_keeps_its_own_status(store):
     store.upsert_pipeline(run("other", T0 + 50))
     assert store.flush()
     assert store.pipeline("etl") == run("etl", T0 + 100, "running", 1)  # greatest `started`
-    assert store.pipeline_runs("etl") == [run("etl", T0 + 100, "running", 1),
-                                          run("etl", T0, "aborted", 5)]  # fmt: skip
+    assert store.pipeline_runs("etl") == [
+        run("etl", T0 + 100, "running", 1),
+        run("etl", T0, "aborted", 5),
+    ]
     assert store.pipeline_runs("etl", limit=1) == [store.pipeline("etl")]
     assert store.pipeline_runs("missing") == []
     assert [(p.name, p.started) for p in store.pipelines()] == [
-        ("other", T0 + 50), ("etl", T0), ("etl", T0 + 100)]  # most recently updated first
+        ("other", T0 + 50),
+        ("etl", T0),
+        ("etl", T0 + 100),
+    ]  # most recently updated first
     store.upsert_pipeline(run("etl", T0 + 100, "succeeded", 9))
     assert store.flush()
     assert store.pipeline("etl").status == "succeeded" and len(store.pipeline_runs("etl")) == 2
@@ -509,8 +529,10 @@ def test_a_store_of_schema_1_migrates_and_keeps_everything(tmp_path):
     for statement in MIGRATIONS[0]:  # the released schema 1, as oomguard 0.1 wrote it
         conn.execute(statement)
     conn.execute("PRAGMA user_version = 1")
-    conn.execute("INSERT INTO pipelines VALUES ('etl', 'aborted', 5, 1, 4, 3, 0, 'oom', "
-                 "'shard 7', ?)", (T0,))  # fmt: skip
+    conn.execute(
+        "INSERT INTO pipelines VALUES ('etl', 'aborted', 5, 1, 4, 3, 0, 'oom', 'shard 7', ?)",
+        (T0,),
+    )
     conn.execute("INSERT INTO signatures VALUES ('sig-a', 'title', 1, 2, ?, ?, '')", (T0, T0))
     conn.executemany("INSERT INTO signature_members VALUES ('sig-a', 0, ?)", [("h0",), ("h1",)])
     conn.close()
@@ -529,8 +551,12 @@ def test_a_store_of_schema_1_migrates_and_keeps_everything(tmp_path):
         fill(s, [ev(0, host="h0"), ev(2, host="h2")])
         assert s.signature("sig-a").hosts == ["h0", "h1"]
         assert s.distinct_counts("sig-a")["hosts"] == 3
-        indexes = {r[0] for r in s._reader().execute(
-            "SELECT name FROM sqlite_master WHERE tbl_name = 'pipelines' AND type = 'index'")}
+        indexes = {
+            r[0]
+            for r in s._reader().execute(
+                "SELECT name FROM sqlite_master WHERE tbl_name = 'pipelines' AND type = 'index'"
+            )
+        }
         assert "pipelines_updated" in indexes
     finally:
         s.close()
@@ -551,7 +577,9 @@ def test_a_failed_migration_is_rolled_back(tmp_path):
     assert user_version(path) == N
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name='extra'").fetchone() == (0,)
+        assert conn.execute(
+            "SELECT count(*) FROM sqlite_master WHERE name='extra'"
+        ).fetchone() == (0,)
     finally:
         conn.close()
 
@@ -669,12 +697,16 @@ def test_amend_replaces_the_worker_lost_events_of_that_death(store, same_batch):
     store.add(ev(2, **lost, time=T0 + 2))
     if not same_batch:
         assert store.flush()
-    assert store.amend(ev(3, cause="sigkill", worker=w, signature_id="kill-sig", time=T0 + 3),
-                       lost_at=T0 + 2 if not same_batch else None)
+    assert store.amend(
+        ev(3, cause="sigkill", worker=w, signature_id="kill-sig", time=T0 + 3),
+        lost_at=T0 + 2 if not same_batch else None,
+    )
     assert store.flush()
     rows = store.events(limit=None)
-    assert sorted((e.cause, e.time) for e in rows) == [("sigkill", T0 + 3),
-                                                       ("worker_lost", T0 + 1)]
+    assert sorted((e.cause, e.time) for e in rows) == [
+        ("sigkill", T0 + 3),
+        ("worker_lost", T0 + 1),
+    ]
     by_id = {s.id: s.count for s in store.signatures()}
     assert by_id.get("kill-sig") == 1 and by_id.get("lost-sig") == 1
 

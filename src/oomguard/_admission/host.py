@@ -74,7 +74,7 @@ def host_available() -> int | None:
     try:
         text = _MEMINFO.read(4096)
         at = text.index(b"MemAvailable:")
-        return int(text[at + 13:text.index(b"kB", at)]) * 1024
+        return int(text[at + 13 : text.index(b"kB", at)]) * 1024
     except (OSError, ValueError):
         return _cgroup.host_memory().get("available")
 
@@ -88,8 +88,11 @@ def cgroup_available(path: str, version: int | None = None) -> Callable[[], int 
 
     if version is None:
         version = 2 if os.path.exists(os.path.join(path, "memory.max")) else 1
-    names = ("memory.max", "memory.current") if version == 2 else (
-        "memory.limit_in_bytes", "memory.usage_in_bytes")
+    names = (
+        ("memory.max", "memory.current")
+        if version == 2
+        else ("memory.limit_in_bytes", "memory.usage_in_bytes")
+    )
     limit_file, usage_file = (_Kept(os.path.join(path, n)) for n in names)
 
     def available() -> int | None:

@@ -97,9 +97,15 @@ class HostLedger:
     """
 
     def __init__(
-        self, path: str, *, floor: int = 0, available: Callable[[], int | None] | None = None,
-        _process: tuple[int, Callable[[], int | None],
-                        Callable[[int, int | None], tuple[bool, int | None]]] | None = None,
+        self,
+        path: str,
+        *,
+        floor: int = 0,
+        available: Callable[[], int | None] | None = None,
+        _process: tuple[
+            int, Callable[[], int | None], Callable[[int, int | None], tuple[bool, int | None]]
+        ]
+        | None = None,
     ) -> None:
         if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
             raise ValueError(f"floor is {floor!r}; expected a number of bytes >= 0.")
@@ -166,8 +172,9 @@ class HostLedger:
 
     # -- leases ------------------------------------------------------------------------
 
-    def try_acquire(self, key: str, nbytes: int, *, pid: int | None = None,
-                    elsewhere: bool = False) -> Admission:
+    def try_acquire(
+        self, key: str, nbytes: int, *, pid: int | None = None, elsewhere: bool = False
+    ) -> Admission:
         """One attempt: grant a lease of `nbytes` for `key` now, or say why not (and
         queue it: see `withdraw`). `elsewhere`: another process will spend it."""
         pid = self.pid if pid is None else pid
@@ -191,19 +198,38 @@ class HostLedger:
                 free = available - claimed - self.floor
                 # Waiters asking since before this request, whose need fits once the
                 # leases held now have ended, go first: fits only beside all of them.
-                ahead = [q for q in queue if (q[3], q[0], q[1]) < (since, pid, key)
-                         and q[2] <= available + spent]
+                ahead = [
+                    q
+                    for q in queue
+                    if (q[3], q[0], q[1]) < (since, pid, key) and q[2] <= available + spent
+                ]
                 before = sum(q[2] for q in ahead)
                 granted = nbytes + before <= free or (
-                    not others and not ahead and nbytes <= available)
+                    not others and not ahead and nbytes <= available
+                )
                 cold = granted and nbytes > free
-            result.append(Admission(granted, nbytes, free, available, claimed, self.floor,
-                                    len(others), cold, spent, len(ahead)))
+            result.append(
+                Admission(
+                    granted,
+                    nbytes,
+                    free,
+                    available,
+                    claimed,
+                    self.floor,
+                    len(others),
+                    cold,
+                    spent,
+                    len(ahead),
+                )
+            )
             if mine is not None:
                 queue.remove(mine)
             if granted:
-                rss = ELSEWHERE if elsewhere else (
-                    self.own_rss() if pid == self.pid else host.rss(pid))
+                rss = (
+                    ELSEWHERE
+                    if elsewhere
+                    else (self.own_rss() if pid == self.pid else host.rss(pid))
+                )
                 others.append([pid, key, nbytes, rss, start])
                 state["leases"] = others
             else:
@@ -259,7 +285,9 @@ class HostLedger:
             spent += used
         return claimed, spent
 
-    def release(self, key: str, *, pid: int | None = None, peak: tuple[str, int] | None = None) -> bool:
+    def release(
+        self, key: str, *, pid: int | None = None, peak: tuple[str, int] | None = None
+    ) -> bool:
         """Drop the lease of `key`; optionally record `peak` = (prefix, bytes) in the same
         write. True when a lease was dropped."""
         pid = self.pid if pid is None else pid

@@ -60,7 +60,9 @@ def memory(need: int | str) -> Iterator[int]:
         yield nbytes
 
 
-def need_of(key: Any, annotations: Mapping[str, Any] | None, estimator: PeakEstimator | None) -> int | None:
+def need_of(
+    key: Any, annotations: Mapping[str, Any] | None, estimator: PeakEstimator | None
+) -> int | None:
     """The bytes a task needs: its annotation, else its prefix's estimate, else None.
 
     >>> need_of("load-1", {ANNOTATION: 100}, None)

@@ -42,13 +42,23 @@ class LedgerPeaks:
     missing: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"host": self.host, "path": self.path, "peaks": dict(self.peaks),
-                "note": self.note, "missing": self.missing}  # fmt: skip
+        return {
+            "host": self.host,
+            "path": self.path,
+            "peaks": dict(self.peaks),
+            "note": self.note,
+            "missing": self.missing,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LedgerPeaks:
-        return cls(str(d["host"]), str(d["path"]), dict(d.get("peaks") or {}), d.get("note"),
-                   bool(d.get("missing")))  # fmt: skip
+        return cls(
+            str(d["host"]),
+            str(d["path"]),
+            dict(d.get("peaks") or {}),
+            d.get("note"),
+            bool(d.get("missing")),
+        )
 
 
 @dataclass(frozen=True)
@@ -69,8 +79,12 @@ class PeakRow:
         return None if self.prefix == STARTUP_PEAK else suggested(self.peak)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"prefix": self.prefix, "peak": self.peak, "hosts": list(self.hosts),
-                "suggested": self.suggested}  # fmt: skip
+        return {
+            "prefix": self.prefix,
+            "peak": self.peak,
+            "hosts": list(self.hosts),
+            "suggested": self.suggested,
+        }
 
 
 def suggested(peak: int) -> str:
@@ -102,11 +116,15 @@ def _peaks_of(raw: bytes, path: str) -> tuple[dict[str, int], str | None]:
     peaks = state.get("peaks", {})
     if not isinstance(peaks, dict):
         raise ValueError('its "peaks" is not an object')
-    good = {k: v for k, v in peaks.items()
-            if isinstance(v, int) and not isinstance(v, bool) and v > 0}  # fmt: skip
+    good = {
+        k: v for k, v in peaks.items() if isinstance(v, int) and not isinstance(v, bool) and v > 0
+    }
     skipped = len(peaks) - len(good)
-    note = (f"{path}: {skipped} peak(s) that are not a positive number of bytes skipped"
-            if skipped else None)  # fmt: skip
+    note = (
+        f"{path}: {skipped} peak(s) that are not a positive number of bytes skipped"
+        if skipped
+        else None
+    )
     return good, note
 
 
@@ -129,16 +147,17 @@ def read_ledger(path: str, host: str | None = None) -> LedgerPeaks:
             note = str(e)
         if attempt + 1 < _REREADS:
             time.sleep(0.005 * (attempt + 1))
-    return LedgerPeaks(host, path, note=f"{path} is not an oomguard memory ledger: {note}; "
-                                        "no peaks read from it")  # fmt: skip
+    return LedgerPeaks(
+        host, path, note=f"{path} is not an oomguard memory ledger: {note}; no peaks read from it"
+    )
 
 
 def configured_ledger() -> str:
     """The ledger path this process's Dask config gives a worker, resolved as admission
     resolves it (`oomguard.worker.admission.ledger`, else `<crash-dir>/memory-ledger.json`).
     ConfigError names a bad setting."""
-    from .config import AdmissionConfig
     from .._evidence.paths import configured_crash_dir
+    from .config import AdmissionConfig
 
     return AdmissionConfig.from_dask(configured_crash_dir()).ledger
 
@@ -154,8 +173,9 @@ def worker_ledger_peaks() -> dict[str, Any]:
     try:
         return read_ledger(path, host).to_dict()
     except OSError as e:
-        return LedgerPeaks(host, path, note=f"{host}: cannot read {path}: "
-                                            f"{e.strerror or e}").to_dict()  # fmt: skip
+        return LedgerPeaks(
+            host, path, note=f"{host}: cannot read {path}: {e.strerror or e}"
+        ).to_dict()
 
 
 def merge(ledgers: Iterable[LedgerPeaks]) -> list[PeakRow]:
@@ -195,7 +215,16 @@ def from_workers(results: dict[str, Any]) -> list[LedgerPeaks]:
                 continue
             except (KeyError, TypeError, ValueError) as e:
                 result = e
-        why = f"{type(result).__name__}: {result}" if isinstance(result, BaseException) else repr(result)
-        out.append(LedgerPeaks(worker, "?", note=f"worker {worker}: could not read its "
-                                                  f"ledger: {' '.join(why.split())}"))  # fmt: skip
+        why = (
+            f"{type(result).__name__}: {result}"
+            if isinstance(result, BaseException)
+            else repr(result)
+        )
+        out.append(
+            LedgerPeaks(
+                worker,
+                "?",
+                note=f"worker {worker}: could not read its ledger: {' '.join(why.split())}",
+            )
+        )
     return out

@@ -26,13 +26,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .ledger import HostLedger
-from .ledger_file import STARTUP_PEAK
 from .._units import format_bytes
 from .config import AdmissionConfig
+from .ledger import HostLedger
+from .ledger_file import STARTUP_PEAK
 
 logger = logging.getLogger("oomguard.nanny")
-
 
 
 @dataclass
@@ -48,10 +47,17 @@ class Start:
     def event(self, pid: int | None, up_at: float, peak: int | None) -> dict:
         """The `oomguard-startup` event: pid None when the worker never came up."""
         ahead = self.granted_at if self.granted_at is not None else up_at
-        return {"action": "startup", "pid": pid, "need": self.need,
-                "waited": round(ahead - self.asked_at, 3), "asked_at": self.asked_at,
-                "granted_at": ahead, "up_at": up_at, "outcome": self.outcome,
-                "peak": peak}  # fmt: skip
+        return {
+            "action": "startup",
+            "pid": pid,
+            "need": self.need,
+            "waited": round(ahead - self.asked_at, 3),
+            "asked_at": self.asked_at,
+            "granted_at": ahead,
+            "up_at": up_at,
+            "outcome": self.outcome,
+            "peak": peak,
+        }
 
 
 class StartupReservations:
@@ -79,8 +85,11 @@ class StartupReservations:
             start.granted_at, start.outcome = time.time(), "granted"
             return start
         self.waits += 1
-        logger.info("oomguard: a worker start waits for %s of host memory%s",
-                    format_bytes(start.need), adm.detail())
+        logger.info(
+            "oomguard: a worker start waits for %s of host memory%s",
+            format_bytes(start.need),
+            adm.detail(),
+        )
         try:
             start.outcome = await self._wait(start, max_wait, stop)
         finally:
@@ -106,8 +115,12 @@ class StartupReservations:
                 logger.warning(
                     "oomguard: a worker start waited %.1f s for %s of host memory (only %s "
                     "free%s) and starts anyway, as without oomguard; see "
-                    "oomguard.worker.admission.startup.max-wait.", waited,
-                    format_bytes(start.need), format_bytes(max(adm.free, 0)), adm.detail())
+                    "oomguard.worker.admission.startup.max-wait.",
+                    waited,
+                    format_bytes(start.need),
+                    format_bytes(max(adm.free, 0)),
+                    adm.detail(),
+                )
                 return "timeout"
 
     def release(self, peak: int | None) -> None:

@@ -75,7 +75,9 @@ def render_text(r: DemoResult) -> str:
         out.append(f"  {s.id:16}  {s.count:>5}  {len(s.workers):>7}  {s.title}")
     if r.status is not None:
         out.append(f"\nPipeline 'demo': {r.status.status}")
-        out.append(textwrap.fill(r.status.summary, 96, initial_indent="  ", subsequent_indent="  "))
+        out.append(
+            textwrap.fill(r.status.summary, 96, initial_indent="  ", subsequent_indent="  ")
+        )
     if r.aborted is not None:
         out.append("\nWhat the client got (oomguard.PipelineAborted):")
         out.append(textwrap.fill(str(r.aborted), 96, initial_indent="  ", subsequent_indent="  "))

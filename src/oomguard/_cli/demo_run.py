@@ -101,14 +101,17 @@ def run_demo(shards: int = 30, progress=None) -> DemoResult:
         "logging.distributed": "error",
     }
     with dask.config.set(config):
-        with LocalCluster(
-            n_workers=1,
-            threads_per_worker=1,
-            processes=True,
-            memory_limit=SMALL,
-            dashboard_address=":0",
-            silence_logs=50,
-        ) as cluster, Client(cluster) as client:
+        with (
+            LocalCluster(
+                n_workers=1,
+                threads_per_worker=1,
+                processes=True,
+                memory_limit=SMALL,
+                dashboard_address=":0",
+                silence_logs=50,
+            ) as cluster,
+            Client(cluster) as client,
+        ):
             # A second, larger worker: oomguard retries a memory kill only on a larger one.
             spec = dict(cluster.new_spec)
             spec["options"] = {**spec["options"], "memory_limit": BIG}
@@ -141,9 +144,13 @@ def run_demo(shards: int = 30, progress=None) -> DemoResult:
                         small = _worker_with_limit(client, SMALL)
                         pending.add(
                             client.submit(
-                                load_shard, CRASHER, NEED, key=("demo", CRASHER),
-                                workers=small, allow_other_workers=True,
-                            )  # fmt: skip
+                                load_shard,
+                                CRASHER,
+                                NEED,
+                                key=("demo", CRASHER),
+                                workers=small,
+                                allow_other_workers=True,
+                            )
                         )
                     try:
                         fut.result()

@@ -62,8 +62,14 @@ def _cell(value: Any) -> str:
     return one_line("" if value is None else value)
 
 
-def table(headers: list[str], rows: list[list[Any]], *, right: frozenset[int] = frozenset(),
-          width: int | None = None, shorten: dict[str, int] | None = None) -> list[str]:  # fmt: skip
+def table(
+    headers: list[str],
+    rows: list[list[Any]],
+    *,
+    right: frozenset[int] = frozenset(),
+    width: int | None = None,
+    shorten: dict[str, int] | None = None,
+) -> list[str]:
     """Rows under headers, two spaces apart. Only the columns in `shorten` (header -> fewest
     characters) are shortened, with "…", to fit `width`; nothing else is ever cut.
 
@@ -94,9 +100,14 @@ def wrap(text: str, width: int | None, indent: str, hold: tuple[str, ...] = ()) 
         s = one_line(s)
         text = text.replace(s, s.replace(" ", _HOLD)) if s else text
     text = _KEY_IN_PROSE.sub(lambda m: m.group().replace(" ", _HOLD), text)
-    lines = textwrap.wrap(text, min(width or PROSE_WIDTH, PROSE_WIDTH), initial_indent=indent,
-                          subsequent_indent=indent, break_long_words=False,
-                          break_on_hyphens=False) or [indent]  # fmt: skip
+    lines = textwrap.wrap(
+        text,
+        min(width or PROSE_WIDTH, PROSE_WIDTH),
+        initial_indent=indent,
+        subsequent_indent=indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+    ) or [indent]
     return [line.replace(_HOLD, " ") for line in lines]
 
 
@@ -107,8 +118,9 @@ def key_line(prefix: str, key: str, width: int | None) -> list[str]:
     return [prefix, prefix[: len(prefix) - len(prefix.lstrip())] + key]
 
 
-def _items(pairs: list[tuple[Column, Any]], width: int | None, indent: str,
-           labelled: bool) -> list[str]:  # fmt: skip
+def _items(
+    pairs: list[tuple[Column, Any]], width: int | None, indent: str, labelled: bool
+) -> list[str]:
     """Moved values, each whole: keys side by side while they fit, prose wrapped."""
     lines: list[str] = []
     line = ""
@@ -129,8 +141,9 @@ def _items(pairs: list[tuple[Column, Any]], width: int | None, indent: str,
     return lines + ([line] if line else [])
 
 
-def lay_out(columns: list[Column], rows: list[list[Any]], layouts: list[Layout],
-            width: int | None) -> tuple[Layout, list[str], list[list[str]]]:  # fmt: skip
+def lay_out(
+    columns: list[Column], rows: list[list[Any]], layouts: list[Layout], width: int | None
+) -> tuple[Layout, list[str], list[list[str]]]:
     """(layout, header lines, the lines of each row) for the first layout whose header and
     rows fit `width`, else the last. Moved values fit unless one alone is wider."""
     by = {c.header: i for i, c in enumerate(columns)}
@@ -138,10 +151,12 @@ def lay_out(columns: list[Column], rows: list[list[Any]], layouts: list[Layout],
         shown = [by[h] for h in layout.row]
         pad = "  " if layout.above else ""
         lines = table(
-            [columns[i].header for i in shown], [[r[i] for i in shown] for r in rows],
+            [columns[i].header for i in shown],
+            [[r[i] for i in shown] for r in rows],
             right=frozenset(j for j, i in enumerate(shown) if columns[i].right),
-            width=None if width is None else width - len(pad), shorten=layout.shorten,
-        )  # fmt: skip
+            width=None if width is None else width - len(pad),
+            shorten=layout.shorten,
+        )
         head = ["  ".join(layout.above)] if layout.above else []
         head.append(pad + lines[0])
         if width is None or all(len(ln) + len(pad) <= width for ln in lines):

@@ -29,9 +29,9 @@ import os
 import sys
 from typing import Any
 
-from .._client import filters as _filters
 from .._admission import peaks as _peaks
 from .._causes import Cause, Kind
+from .._client import filters as _filters
 from .._display import one_line
 from .._exceptions import ReportFailed
 from .layout import key_line, output_width
@@ -88,7 +88,6 @@ PipelineStatus.to_dict() and {"prefix", "peak" (bytes), "hosts", "suggested"}.
 exit status: 0 success; 1 the scheduler, the store or the ledger could not be read; 2 bad
 arguments.
 """
-
 
 
 # --------------------------------------------------------------------------- arguments
@@ -172,31 +171,57 @@ def add_parser(sub) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--scheduler", metavar="ADDRESS", help="a running scheduler, e.g. "
-                     "tcp://10.0.0.5:8786 (default: Dask's scheduler-address setting, "
-                     "DASK_SCHEDULER_ADDRESS)")  # fmt: skip
+    src.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="a running scheduler, e.g. "
+        "tcp://10.0.0.5:8786 (default: Dask's scheduler-address setting, "
+        "DASK_SCHEDULER_ADDRESS)",
+    )
     src.add_argument("--store", metavar="PATH", help="a failure store file (read only)")
     p.add_argument(
-        "--timeout", type=_seconds, default=5.0, metavar="SECONDS",
+        "--timeout",
+        type=_seconds,
+        default=5.0,
+        metavar="SECONDS",
         help="for the connection to the scheduler and each query (default 5)",
-    )  # fmt: skip
+    )
     for name in HISTORY:
         p.add_argument(f"--{name}", action="store_true", help=f"print the {name} section")
-    p.add_argument("--peaks", action="store_true", help="print the memory peaks learned per "
-                   "task prefix, with a suggested oomguard.memory(...) for each")  # fmt: skip
-    p.add_argument("--ledger", metavar="PATH", help="read the peaks from this memory ledger "
-                   "file (read only; implies --peaks)")  # fmt: skip
+    p.add_argument(
+        "--peaks",
+        action="store_true",
+        help="print the memory peaks learned per "
+        "task prefix, with a suggested oomguard.memory(...) for each",
+    )
+    p.add_argument(
+        "--ledger",
+        metavar="PATH",
+        help="read the peaks from this memory ledger file (read only; implies --peaks)",
+    )
     p.add_argument("--kind", choices=[k.value for k in Kind], help="infra or user")
     causes = [c.value for c in Cause]
     p.add_argument("--cause", choices=causes, metavar="CAUSE", help=", ".join(causes))
     p.add_argument("--pipeline", metavar="NAME")
-    p.add_argument("--shard", type=parse_shard, metavar="KEY",
-                   help="a task key as str(key) writes it, e.g. \"('load', 7)\" or load-0a1b")  # fmt: skip
+    p.add_argument(
+        "--shard",
+        type=parse_shard,
+        metavar="KEY",
+        help="a task key as str(key) writes it, e.g. \"('load', 7)\" or load-0a1b",
+    )
     p.add_argument("--signature", metavar="ID")
-    p.add_argument("--since", type=parse_since, metavar="WHEN",
-                   help="an ISO time, or a span back from now: 30m, 1h, 2d")  # fmt: skip
-    p.add_argument("--limit", type=_filters.for_argparse(_filters.limit, int, allow_none=False),
-                   metavar="N", help="rows per section")
+    p.add_argument(
+        "--since",
+        type=parse_since,
+        metavar="WHEN",
+        help="an ISO time, or a span back from now: 30m, 1h, 2d",
+    )
+    p.add_argument(
+        "--limit",
+        type=_filters.for_argparse(_filters.limit, int, allow_none=False),
+        metavar="N",
+        help="rows per section",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(func=run)
 
@@ -240,28 +265,36 @@ def run(args: argparse.Namespace) -> int:
 
         args.scheduler = dask.config.get("scheduler-address", None) or None
         if args.scheduler is None and history:
-            print(f"{PROG}: give --scheduler ADDRESS or --store PATH (or set "
-                  "DASK_SCHEDULER_ADDRESS)", file=sys.stderr)  # fmt: skip
+            print(
+                f"{PROG}: give --scheduler ADDRESS or --store PATH (or set "
+                "DASK_SCHEDULER_ADDRESS)",
+                file=sys.stderr,
+            )
             return 2
     ledger = args.ledger
     if workers and args.scheduler is None:
         if args.store is not None:
-            _usage_error("--peaks: a failure store holds no memory peaks; give --ledger PATH "
-                         "(a memory ledger file on this host) or --scheduler ADDRESS")  # fmt: skip
+            _usage_error(
+                "--peaks: a failure store holds no memory peaks; give --ledger PATH "
+                "(a memory ledger file on this host) or --scheduler ADDRESS"
+            )
         workers = False
         try:
             ledger = _peaks.configured_ledger()
         except Exception as e:  # ConfigError: a bad oomguard setting here
-            print(f"{PROG}: cannot tell where this host's memory ledger is: {one_line(e)}",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"{PROG}: cannot tell where this host's memory ledger is: {one_line(e)}",
+                file=sys.stderr,
+            )
             return 1
     data: dict[str, Any] = {}
     try:
         if args.scheduler is not None and (history or workers):
             with connected(args.scheduler, args.timeout) as client:
                 if history:
-                    data = read_history(scheduler_source(client, args.scheduler, args.timeout),
-                                        args, history)  # fmt: skip
+                    data = read_history(
+                        scheduler_source(client, args.scheduler, args.timeout), args, history
+                    )
                 if workers:
                     data["peaks"] = peaks_from_workers(client, args.scheduler, args.timeout)
         elif history:
@@ -274,16 +307,18 @@ def run(args: argparse.Namespace) -> int:
         return 1
     except Exception as e:  # anything else is still one line, never a traceback
         where = f"the scheduler at {args.scheduler}" if args.scheduler else args.store or ledger
-        print(f"{PROG}: reading {where} failed: {type(e).__name__}: {one_line(e)}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"{PROG}: reading {where} failed: {type(e).__name__}: {one_line(e)}", file=sys.stderr
+        )
         return 1
     return _print(data, sections, args)
 
 
 def _empty(what: str, args: argparse.Namespace, width: int | None) -> list[str]:
     """Why a section has no rows, in words: never a bare "none"."""
-    narrowed = any(v is not None for v in (args.kind, args.cause, args.pipeline,
-                                           args.signature, args.since))  # fmt: skip
+    narrowed = any(
+        v is not None for v in (args.kind, args.cause, args.pipeline, args.signature, args.since)
+    )
     if args.shard is not None:
         prefix = "  with these filters, no" if narrowed else "  no"
         return key_line(f"{prefix} {what} for shard", args.shard, width)
@@ -292,9 +327,10 @@ def _empty(what: str, args: argparse.Namespace, width: int | None) -> list[str]:
 
 def _print(data: dict[str, Any], sections: tuple[str, ...], args: argparse.Namespace) -> int:
     if args.json:
-        doc = {name: [row.to_dict() for row in
-                      (data[name].rows if name == "peaks" else data[name])]
-               for name in sections}  # fmt: skip
+        doc = {
+            name: [row.to_dict() for row in (data[name].rows if name == "peaks" else data[name])]
+            for name in sections
+        }
         text = json.dumps(doc, indent=2)
         for note in data["peaks"].notes if "peaks" in data else ():  # the document has rows only
             print(f"{PROG}: note: {one_line(note)}", file=sys.stderr)
@@ -302,18 +338,33 @@ def _print(data: dict[str, Any], sections: tuple[str, ...], args: argparse.Names
         width = output_width()
         blocks = []
         if "events" in data:
-            titles = ("SIGNATURES below" if "signatures" in data
-                      else "oomguard report --signatures --signature ID")  # fmt: skip
-            blocks.append(render_events(
-                data["events"], history=shard_history(args), width=width, shard=args.shard,
-                empty=_empty("events", args, width), titles=titles,
-            ))  # fmt: skip
+            titles = (
+                "SIGNATURES below"
+                if "signatures" in data
+                else "oomguard report --signatures --signature ID"
+            )
+            blocks.append(
+                render_events(
+                    data["events"],
+                    history=shard_history(args),
+                    width=width,
+                    shard=args.shard,
+                    empty=_empty("events", args, width),
+                    titles=titles,
+                )
+            )
         if "signatures" in data:
-            blocks.append(render_signatures(data["signatures"], width=width,
-                                            empty=_empty("signatures", args, width)))  # fmt: skip
+            blocks.append(
+                render_signatures(
+                    data["signatures"], width=width, empty=_empty("signatures", args, width)
+                )
+            )
         if "pipelines" in data:
-            blocks.append(render_pipelines(data["pipelines"], width=width,
-                                           empty=_empty("pipelines", args, width)))  # fmt: skip
+            blocks.append(
+                render_pipelines(
+                    data["pipelines"], width=width, empty=_empty("pipelines", args, width)
+                )
+            )
         if "peaks" in data:
             blocks.append(render_peaks(data["peaks"], width=width))
         text = "\n\n".join("\n".join(b) for b in blocks)

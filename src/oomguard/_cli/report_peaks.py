@@ -30,25 +30,33 @@ def peaks_from_file(path: str) -> PeaksRead:
     try:
         ledger = _peaks.read_ledger(path)
     except OSError as e:
-        raise ReportFailed(f"cannot read the memory ledger {path}: "
-                           f"{e.strerror or one_line(e)}") from e  # fmt: skip
+        raise ReportFailed(
+            f"cannot read the memory ledger {path}: {e.strerror or one_line(e)}"
+        ) from e
     return PeaksRead(_peaks.merge([ledger]), path, [ledger], _peaks.notes([ledger]), False)
 
 
 def peaks_from_workers(client: Any, address: str, timeout: float) -> PeaksRead:
     """The peaks of every worker host's ledger, each file read once (`client.run`)."""
     try:
-        results = client.run(_peaks.worker_ledger_peaks, on_error="return",
-                             callback_timeout=timeout)  # fmt: skip
+        results = client.run(
+            _peaks.worker_ledger_peaks, on_error="return", callback_timeout=timeout
+        )
     except TimeoutError as e:
-        raise ReportFailed(f"the workers of the scheduler at {address} did not answer within "
-                           f"{timeout:g} s (try a larger --timeout)") from e  # fmt: skip
+        raise ReportFailed(
+            f"the workers of the scheduler at {address} did not answer within "
+            f"{timeout:g} s (try a larger --timeout)"
+        ) from e
     ledgers = _peaks.from_workers(results)
     return PeaksRead(_peaks.merge(ledgers), address, ledgers, _peaks.notes(ledgers), True)
 
 
-_PEAK_COLUMNS = [Column("PREFIX"), Column("PEAK", right=True), Column("HOSTS", "hosts"),
-                 Column("SUGGESTED", "suggested")]  # fmt: skip
+_PEAK_COLUMNS = [
+    Column("PREFIX"),
+    Column("PEAK", right=True),
+    Column("HOSTS", "hosts"),
+    Column("SUGGESTED", "suggested"),
+]
 #: A long prefix keeps its place in the row longest; the suggestion and hosts move under it.
 _PEAK_LAYOUTS = [
     Layout(("PREFIX", "PEAK", "HOSTS", "SUGGESTED")),
@@ -63,18 +71,22 @@ def render_peaks(read: PeaksRead, *, width: int | None = None) -> list[str]:
     """The peaks section: the start-up peak first, then the largest first; notes under it."""
     if read.from_workers:
         hosts = len({lg.host for lg in read.ledgers if lg.path != "?"})
-        lines = [f"PEAKS: {len(read.rows)}, largest first, from the memory ledgers of {hosts} "
-                 f"worker host{'s' if hosts != 1 else ''}"]  # fmt: skip
+        lines = [
+            f"PEAKS: {len(read.rows)}, largest first, from the memory ledgers of {hosts} "
+            f"worker host{'s' if hosts != 1 else ''}"
+        ]
     else:
         lines = key_line(f"PEAKS: {len(read.rows)}, largest first, from", read.source, width)
     if read.rows:
-        body = [[r.label, format_bytes(r.peak), ",".join(r.hosts), r.suggested]
-                for r in read.rows]  # fmt: skip
+        body = [[r.label, format_bytes(r.peak), ",".join(r.hosts), r.suggested] for r in read.rows]
         _, header, blocks = lay_out(_PEAK_COLUMNS, body, _PEAK_LAYOUTS, width)
         lines += [*header, *(line for block in blocks for line in block)]
         if any(r.suggested for r in read.rows):
-            lines += wrap("(SUGGESTED: the peak rounded up to 16 MiB; add a margin for "
-                          "larger inputs)", width, "  ")  # fmt: skip
+            lines += wrap(
+                "(SUGGESTED: the peak rounded up to 16 MiB; add a margin for larger inputs)",
+                width,
+                "  ",
+            )
     elif not read.ledgers:
         lines.append("  no workers to ask")
     elif all(lg.missing for lg in read.ledgers):
@@ -83,9 +95,13 @@ def render_peaks(read: PeaksRead, *, width: int | None = None) -> list[str]:
     elif all(lg.missing or lg.note for lg in read.ledgers):
         lines.append("  no peaks read: see the notes")
     else:
-        lines += wrap("no peaks learned yet: a peak is learned from a task that ran alone in its "
-                      "worker and grew its memory by at least "
-                      "oomguard.worker.admission.min-estimate", width, "  ")  # fmt: skip
+        lines += wrap(
+            "no peaks learned yet: a peak is learned from a task that ran alone in its "
+            "worker and grew its memory by at least "
+            "oomguard.worker.admission.min-estimate",
+            width,
+            "  ",
+        )
     for note in read.notes:
         lines += wrap(f"note: {note}", width, "  ")
     return lines

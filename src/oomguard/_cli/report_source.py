@@ -220,10 +220,14 @@ def collect(source: Any, args: argparse.Namespace, sections: tuple[str, ...]) ->
             events = source.shard(args.shard)
         else:
             events = source.events(
-                kind=args.kind, cause=args.cause, pipeline=args.pipeline, shard=args.shard,
-                signature=args.signature, since=args.since,
+                kind=args.kind,
+                cause=args.cause,
+                pipeline=args.pipeline,
+                shard=args.shard,
+                signature=args.signature,
+                since=args.since,
                 limit=args.limit or DEFAULT_LIMITS["events"],
-            )  # fmt: skip
+            )
     if "events" in sections:
         out["events"] = events
     by_events = args.shard is not None or args.signature is not None
@@ -235,9 +239,11 @@ def collect(source: Any, args: argparse.Namespace, sections: tuple[str, ...]) ->
             out["signatures"] = [r for r in rows if r is not None][: args.limit or None]
         else:
             out["signatures"] = source.signatures(
-                cause=args.cause, pipeline=args.pipeline, since=args.since,
+                cause=args.cause,
+                pipeline=args.pipeline,
+                since=args.since,
                 limit=args.limit or DEFAULT_LIMITS["signatures"],
-            )  # fmt: skip
+            )
     if "pipelines" in sections:
         if args.pipeline is not None or by_events:
             names = [args.pipeline] if args.pipeline is not None else []
@@ -250,8 +256,9 @@ def collect(source: Any, args: argparse.Namespace, sections: tuple[str, ...]) ->
     return out
 
 
-def read_history(source: Any, args: argparse.Namespace,
-                 sections: tuple[str, ...]) -> dict[str, Any]:  # fmt: skip
+def read_history(
+    source: Any, args: argparse.Namespace, sections: tuple[str, ...]
+) -> dict[str, Any]:
     """`collect`, its failures a ReportFailed: one line that names the fix."""
     try:
         return collect(source, args, sections)
@@ -263,5 +270,4 @@ def read_history(source: Any, args: argparse.Namespace,
             f"{args.timeout:g} s (try a larger --timeout)"
         ) from e
     except sqlite3.Error as e:
-        raise ReportFailed(f"cannot read the failure store {args.store}: "
-                           f"{one_line(e)}") from e  # fmt: skip
+        raise ReportFailed(f"cannot read the failure store {args.store}: {one_line(e)}") from e

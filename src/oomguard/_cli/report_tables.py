@@ -16,21 +16,28 @@ from .layout import PROSE_WIDTH, Column, Layout, key_line, lay_out, wrap
 
 
 _EVENT_COLUMNS = [
-    Column("TIME"), Column("KIND"), Column("CAUSE"), Column("#", right=True),
-    Column("SHARD", "shard"), Column("PIPELINE", "pipeline"), Column("HOST", "host"),
-    Column("SIGNATURE", "signature"), Column("TITLE", key=False),
-]  # fmt: skip
+    Column("TIME"),
+    Column("KIND"),
+    Column("CAUSE"),
+    Column("#", right=True),
+    Column("SHARD", "shard"),
+    Column("PIPELINE", "pipeline"),
+    Column("HOST", "host"),
+    Column("SIGNATURE", "signature"),
+    Column("TITLE", key=False),
+]
 _FIRST = ("TIME", "KIND", "CAUSE", "#")
 _EVENT_LAYOUTS = [
     Layout((*_FIRST, "SHARD", "PIPELINE", "HOST", "SIGNATURE", "TITLE"), shorten={"TITLE": 16}),
     Layout((*_FIRST, "SHARD", "PIPELINE", "HOST", "SIGNATURE")),
     Layout((*_FIRST, "SHARD", "PIPELINE", "HOST", "SIGNATURE"), shorten={"HOST": 12}),
-    Layout((*_FIRST, "HOST", "SIGNATURE", "TITLE"), below=("SHARD", "PIPELINE"),
-           shorten={"TITLE": 16}),
+    Layout(
+        (*_FIRST, "HOST", "SIGNATURE", "TITLE"), below=("SHARD", "PIPELINE"), shorten={"TITLE": 16}
+    ),
     Layout((*_FIRST, "HOST", "SIGNATURE"), below=("SHARD", "PIPELINE")),
     Layout((*_FIRST, "SIGNATURE"), below=("SHARD", "PIPELINE", "HOST")),
     Layout(_FIRST, below=("SIGNATURE", "SHARD", "PIPELINE", "HOST")),
-]  # fmt: skip
+]
 #: One shard's history: the shard is in the head line; worker and signature under each row.
 _HISTORY_LAYOUTS = [
     Layout((*_FIRST, "PIPELINE", "HOST")),
@@ -39,9 +46,15 @@ _HISTORY_LAYOUTS = [
 ]
 
 
-def render_events(events: list, *, history: bool, width: int | None = None,
-                  shard: str | None = None, empty: list[str] | None = None,
-                  titles: str = "") -> list[str]:  # fmt: skip
+def render_events(
+    events: list,
+    *,
+    history: bool,
+    width: int | None = None,
+    shard: str | None = None,
+    empty: list[str] | None = None,
+    titles: str = "",
+) -> list[str]:
     """The events section. `empty`: the lines that say why there are none; `titles`: where
     the signature titles are when the table has no room for them."""
     order = "oldest first" if history else "newest first"
@@ -50,8 +63,20 @@ def render_events(events: list, *, history: bool, width: int | None = None,
         head = key_line(head[0] + ", shard", shard, width)
     if not events:
         return head + (empty or ["  no events recorded"])
-    rows = [[clock(e.time), e.kind, e.cause, e.attempt, e.shard, e.pipeline, e.host,
-             e.signature_id, e.signature_title] for e in events]  # fmt: skip
+    rows = [
+        [
+            clock(e.time),
+            e.kind,
+            e.cause,
+            e.attempt,
+            e.shard,
+            e.pipeline,
+            e.host,
+            e.signature_id,
+            e.signature_title,
+        ]
+        for e in events
+    ]
     layouts = _HISTORY_LAYOUTS if history else _EVENT_LAYOUTS
     layout, header, blocks = lay_out(_EVENT_COLUMNS, rows, layouts, width)
     lines = head + header
@@ -61,13 +86,20 @@ def render_events(events: list, *, history: bool, width: int | None = None,
             continue
         title = one_line(e.signature_title or "?")
         held = (title,) if 4 + len(title) <= min(width or PROSE_WIDTH, PROSE_WIDTH) else ()
-        lines += wrap(f"worker {e.worker or '?'}; signature {e.signature_id or '?'}: {title}",
-                       width, "    ", hold=held)  # fmt: skip
+        lines += wrap(
+            f"worker {e.worker or '?'}; signature {e.signature_id or '?'}: {title}",
+            width,
+            "    ",
+            hold=held,
+        )
         summary = e.evidence.get("summary") if isinstance(e.evidence, dict) else None
         if isinstance(summary, str) and summary:
             lines += wrap(summary, width, "    ")
-        pairs = [f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in e.evidence.items()
-                 if k != "summary"]  # fmt: skip
+        pairs = [
+            f"{k}={json.dumps(v, ensure_ascii=False)}"
+            for k, v in e.evidence.items()
+            if k != "summary"
+        ]
         if pairs:
             lines += wrap("evidence: " + ", ".join(pairs), width, "    ")
     if not history and "TITLE" not in layout.row and titles:
@@ -76,9 +108,13 @@ def render_events(events: list, *, history: bool, width: int | None = None,
 
 
 _SIGNATURE_COLUMNS = [
-    Column("ID"), Column("COUNT", right=True), Column("HOSTS", right=True), Column("LAST SEEN"),
-    Column("CAUSES", "causes"), Column("TITLE", key=False),
-]  # fmt: skip
+    Column("ID"),
+    Column("COUNT", right=True),
+    Column("HOSTS", right=True),
+    Column("LAST SEEN"),
+    Column("CAUSES", "causes"),
+    Column("TITLE", key=False),
+]
 _SIGNATURE_LAYOUTS = [
     Layout(("ID", "COUNT", "HOSTS", "LAST SEEN", "CAUSES", "TITLE")),
     Layout(("ID", "COUNT", "HOSTS", "LAST SEEN", "CAUSES"), below=("TITLE",)),
@@ -86,20 +122,26 @@ _SIGNATURE_LAYOUTS = [
 ]
 
 
-def render_signatures(rows: list, *, width: int | None = None,
-                      empty: list[str] | None = None) -> list[str]:  # fmt: skip
+def render_signatures(
+    rows: list, *, width: int | None = None, empty: list[str] | None = None
+) -> list[str]:
     head = f"SIGNATURES: {len(rows)}, most frequent first"
     if not rows:
         return [head] + (empty or ["  no signatures recorded"])
-    body = [[s.id, s.count, len(s.hosts), clock(s.last_seen), ",".join(s.causes), s.title]
-            for s in rows]  # fmt: skip
+    body = [
+        [s.id, s.count, len(s.hosts), clock(s.last_seen), ",".join(s.causes), s.title]
+        for s in rows
+    ]
     _, header, blocks = lay_out(_SIGNATURE_COLUMNS, body, _SIGNATURE_LAYOUTS, width)
     return [head, *header, *(line for block in blocks for line in block)]
 
 
 _COUNTS = ("DONE", "FAILED", "ABORTED", "INFRA", "USER")
-_PIPELINE_COLUMNS = [Column("NAME"), Column("STATUS"),
-                     *(Column(h, h.lower(), right=True) for h in _COUNTS)]  # fmt: skip
+_PIPELINE_COLUMNS = [
+    Column("NAME"),
+    Column("STATUS"),
+    *(Column(h, h.lower(), right=True) for h in _COUNTS),
+]
 _PIPELINE_LAYOUTS = [
     Layout(("NAME", "STATUS", *_COUNTS)),
     Layout(("STATUS", *_COUNTS), above=("NAME",)),
@@ -107,13 +149,24 @@ _PIPELINE_LAYOUTS = [
 ]
 
 
-def render_pipelines(rows: list, *, width: int | None = None,
-                     empty: list[str] | None = None) -> list[str]:  # fmt: skip
+def render_pipelines(
+    rows: list, *, width: int | None = None, empty: list[str] | None = None
+) -> list[str]:
     head = f"PIPELINES: {len(rows)}, most recently updated first"
     if not rows:
         return [head] + (empty or ["  no pipelines recorded"])
-    body = [[p.name, p.status, p.shards_done, p.shards_failed, p.shards_aborted,
-             p.infra_failures, p.user_failures] for p in rows]  # fmt: skip
+    body = [
+        [
+            p.name,
+            p.status,
+            p.shards_done,
+            p.shards_failed,
+            p.shards_aborted,
+            p.infra_failures,
+            p.user_failures,
+        ]
+        for p in rows
+    ]
     _, header, blocks = lay_out(_PIPELINE_COLUMNS, body, _PIPELINE_LAYOUTS, width)
     lines = [head, *header, *(line for block in blocks for line in block)]
     for p in rows:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import datetime
 from typing import TYPE_CHECKING, Any
 
-from . import filters as _filters
 from .._display import quantity, shorten
 from .._models import FailureEvent, PipelineStatus, SignatureRow
+from . import filters as _filters
 from .results import EventList, PipelineList, SignatureList
 
 if TYPE_CHECKING:
@@ -123,8 +123,10 @@ class Failures:
         if not isinstance(events, list) or not isinstance(signatures, list):
             # Dask answers None for a handler it does not have.
             return f"<Failures {address} (no answer: is oomguard installed?)>"
-        counts = [_count(len(events), _EVENTS_LIMIT, "event"),
-                  _count(len(signatures), _SIGNATURES_LIMIT, "signature")]  # fmt: skip
+        counts = [
+            _count(len(events), _EVENTS_LIMIT, "event"),
+            _count(len(signatures), _SIGNATURES_LIMIT, "signature"),
+        ]
         return f"<Failures {address} {', '.join(counts)}>"
 
     def _query(self, what: str, *, timeout: float | None = None, **filters: Any) -> Any:
@@ -192,8 +194,9 @@ class Failures:
         """The failure history of one shard (task key, or its str), oldest first."""
         key = str(key)
         rows = self._query("shard", key=key)
-        return EventList((FailureEvent.from_dict(r) for r in rows),
-                         f"shard {shorten(key, 60)}, oldest first")  # fmt: skip
+        return EventList(
+            (FailureEvent.from_dict(r) for r in rows), f"shard {shorten(key, 60)}, oldest first"
+        )
 
     def pipeline(self, name: str) -> PipelineStatus:
         """The latest run of the pipeline `name`. KeyError, naming the pipelines there are,
@@ -210,8 +213,9 @@ class Failures:
 
     def _find_pipeline(self, name: str) -> PipelineStatus | None:
         """`pipeline(name)`, or None (for `oomguard report`, which prints "none")."""
-        row = self._query("pipeline", name=_filters.text(name, "name", "a pipeline name",
-                                                          required=True))
+        row = self._query(
+            "pipeline", name=_filters.text(name, "name", "a pipeline name", required=True)
+        )
         return PipelineStatus.from_dict(row) if row else None
 
     def _no_pipeline(self, name: str) -> str:
@@ -224,16 +228,19 @@ class Failures:
         message = f"no pipeline named {name!r}; known pipelines, most recent first: {shown}."
         base, sep, n = name.rpartition("#")
         if sep and n.isdigit() and base in names:
-            message += (f" Runs of one pipeline share its name and differ in `started`: "
-                        f"pipeline({base!r}) is the latest run, [p for p in "
-                        f"failures.pipelines() if p.name == {base!r}] every run.")  # fmt: skip
+            message += (
+                f" Runs of one pipeline share its name and differ in `started`: "
+                f"pipeline({base!r}) is the latest run, [p for p in "
+                f"failures.pipelines() if p.name == {base!r}] every run."
+            )
         return message
 
     def pipelines(self, limit: int | None = _PIPELINES_LIMIT) -> PipelineList:
         """Pipeline runs, most recently updated first (a name may come more than once)."""
         rows = self._query("pipelines", limit=_filters.limit(limit))
-        return PipelineList((PipelineStatus.from_dict(r) for r in rows),
-                            "most recently updated first")  # fmt: skip
+        return PipelineList(
+            (PipelineStatus.from_dict(r) for r in rows), "most recently updated first"
+        )
 
 
 def _count(n: int, cap: int, noun: str) -> str:

@@ -28,8 +28,10 @@ CAUSES: tuple[str, ...] = tuple(c.value for c in Cause)
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d|w)$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-_TIME_FORMS = ("an ISO time (2026-05-01T14:00, local unless it has an offset) nor a span "
-               "back from now (90s, 30m, 1h, 2d, 1w)")  # fmt: skip
+_TIME_FORMS = (
+    "an ISO time (2026-05-01T14:00, local unless it has an offset) nor a span "
+    "back from now (90s, 30m, 1h, 2d, 1w)"
+)
 
 
 def _subject(name: str | None, value: Any) -> str:
@@ -47,8 +49,9 @@ def _choice(value: Any, choices: tuple[str, ...], what: str, name: str | None) -
         close = close or [c for c in choices if c.startswith(value.lower()) and value]
         if close:
             hint = f" (did you mean {close[0]!r}?)"
-    return _fail(f"{_subject(name, value)} is not {what}; expected one of "
-                 f"{', '.join(choices)}{hint}")  # fmt: skip
+    return _fail(
+        f"{_subject(name, value)} is not {what}; expected one of {', '.join(choices)}{hint}"
+    )
 
 
 def _fail(message: str) -> Any:
@@ -89,8 +92,9 @@ def limit(value: Any, name: str | None = "limit", *, allow_none: bool = True) ->
     if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1:
         return int(value)
     also = " or None for no limit" if allow_none else ""
-    return _fail(f"{_subject(name, value)} is not a positive whole number; "
-                 f"expected 1, 2, ...{also}")  # fmt: skip
+    return _fail(
+        f"{_subject(name, value)} is not a positive whole number; expected 1, 2, ...{also}"
+    )
 
 
 def since(value: Any, name: str | None = "since", *, now: float | None = None) -> float | None:
@@ -124,26 +128,36 @@ offset) nor a span back from now (90s, 30m, 1h, 2d, 1w)
         return datetime.datetime.combine(value, datetime.time()).timestamp()
     if isinstance(value, datetime.timedelta):
         if value < datetime.timedelta(0):
-            return _fail(f"{_subject(name, value)} is a negative span; expected a span back "
-                         "from now, e.g. timedelta(hours=1)")  # fmt: skip
+            return _fail(
+                f"{_subject(name, value)} is a negative span; expected a span back "
+                "from now, e.g. timedelta(hours=1)"
+            )
         return _now(now) - value.total_seconds()
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         t = float(value)
         if not math.isfinite(t):
-            return _fail(f"{_subject(name, value)} is not a time; expected seconds since the "
-                         "epoch (time.time() - 3600), a datetime, a timedelta or '1h'")  # fmt: skip
+            return _fail(
+                f"{_subject(name, value)} is not a time; expected seconds since the "
+                "epoch (time.time() - 3600), a datetime, a timedelta or '1h'"
+            )
         if t < 0:
-            return _fail(f"{_subject(name, value)} is before 1970; for a span back from now "
-                         "give '1h' or timedelta(hours=1), or seconds since the epoch "
-                         "(time.time() - 3600)")  # fmt: skip
+            return _fail(
+                f"{_subject(name, value)} is before 1970; for a span back from now "
+                "give '1h' or timedelta(hours=1), or seconds since the epoch "
+                "(time.time() - 3600)"
+            )
         try:
             datetime.datetime.fromtimestamp(t)
         except (OverflowError, OSError, ValueError):
-            return _fail(f"{_subject(name, value)} is past the year 9999; expected seconds, "
-                         "not milliseconds, since the epoch")  # fmt: skip
+            return _fail(
+                f"{_subject(name, value)} is past the year 9999; expected seconds, "
+                "not milliseconds, since the epoch"
+            )
         return t
-    return _fail(f"{_subject(name, value)} is not a time; expected seconds since the epoch, a "
-                 "datetime, a timedelta, an ISO time or a span back from now ('1h')")  # fmt: skip
+    return _fail(
+        f"{_subject(name, value)} is not a time; expected seconds since the epoch, a "
+        "datetime, a timedelta, an ISO time or a span back from now ('1h')"
+    )
 
 
 def text(value: Any, name: str, what: str = "a name", *, required: bool = False) -> str | None:
@@ -166,8 +180,9 @@ def _now(now: float | None) -> float:
     return datetime.datetime.now().timestamp() if now is None else now
 
 
-def for_argparse(check: Callable[..., T], parse: Callable[[str], Any] | None = None,
-                 **options: Any) -> Callable[[str], T]:
+def for_argparse(
+    check: Callable[..., T], parse: Callable[[str], Any] | None = None, **options: Any
+) -> Callable[[str], T]:
     """An argparse `type=` from a check: the text, through `parse` when it parses, goes to
     the check, whose ValueError becomes argparse's one-line error
     (``argument --limit: -5 is not a positive whole number; ...``).

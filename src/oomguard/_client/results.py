@@ -73,9 +73,14 @@ class _Table(list):
             [cell(c.value(r), c.width, numeric=c.numeric, prose=c.prose) for c in self.columns]
             for r in list.__getitem__(self, slice(HTML_ROWS))
         ]
-        return html_table(self.caption(), [c.header for c in self.columns], rows,
-                          more=max(0, len(self) - HTML_ROWS), empty=f"no {self.noun}s",
-                          numeric=[i for i, c in enumerate(self.columns) if c.numeric])  # fmt: skip
+        return html_table(
+            self.caption(),
+            [c.header for c in self.columns],
+            rows,
+            more=max(0, len(self) - HTML_ROWS),
+            empty=f"no {self.noun}s",
+            numeric=[i for i, c in enumerate(self.columns) if c.numeric],
+        )
 
     def to_pandas(self):
         """A DataFrame, one row per record, one column per field; times as UTC datetimes
@@ -86,8 +91,9 @@ class _Table(list):
         try:
             import pandas as pd
         except ImportError:
-            raise ImportError(f"{type(self).__name__}.to_pandas() needs pandas: "
-                              "pip install pandas") from None  # fmt: skip
+            raise ImportError(
+                f"{type(self).__name__}.to_pandas() needs pandas: pip install pandas"
+            ) from None
         names = [f.name for f in dataclasses.fields(self.record)]
         frame = pd.DataFrame([r.to_dict() for r in self], columns=names)
         for name in self.times:

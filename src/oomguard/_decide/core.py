@@ -85,12 +85,19 @@ class DecisionCore:
         self.displaced = 0
         self.aborts = 0
 
-    def configure(self, *, report_grace: float, max_shard_infra_failures: int,
-                  abort_on_repeat_signature: bool) -> None:
+    def configure(
+        self,
+        *,
+        report_grace: float,
+        max_shard_infra_failures: int,
+        abort_on_repeat_signature: bool,
+    ) -> None:
         """Settings changed while running (`oomguard.install`), each applied by its owner."""
         self.pairing.grace = report_grace
-        self.policy.configure(max_shard_infra_failures=max_shard_infra_failures,
-                              abort_on_repeat_signature=abort_on_repeat_signature)
+        self.policy.configure(
+            max_shard_infra_failures=max_shard_infra_failures,
+            abort_on_repeat_signature=abort_on_repeat_signature,
+        )
 
     @property
     def resized(self) -> dict[Any, Resized]:
@@ -109,15 +116,21 @@ class DecisionCore:
 
     # --- graphs and task states (hot path: O(1)) -------------------------------------
 
-    def submitted(self, tasks: Iterable[Any], keys: Iterable[Any],
-                  annotations: Mapping[str, Mapping[Any, Any]], now: float,
-                  prefixes: Iterable[str] = ()) -> None:
+    def submitted(
+        self,
+        tasks: Iterable[Any],
+        keys: Iterable[Any],
+        annotations: Mapping[str, Mapping[Any, Any]],
+        now: float,
+        prefixes: Iterable[str] = (),
+    ) -> None:
         """A graph submission. `prefixes`: task prefixes from its first output key down to a
         root, which name it where no annotation or span does (`runs.collection_name`)."""
         name = collection_name(prefixes)
         for run, new in self.runs.observe(tasks, keys, annotations, now, name).items():
-            self.policy.pipeline_submitted(run.label, range(new), name=run.name,
-                                           started=run.started)
+            self.policy.pipeline_submitted(
+                run.label, range(new), name=run.name, started=run.started
+            )
 
     def transition(self, key: Any, start: str, finish: str) -> list[Decision]:
         if finish in ("memory", "erred"):
@@ -177,8 +190,14 @@ class DecisionCore:
             # A larger worker that is restarting is not "no larger worker": see LargerRetry.
             self.larger.worker_removed(removal.worker, removal.memory_limit, now)
         keys = [k for k in removal.processing.values() if k not in self.stopped]
-        self.budget.charge(keys, {removal.processing[s]: n for s, n in removal.prior.items()
-                                  if s in removal.processing})
+        self.budget.charge(
+            keys,
+            {
+                removal.processing[s]: n
+                for s, n in removal.prior.items()
+                if s in removal.processing
+            },
+        )
         out: list[Decision] = []
         if keys:
             self.held.update(keys)
@@ -193,8 +212,9 @@ class DecisionCore:
         death = self.pairing.reported(report, now)
         return self._decide(death) if death is not None else []
 
-    def clean_exit(self, worker: str, now: float, requested: bool,
-                   pid: int | None = None) -> list[Decision]:
+    def clean_exit(
+        self, worker: str, now: float, requested: bool, pid: int | None = None
+    ) -> list[Decision]:
         """The worker's nanny says it ended with status 0: `requested` (a stopped `dask
         worker`, a closed nanny, a restart) is no death, before or after its removal; unasked
         (a task called `os._exit(0)`) is a death of cause `exit`, as Dask counts it."""
@@ -240,7 +260,9 @@ class DecisionCore:
         if forgiven:
             out.append(Forgive(tuple(forgiven)))
         keys = {s: (k if k is not None else self.runs.key(s)) for s, k in b.executing.items()}
-        charged = set(removal.processing.values()) - set(forgiven) if removal is not None else set()
+        charged = (
+            set(removal.processing.values()) - set(forgiven) if removal is not None else set()
+        )
         for key in charged:
             self.budget.settle(key, blamed=True)
         for key in keys.values():
@@ -259,8 +281,9 @@ class DecisionCore:
                 d = self.policy.record(event, run=run.label, may_decide=not told.shared)
                 if d is None and not told.shared and cause in MEMORY_CAUSES and self.larger_only:
                     limit = report.get("memory_limit") if report is not None else None
-                    d, resize = self.larger.retry(key, run.label, event, limit, self.workers,
-                                                  self._now)
+                    d, resize = self.larger.retry(
+                        key, run.label, event, limit, self.workers, self._now
+                    )
                     out += resize
                 if d is not None:
                     decisions.append((d, key))
@@ -286,8 +309,9 @@ class DecisionCore:
         Take back Dask's count and ours, and let them run elsewhere (held until now, as the
         tasks of every removal are until it is decided)."""
         # Stopped keys were never charged nor held at the removal.
-        forgiven = self._displace({s: k for s, k in removal.processing.items()
-                                   if k not in self.stopped})
+        forgiven = self._displace(
+            {s: k for s, k in removal.processing.items() if k not in self.stopped}
+        )
         self.isolation.displaced(forgiven)
         out: list[Decision] = [Forgive(tuple(forgiven))] if forgiven else []
         return out + self._release_decided(removal) + self.isolation.next()
@@ -309,8 +333,12 @@ class DecisionCore:
             return []
         free = []
         for key in removal.processing.values():
-            if (key in self.held and key not in self.stopped and not self.isolation.waits(key)
-                    and self.budget.undecided(key) == 0):
+            if (
+                key in self.held
+                and key not in self.stopped
+                and not self.isolation.waits(key)
+                and self.budget.undecided(key) == 0
+            ):
                 self.held.discard(key)
                 free.append(key)
         return [Release(tuple(free))] if free else []
@@ -371,8 +399,16 @@ class DecisionCore:
 
     # --- task exceptions -------------------------------------------------------------
 
-    def task_erred(self, key: Any, exception_text: str, traceback_text: str, worker: str,
-                   host: str, retries: int, now: float | None = None) -> tuple[list[Decision], bool]:
+    def task_erred(
+        self,
+        key: Any,
+        exception_text: str,
+        traceback_text: str,
+        worker: str,
+        host: str,
+        retries: int,
+        now: float | None = None,
+    ) -> tuple[list[Decision], bool]:
         """A task raised. Returns the decisions, and whether it was a MemoryError (INFRA:
         retried without using the task's own retries)."""
         run = self.runs.of(key)

@@ -57,8 +57,6 @@ class Death:
     exited: bool = False
 
 
-
-
 class DeathPairing:
     """Holds removals and reports until their partner arrives or `grace` runs out.
 
@@ -112,8 +110,9 @@ class DeathPairing:
             self._decided.popitem(last=False)
         return death
 
-    def clean(self, worker: str, now: float, requested: bool,
-              pid: int | None = None) -> Death | None:
+    def clean(
+        self, worker: str, now: float, requested: bool, pid: int | None = None
+    ) -> Death | None:
         """The worker's nanny says its worker (process `pid`) ended with status 0 or was
         stopped by request. Its removal, before or after this, is then decided at once: not a
         death when the stop was `requested` (a closed nanny, a restart, SIGTERM to `dask
@@ -215,8 +214,10 @@ class DeathPairing:
         room = limit if limit is not None else float("inf")
         while self._clean and now - next(iter(self._clean.values()))[0] >= self.grace:
             self._clean.popitem(last=False)
-        for pending, as_death in ((self._removals, lambda w, r: Death(w, r, None)),
-                                  (self._reports, lambda w, r: Death(w, None, r))):
+        for pending, as_death in (
+            (self._removals, lambda w, r: Death(w, r, None)),
+            (self._reports, lambda w, r: Death(w, None, r)),
+        ):
             while pending and len(out) < room:
                 worker, (since, item) = next(iter(pending.items()))
                 if now - since < self.grace:
@@ -226,11 +227,17 @@ class DeathPairing:
         # The indexes are checked on use; rebuilt here so what left the queues another way
         # does not pile up in them (amortised O(1)).
         if len(self._removal_of) > 2 * len(self._removals) + 64:
-            self._removal_of = {(r.nanny, r.pid): w for w, (_, r) in self._removals.items()
-                                if r.pid is not None and r.nanny is not None}
+            self._removal_of = {
+                (r.nanny, r.pid): w
+                for w, (_, r) in self._removals.items()
+                if r.pid is not None and r.nanny is not None
+            }
         if len(self._report_of) > 2 * len(self._reports) + 64:
-            self._report_of = {(r.get("nanny"), r["pid"]): w for w, (_, r) in self._reports.items()
-                               if r.get("pid") is not None and r.get("nanny") is not None}
+            self._report_of = {
+                (r.get("nanny"), r["pid"]): w
+                for w, (_, r) in self._reports.items()
+                if r.get("pid") is not None and r.get("nanny") is not None
+            }
         return out
 
     def drain(self) -> list[Death]:

@@ -66,13 +66,17 @@ class DeathEvidence:
     ) -> DeathEvidence:
         """A death decided now: `keys` is {str: key} of what `b` blames (None: unknown)."""
         report, removal = death.report, death.removal
-        shared = (cause in _SHARED_MEMORY and b.certain
-                  and sum(k is not None for k in keys.values()) > 1)
+        shared = (
+            cause in _SHARED_MEMORY and b.certain and sum(k is not None for k in keys.values()) > 1
+        )
         evidence = _evidence(death, cause, b.source, len(keys))
         likely = culprit(report["executing"]) if shared else None
         if likely is not None:
-            evidence.update(likely_culprit=likely.shard, likely_culprit_grew=likely.grew,
-                            likely_culprit_share=round(likely.share, 2))
+            evidence.update(
+                likely_culprit=likely.shard,
+                likely_culprit_grew=likely.grew,
+                likely_culprit_share=round(likely.share, 2),
+            )
             evidence["summary"] = f"{evidence.get('summary') or cause.value}; {likely.describe()}"
         when = report["time"] if report is not None else removal.time
         host = report["host"] if report is not None else removal.host
@@ -95,45 +99,93 @@ class DeathEvidence:
         first = entry["key"] if entry else ""
         sig = death_signature(cause, report, entry, first)
         example = trace_example(report, entry, first)
-        return cls(death, cause, evidence, False, None, first, sig, example, report["time"],
-                   report["host"])
+        return cls(
+            death,
+            cause,
+            evidence,
+            False,
+            None,
+            first,
+            sig,
+            example,
+            report["time"],
+            report["host"],
+        )
 
     def event(self, shard: ShardKey, pipeline: str, attempt: int) -> FailureEvent:
         """The event of `shard`, one of the tasks blamed ("" when none is known)."""
         return FailureEvent(
-            kind=Kind.INFRA.value, cause=self.cause.value, shard=shard, pipeline=pipeline,
-            worker=self.death.worker, host=self.host, signature_id=self.signature.id,
-            signature_title=self.signature.title, evidence=self.evidence, attempt=attempt,
+            kind=Kind.INFRA.value,
+            cause=self.cause.value,
+            shard=shard,
+            pipeline=pipeline,
+            worker=self.death.worker,
+            host=self.host,
+            signature_id=self.signature.id,
+            signature_title=self.signature.title,
+            evidence=self.evidence,
+            attempt=attempt,
             time=self.when,
         )
 
     def unblamed_event(self, shard: ShardKey, pipeline: str) -> FailureEvent:
         """The event of a task charged without blame (no report said what ran): unsigned,
         never recorded, only what an abort over Dask's bound is decided from."""
-        return FailureEvent(Kind.INFRA.value, self.cause.value, shard, pipeline,
-                            self.death.worker, self.host, "", "", self.evidence, time=self.when)
+        return FailureEvent(
+            Kind.INFRA.value,
+            self.cause.value,
+            shard,
+            pipeline,
+            self.death.worker,
+            self.host,
+            "",
+            "",
+            self.evidence,
+            time=self.when,
+        )
 
     def record(self, event: FailureEvent) -> Record:
         """`event` to store: a late report's amends the `worker_lost` events it replaces."""
         if self.death.late:
-            return Record(event, self.signature.grouping_version, self.example,
-                          amends=self.death.lost_at or 0.0)
-        return Record(event, self.signature.grouping_version, self.example,
-                      death=event.shard == self.first)
+            return Record(
+                event,
+                self.signature.grouping_version,
+                self.example,
+                amends=self.death.lost_at or 0.0,
+            )
+        return Record(
+            event, self.signature.grouping_version, self.example, death=event.shard == self.first
+        )
 
 
-def task_record(shard: ShardKey, pipeline: str, worker: str, host: str, attempt: int,
-                time: float, exception_text: str, traceback_text: str, retries: int) -> Record:
+def task_record(
+    shard: ShardKey,
+    pipeline: str,
+    worker: str,
+    host: str,
+    attempt: int,
+    time: float,
+    exception_text: str,
+    traceback_text: str,
+    retries: int,
+) -> Record:
     """A task's exception: a MemoryError is `memory_error` (INFRA), anything else
     `exception` (USER); signed by its traceback, which is kept with it."""
     memory_error = exception_text.startswith("MemoryError")
     cause = Cause.MEMORY_ERROR if memory_error else Cause.EXCEPTION
     sig = task_signature(exception_class(exception_text), traceback_text, exception_text)
     event = FailureEvent(
-        kind=kind_of(cause).value, cause=cause.value, shard=shard, pipeline=pipeline,
-        worker=worker, host=host, signature_id=sig.id, signature_title=sig.title,
+        kind=kind_of(cause).value,
+        cause=cause.value,
+        shard=shard,
+        pipeline=pipeline,
+        worker=worker,
+        host=host,
+        signature_id=sig.id,
+        signature_title=sig.title,
         evidence={"exception": exception_text[:500], "retries_left": retries},
-        attempt=attempt, time=time,
+        attempt=attempt,
+        time=time,
     )
     return Record(event, sig.grouping_version, scrub(f"{traceback_text}\n{exception_text}"))
 
@@ -143,8 +195,7 @@ def _evidence(death: Death, cause: Cause, source: str, n: int) -> dict:
     if report is not None:
         evidence = dict(report["evidence"])
     elif death.exited:
-        evidence = {"source": UNASKED_EXIT_SOURCE, "exitcode": 0,
-                    "summary": UNASKED_EXIT_SUMMARY}
+        evidence = {"source": UNASKED_EXIT_SOURCE, "exitcode": 0, "summary": UNASKED_EXIT_SUMMARY}
     else:
         evidence = {"source": NO_REPORT_SOURCE}
     evidence["blame"] = source

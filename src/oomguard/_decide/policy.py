@@ -95,15 +95,15 @@ class FailurePolicy:
     def __init__(
         self, *, max_shard_infra_failures: int = 3, abort_on_repeat_signature: bool = True
     ) -> None:
-        self.configure(max_shard_infra_failures=max_shard_infra_failures,
-                       abort_on_repeat_signature=abort_on_repeat_signature)
+        self.configure(
+            max_shard_infra_failures=max_shard_infra_failures,
+            abort_on_repeat_signature=abort_on_repeat_signature,
+        )
         self._pipelines: dict[RunLabel, PipelineCounts] = {}
         self._shards: dict[ShardKey, ShardRecord] = {}
         self.dirty: set[RunLabel] = set()  # pipelines changed since `take_dirty`
 
-    def configure(
-        self, *, max_shard_infra_failures: int, abort_on_repeat_signature: bool
-    ) -> None:
+    def configure(self, *, max_shard_infra_failures: int, abort_on_repeat_signature: bool) -> None:
         """Set when a shard is a deterministic crasher (also while running: decisions
         already taken stand)."""
         if (
@@ -149,9 +149,7 @@ class FailurePolicy:
         'running'
         """
         if isinstance(shards, (str, bytes)):
-            raise TypeError(
-                f"shards is the string {shards!r}; expected an iterable of task keys."
-            )
+            raise TypeError(f"shards is the string {shards!r}; expected an iterable of task keys.")
         p = self._pipeline(pipeline)
         if not p.name:
             p.name, p.started = name or pipeline, started
@@ -332,9 +330,16 @@ class FailurePolicy:
             1 for s in p.failed if (r := self._shards.get(s)) is not None and r.infra > 0
         )
         message = abort_message(
-            event, cause, rec, p, reason=reason, max_failures=self.max_shard_infra_failures,
-            repeat_worker=repeat.worker if repeat is not None else "", workers=workers,
-            hosts=hosts, crashed=crashed,
+            event,
+            cause,
+            rec,
+            p,
+            reason=reason,
+            max_failures=self.max_shard_infra_failures,
+            repeat_worker=repeat.worker if repeat is not None else "",
+            workers=workers,
+            hosts=hosts,
+            crashed=crashed,
         )
         return AbortDecision(
             pipeline=event.pipeline,

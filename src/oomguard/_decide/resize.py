@@ -46,9 +46,15 @@ class LargerRetry:
         self.resized: dict[Any, Resized] = {}
         self._gone: dict[str, tuple[int | None, float]] = {}  # address -> (limit, removed)
 
-    def retry(self, key: Any, run: RunLabel, event: FailureEvent, failed_limit: int | None,
-              workers: Mapping[str, int | None], now: float,
-              ) -> tuple[AbortDecision | None, list[Decision]]:
+    def retry(
+        self,
+        key: Any,
+        run: RunLabel,
+        event: FailureEvent,
+        failed_limit: int | None,
+        workers: Mapping[str, int | None],
+        now: float,
+    ) -> tuple[AbortDecision | None, list[Decision]]:
         """`key` of `run` died of `event` under `failed_limit` bytes; `workers`: those here
         (address -> memory limit). An abort when no worker is larger, or where it may run."""
         # Workers removed a moment ago count (a larger one may be restarting); the shard
@@ -68,8 +74,9 @@ class LargerRetry:
             self.resized[key] = Resized(r.limit, now + RETURN_WINDOW, event)
         return None, [Restrict(key, here, r.limit)]
 
-    def worker_added(self, address: str, memory_limit: int | None,
-                     stopped: Collection[Any]) -> list[Decision]:
+    def worker_added(
+        self, address: str, memory_limit: int | None, stopped: Collection[Any]
+    ) -> list[Decision]:
         self._gone.pop(address, None)
         # One decision naming the keys, not each key's whole new set of workers: a worker
         # added costs O(keys), not O(keys x workers), when thousands of workers come and go.
@@ -86,8 +93,9 @@ class LargerRetry:
         self._gone.pop(address, None)  # re-inserted last: kept in time order
         self._gone[address] = (memory_limit, now)
 
-    def timed_out(self, now: float,
-                  stopped: Collection[Any]) -> Iterator[tuple[Any, AbortDecision]]:
+    def timed_out(
+        self, now: float, stopped: Collection[Any]
+    ) -> Iterator[tuple[Any, AbortDecision]]:
         """(key, abort) for each key whose wait for a larger worker ran out. Lazy: `stopped`
         is read as the caller stops keys, so a key its sibling's abort stopped is skipped."""
         while self._gone and now - next(iter(self._gone.values()))[1] >= RETURN_WINDOW:
@@ -96,8 +104,9 @@ class LargerRetry:
             if entry.until is not None and now >= entry.until and key not in stopped:
                 # No larger worker came back in time: the shard needs more than there is.
                 run = self.runs.of(key)
-                d = memory.abort_decision(entry.event, entry.limit,
-                                          self.policy.attempt(str(key)) - 1)
+                d = memory.abort_decision(
+                    entry.event, entry.limit, self.policy.attempt(str(key)) - 1
+                )
                 if run is not None:
                     self.policy.adopt(run.label, d)
                 del self.resized[key]

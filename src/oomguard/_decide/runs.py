@@ -36,8 +36,21 @@ RunLabel = NewType("RunLabel", str)
 #: Steps Dask adds around the user's own (dropped), and the suffixes of the phases of one
 #: operation (`sum-partial`, `sum-aggregate`, `mean_chunk`, `mean_combine-partial`).
 _DASK_STEPS = ("finalize", "repartition", "rechunk-merge", "rechunk-split", "store-map")
-_PHASES = ("-aggregate", "-partial", "-part", "-combine", "-chunk", "-agg", "-tree",
-           "-fused", "-lambda", "_agg", "_combine", "_chunk", "_aggregate")
+_PHASES = (
+    "-aggregate",
+    "-partial",
+    "-part",
+    "-combine",
+    "-chunk",
+    "-agg",
+    "-tree",
+    "-fused",
+    "-lambda",
+    "_agg",
+    "_combine",
+    "_chunk",
+    "_aggregate",
+)
 
 
 def collection_name(prefixes: Iterable[str], most: int = 3) -> str | None:
@@ -72,7 +85,7 @@ def collection_name(prefixes: Iterable[str], most: int = 3) -> str | None:
         return None
     chain.reverse()  # root first
     if len(chain) > most:
-        chain = [chain[0], "…", *chain[-(most - 1):]]
+        chain = [chain[0], "…", *chain[-(most - 1) :]]
     return " → ".join(chain)
 
 
@@ -151,8 +164,12 @@ class Runs:
 
     def _start(self, name: str, identity: tuple, now: float) -> Run:
         n = self._seen[name] = self._seen.get(name, 0) + 1
-        run = Run(label=RunLabel(name if n == 1 else f"{name}#{n}"), name=name, started=now,
-                  identity=identity)
+        run = Run(
+            label=RunLabel(name if n == 1 else f"{name}#{n}"),
+            name=name,
+            started=now,
+            identity=identity,
+        )
         self._live[identity] = run
         return run
 

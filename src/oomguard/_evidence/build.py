@@ -72,9 +72,7 @@ def _build_frame(f: Any) -> list[Any] | None:
     return [_clip(f[0], FILENAME_MAX), _opt_int(f[1], 0), _clip(f[2], FUNCTION_MAX)]
 
 
-def _build_task(
-    t: Any, i: int, missing: list[str], cuts: dict[str, int]
-) -> dict[str, Any] | None:
+def _build_task(t: Any, i: int, missing: list[str], cuts: dict[str, int]) -> dict[str, Any] | None:
     if not isinstance(t, Mapping):
         missing.append(f"executing[{i}]: not a mapping ({type(t).__name__}), dropped")
         return None

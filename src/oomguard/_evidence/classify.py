@@ -171,15 +171,21 @@ def explain(facts: DeathFacts) -> tuple[Cause | None, str]:
     if sig in NATIVE_SIGNALS and (facts.nanny_memory_kill or facts.terminated_first):
         # Dumping every thread from a signal handler can itself crash a busy process.
         if facts.nanny_memory_kill:
-            return Cause.MEMORY_TERMINATE, f"R3a nanny memory kill, crashed ({sig}) while terminating"
+            return (
+                Cause.MEMORY_TERMINATE,
+                f"R3a nanny memory kill, crashed ({sig}) while terminating",
+            )
         return Cause.SIGTERM, f"R3a SIGTERM, crashed ({sig}) while terminating"
     if sig in NATIVE_SIGNALS:
         return Cause.NATIVE_CRASH, f"R3 exit signal {sig}"
     if unknown and facts.crash_signal in NATIVE_SIGNALS:
         return Cause.NATIVE_CRASH, f"R4 exit status unknown, crash file {facts.crash_signal}"
     reading = facts.oom_kill_reading
-    moved = bool(oom_counter_moved(facts.oom_kill_before if reading is None else reading,
-                                   facts.oom_kill_after))  # fmt: skip
+    moved = bool(
+        oom_counter_moved(
+            facts.oom_kill_before if reading is None else reading, facts.oom_kill_after
+        )
+    )
     since = "since the last reading" if reading is not None else "since the worker started"
     kernel_oom = moved and not facts.others_gone
     if (kernel_oom or facts.kernel_log_oom) and (sig == "SIGKILL" or unknown):

@@ -56,8 +56,7 @@ def facts_from(report_like: Mapping[str, Any]) -> DeathFacts:
         oom_kill_before=_int(before.get("oom_kill")),
         oom_kill_after=_int(after.get("oom_kill")),
         nanny_memory_kill=_nanny_killed(r.get("nanny_memory_kill")),
-        kernel_log_oom=isinstance(victim, Mapping)
-        and _kernel_log_is_worker(victim, r.get("pid")),
+        kernel_log_oom=isinstance(victim, Mapping) and _kernel_log_is_worker(victim, r.get("pid")),
         crash_signal=crash_signal(crash.get("text")),
         requested_close=bool(r.get("requested_close")),
         terminated_first=terminated_first(crash.get("text")),
@@ -159,7 +158,9 @@ def evidence(report_like: Mapping[str, Any]) -> dict[str, Any]:
     ev["nanny_memory_kill_source"] = _NANNY_EVENT_SOURCE
     if isinstance(nanny, Mapping) and _int(nanny.get("rss")) is not None:
         ev["nanny_rss_bytes"] = nanny["rss"]
-        ev["nanny_rss_source"] = f"nanny RSS: the nanny's own reading, in its {_NANNY_EVENT_SOURCE}"
+        ev["nanny_rss_source"] = (
+            f"nanny RSS: the nanny's own reading, in its {_NANNY_EVENT_SOURCE}"
+        )
 
     victim = r.get("kernel_log_victim")
     if isinstance(victim, Mapping):
@@ -209,9 +210,10 @@ def _reading_evidence(
     else:
         ev["oom_confirmed"] = True
         ev["oom_attribution"] = (
-            "counted in the worker's own group" if own else
-            "counted in its shared group, and every other process there still runs"
-        )  # fmt: skip
+            "counted in the worker's own group"
+            if own
+            else "counted in its shared group, and every other process there still runs"
+        )
 
 
 def _placement_evidence(ev: dict[str, Any], placement: Mapping[str, Any], version) -> None:
@@ -250,8 +252,10 @@ def _placement_evidence(ev: dict[str, Any], placement: Mapping[str, Any], versio
         )
     else:
         note = placement.get("note")
-        why = note[:300] if isinstance(note, str) and note else (
-            "memory.move_charge_at_immigrate was not set"
+        why = (
+            note[:300]
+            if isinstance(note, str) and note
+            else ("memory.move_charge_at_immigrate was not set")
         )
     held = f" (RSS then: {format_bytes(rss)})" if rss is not None else ""
     ev["peak_covers"] = (

@@ -167,8 +167,8 @@ def read_flight_record(path: str) -> dict[str, Any]:
         out["missing"].append("flight record: not a flight record (bad header)")
         return out
     try:
-        (_, pid, created, nslots, slot_size, s_off, cap, current, l0, l1) = (
-            _HEADER.unpack_from(data, 0)
+        (_, pid, created, nslots, slot_size, s_off, cap, current, l0, l1) = _HEADER.unpack_from(
+            data, 0
         )
     except struct.error:
         out["missing"].append("flight record: truncated header")

@@ -50,7 +50,11 @@ def pod_death_evidence(
     ('worker_lost', {'source': 'kubernetes pod status', 'reason': 'deleted', 'message': 'the pod no longer exists'})
     """
     if pod is None:
-        return "worker_lost", {"source": SOURCE, "reason": "deleted", "message": "the pod no longer exists"}
+        return "worker_lost", {
+            "source": SOURCE,
+            "reason": "deleted",
+            "message": "the pod no longer exists",
+        }
     meta, status = pod.metadata, pod.status
     name = getattr(meta, "name", None)
     terminated = _terminations(status, container, since, slack)
@@ -196,7 +200,9 @@ class PodLookup:
         """The pod called ``name``; None on 404."""
         k8s = _kubernetes()
         try:
-            return self.api.read_namespaced_pod(name, self.namespace, _request_timeout=self.timeout)
+            return self.api.read_namespaced_pod(
+                name, self.namespace, _request_timeout=self.timeout
+            )
         except k8s.client.ApiException as e:
             if e.status == 404:
                 return None

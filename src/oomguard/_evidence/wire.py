@@ -103,10 +103,27 @@ COUNTER_INTS = tuple(
 _TASK_KEYS = ("key", "prefix", "start", "thread", "stack", "stack_time", "grew")
 _TASK_OPTIONAL = ("grew",)  # added within schema v1: reports from older nannies lack it
 _FIELDS = (
-    "schema", "worker", "nanny", "name", "host", "pid", "exitcode", "cause", "time",
-    "started", "memory_limit", "executing", "crash", "evidence", "cgroup", "rss_sampled",
-    "rss_time", "host_memory", "missing", "truncated",
-)  # fmt: skip
+    "schema",
+    "worker",
+    "nanny",
+    "name",
+    "host",
+    "pid",
+    "exitcode",
+    "cause",
+    "time",
+    "started",
+    "memory_limit",
+    "executing",
+    "crash",
+    "evidence",
+    "cgroup",
+    "rss_sampled",
+    "rss_time",
+    "host_memory",
+    "missing",
+    "truncated",
+)
 _CONTAINERS = (dict, list, tuple, set, frozenset, Mapping)
 
 
@@ -140,7 +157,9 @@ def _str(v: Any, field: str, cap: int, *, none: bool = False) -> str | None:
         try:
             v.encode("utf-8")
         except UnicodeEncodeError:
-            raise ReportError(field, "is not valid Unicode (lone surrogate)", "bad_value") from None
+            raise ReportError(
+                field, "is not valid Unicode (lone surrogate)", "bad_value"
+            ) from None
     return str.__str__(v)
 
 
@@ -187,7 +206,11 @@ def _seq(v: Any, field: str, cap: int, *, none: bool = False) -> list[Any] | Non
 
 
 def _map(
-    v: Any, field: str, keys: tuple[str, ...] | None, *, none: bool = False,
+    v: Any,
+    field: str,
+    keys: tuple[str, ...] | None,
+    *,
+    none: bool = False,
     optional: tuple[str, ...] = (),
 ) -> Any:
     """The mapping's items after checking its keys; `keys` None means any str keys, and
@@ -254,9 +277,7 @@ def _task(v: Any, field: str) -> dict[str, Any]:
         "prefix": _str(d["prefix"], f"{field}.prefix", IDENT_MAX),
         "start": _float(d["start"], f"{field}.start"),
         "thread": _int(d["thread"], f"{field}.thread", minimum=0),
-        "stack": None
-        if stack is None
-        else [_frame(f, where, i) for i, f in enumerate(stack)],
+        "stack": None if stack is None else [_frame(f, where, i) for i, f in enumerate(stack)],
         "stack_time": _float(d["stack_time"], f"{field}.stack_time", none=True),
         "grew": _int(d["grew"], f"{field}.grew", minimum=0, none=True),
     }
@@ -296,7 +317,9 @@ def _counters(v: Any, field: str) -> dict[str, Any] | None:
 
 def _validate(report: Any, max_bytes: int) -> dict[str, Any]:
     if not isinstance(report, dict):
-        raise ReportError("report", f"must be a dict, not {type(report).__name__}", "not_a_mapping")
+        raise ReportError(
+            "report", f"must be a dict, not {type(report).__name__}", "not_a_mapping"
+        )
     if "schema" not in report:
         raise ReportError("schema", "is required", "missing_field")
     schema = report["schema"]
@@ -321,16 +344,19 @@ def _validate(report: Any, max_bytes: int) -> dict[str, Any]:
     executing = _seq(d["executing"], "executing", LIST_MAX)
     out["executing"] = [_task(t, f"executing[{i}]") for i, t in enumerate(executing)]
     crash = _map(d["crash"], "crash", ("signal", "text"), none=True)
-    out["crash"] = None if crash is None else {
-        "signal": _str(crash["signal"], "crash.signal", SIGNAL_MAX, none=True),
-        "text": _str(crash["text"], "crash.text", max_bytes),
-    }  # fmt: skip
+    out["crash"] = (
+        None
+        if crash is None
+        else {
+            "signal": _str(crash["signal"], "crash.signal", SIGNAL_MAX, none=True),
+            "text": _str(crash["text"], "crash.text", max_bytes),
+        }
+    )
     ev = _map(d["evidence"], "evidence", None)
     if len(ev) > LIST_MAX:
         raise ReportError("evidence", f"has {len(ev)} keys, the cap is {LIST_MAX}", "too_large")
     out["evidence"] = {
-        _str(k, "evidence", EVIDENCE_KEY_MAX): _evidence_value(v, k)
-        for k, v in ev.items()
+        _str(k, "evidence", EVIDENCE_KEY_MAX): _evidence_value(v, k) for k, v in ev.items()
     }
     cg = _map(d["cgroup"], "cgroup", ("version", "path", "before", "after"), none=True)
     if cg is not None:
@@ -347,14 +373,21 @@ def _validate(report: Any, max_bytes: int) -> dict[str, Any]:
     out["rss_sampled"] = _int(d["rss_sampled"], "rss_sampled", none=True, minimum=0)
     out["rss_time"] = _float(d["rss_time"], "rss_time", none=True)
     host = _map(d["host_memory"], "host_memory", ("total", "available"), none=True)
-    out["host_memory"] = None if host is None else {
-        k: _int(host[k], f"host_memory.{k}", none=True, minimum=0) for k in ("total", "available")
-    }  # fmt: skip
+    out["host_memory"] = (
+        None
+        if host is None
+        else {
+            k: _int(host[k], f"host_memory.{k}", none=True, minimum=0)
+            for k in ("total", "available")
+        }
+    )
     out["missing"] = _notes(d["missing"], "missing")
     out["truncated"] = _notes(d["truncated"], "truncated")
     size = len(encode(out))
     if size > max_bytes:
-        raise ReportError("report", f"is {size} bytes encoded, the cap is {max_bytes}", "too_large")
+        raise ReportError(
+            "report", f"is {size} bytes encoded, the cap is {max_bytes}", "too_large"
+        )
     return out
 
 

@@ -34,7 +34,9 @@ _GROUP_PREFIX = re.compile(r"^  [+|] ?", re.M)
 _FATAL = re.compile(r"\nFatal Python error: ([^\n]*)$", re.M)
 _WINDOWS_FATAL = re.compile(r"\nWindows fatal exception: ([^\n]*)$", re.M)
 _TIMEOUT = re.compile(r"\nTimeout \([0-9:.]+\)!$", re.M)
-_CURRENT = re.compile(r"\nCurrent thread 0x[0-9a-fA-F]+[^\n]*\(most recent call first\):[ \t]*$", re.M)
+_CURRENT = re.compile(
+    r"\nCurrent thread 0x[0-9a-fA-F]+[^\n]*\(most recent call first\):[ \t]*$", re.M
+)
 _STACK = re.compile(r"\nStack \(most recent call first\):[ \t]*$", re.M)
 _THREAD = re.compile(r"\nThread 0x[0-9a-fA-F]+[^\n]*\(most recent call first\):[ \t]*$", re.M)
 _FH_FRAME = re.compile(r'\n  File "([^\n]*)", line (\d{1,9}|\?+) in ([^\n]*)$', re.M)
@@ -62,7 +64,9 @@ SIGNALS = {
     "Illegal instruction": "SIGILL",
 }
 
-NO_CURRENT = "no thread marked as crashing (a truncated dump, or a timeout dump of several threads)"
+NO_CURRENT = (
+    "no thread marked as crashing (a truncated dump, or a timeout dump of several threads)"
+)
 CUT_OFF = "the crashing thread's stack is cut off (a truncated dump)"
 NO_TRACE = "no Python traceback, faulthandler dump or Dask task traceback found"
 TRUNCATED = "truncated traceback: nothing after its header"
@@ -148,7 +152,7 @@ def parse_python(text: str) -> Signature | None:
 
 def _last(pattern: re.Pattern[str], text: str, stop: int) -> re.Match[str] | None:
     found = None
-    for found in pattern.finditer(text, 0, stop):
+    for found in pattern.finditer(text, 0, stop):  # noqa: B007 (the last match)
         pass
     return found
 
@@ -190,7 +194,7 @@ def parse_faulthandler(text: str) -> Signature | None:
     start = header.end()
     end = _BLOCK_END.search(text, start)
     stop = end.start() if end else len(text)
-    stack = _stack(text[start:stop + 1], True)
+    stack = _stack(text[start : stop + 1], True)
     if not stack[0] and text.find("<no Python frame>", start, stop) < 0:
         return R.make_signature(R.FAULTHANDLER, error, message, (), CUT_OFF, _threads(text))
     return _signature(R.FAULTHANDLER, error, message, stack)
@@ -201,7 +205,7 @@ def _threads(text: str) -> str:
     stacks = set()
     for header in _ANY_THREAD.finditer(text):
         end = _BLOCK_END.search(text, header.end())
-        region = text[header.end():(end.start() if end else len(text)) + 1]
+        region = text[header.end() : (end.start() if end else len(text)) + 1]
         stacks.add(_stack(region, True)[1])
     return "\x1d".join(sorted(stacks))
 
@@ -251,10 +255,10 @@ def parse_dask_record(text: str) -> Signature | None:
             tb = obj.get("traceback_text")
             return parse_dask(obj["exception_text"], tb if isinstance(tb, str) else "")
     tbs = list(_DASK_TB.finditer(text))
-    if not tbs or not tbs[-1][1][:1] in ("'", '"'):
+    if not tbs or tbs[-1][1][:1] not in ("'", '"'):
         return None
     exc = None
-    for exc in _DASK_EXC.finditer(text, 0, tbs[-1].start()):
+    for exc in _DASK_EXC.finditer(text, 0, tbs[-1].start()):  # noqa: B007 (the last one)
         pass
     return parse_dask(_unrepr(exc[1]) if exc else "", _unrepr(tbs[-1][1]))
 

@@ -13,15 +13,50 @@ from functools import lru_cache
 
 # Top-level packages whose frames are Dask's or Python's machinery, never the user's crash.
 PLUMBING = frozenset(
-    {"dask", "distributed", "tornado", "asyncio", "cloudpickle", "concurrent", "threading",
-     "toolz", "tlz", "multiprocessing", "selectors", "runpy"}
+    {
+        "dask",
+        "distributed",
+        "tornado",
+        "asyncio",
+        "cloudpickle",
+        "concurrent",
+        "threading",
+        "toolz",
+        "tlz",
+        "multiprocessing",
+        "selectors",
+        "runpy",
+    }
 )
 # Directory names that are never a package of the user's code (an unknown root's top levels).
 _ROOTISH = frozenset(
-    {"", "tmp", "usr", "opt", "srv", "var", "app", "mnt", "home", "Users", "root", "work",
-     "workspace", "data", "code", "lib", "lib64", "bin", "local", "share", "site"}
+    {
+        "",
+        "tmp",
+        "usr",
+        "opt",
+        "srv",
+        "var",
+        "app",
+        "mnt",
+        "home",
+        "Users",
+        "root",
+        "work",
+        "workspace",
+        "data",
+        "code",
+        "lib",
+        "lib64",
+        "bin",
+        "local",
+        "share",
+        "site",
+    }
 )
-_STDLIB_DIR = re.compile(r"/(?:lib|Lib)/(?:python\d+(?:\.\d+)?t?|pypy\d*(?:\.\d+)?)/|^(?:[A-Za-z]:)?/.*?/Lib/")
+_STDLIB_DIR = re.compile(
+    r"/(?:lib|Lib)/(?:python\d+(?:\.\d+)?t?|pypy\d*(?:\.\d+)?)/|^(?:[A-Za-z]:)?/.*?/Lib/"
+)
 # Standard library top-level modules (Python 3.10+ knows the list itself).
 _STDLIB_NAMES = frozenset(sys.stdlib_module_names)
 _IDENTIFIER = re.compile(r"^[A-Za-z_]\w*$")
@@ -35,24 +70,24 @@ def _keep_pseudo(path: str) -> str | None:
 # An installed package keeps what follows its site-packages / dist-packages directory.
 def _below_site_packages(path: str) -> str | None:
     i = max(path.rfind("/site-packages/"), path.rfind("/dist-packages/"))
-    return path[path.index("-packages/", i) + len("-packages/"):] if i >= 0 else None
+    return path[path.index("-packages/", i) + len("-packages/") :] if i >= 0 else None
 
 
 # The standard library keeps what follows lib/pythonX.Y/ (and its lib-dynload/ directory).
 def _below_stdlib(path: str) -> str | None:
     last = None
-    for last in _STDLIB_DIR.finditer(path):
+    for last in _STDLIB_DIR.finditer(path):  # noqa: B007 (the last match)
         pass
     if last is None:
         return None
-    rest = path[last.end():]
-    return rest[len("lib-dynload/"):] if rest.startswith("lib-dynload/") else rest
+    rest = path[last.end() :]
+    return rest[len("lib-dynload/") :] if rest.startswith("lib-dynload/") else rest
 
 
 # A src-layout project keeps what follows its last src/ directory (`proj/src/pkg/mod.py`).
 def _below_src(path: str) -> str | None:
     i = path.rfind("/src/")
-    return path[i + len("/src/"):] if i >= 0 else None
+    return path[i + len("/src/") :] if i >= 0 else None
 
 
 # A relative path is already relative to the project: drop leading ./ and ../ only.
@@ -60,7 +95,7 @@ def _relative(path: str) -> str | None:
     if path.startswith("/"):
         return None
     while path.startswith(("./", "../")):
-        path = path[path.index("/") + 1:]
+        path = path[path.index("/") + 1 :]
     return path
 
 
@@ -68,7 +103,12 @@ def _relative(path: str) -> str | None:
 # that stays the same wherever the package is installed; a home or scratch parent is dropped.
 def _package_and_module(path: str) -> str:
     parts = path.split("/")
-    if len(parts) >= 3 and parts[-2] and _IDENTIFIER.match(parts[-2]) and parts[-2] not in _ROOTISH:
+    if (
+        len(parts) >= 3
+        and parts[-2]
+        and _IDENTIFIER.match(parts[-2])
+        and parts[-2] not in _ROOTISH
+    ):
         # /home/<user>/x.py: the user's name is no package.
         if not (len(parts) == 4 and parts[1] in ("home", "Users")):
             return "/".join(parts[-2:])

@@ -75,10 +75,10 @@ def collapse_recursion(recs: list[Rec]) -> list[Rec]:
         if prev is None:
             continue
         p = n - 1 - prev
-        if p <= MAX_PERIOD and n >= 2 * p and keys[n - p:] == keys[n - 2 * p:n - p]:
-            for k in keys[n - p:]:
+        if p <= MAX_PERIOD and n >= 2 * p and keys[n - p :] == keys[n - 2 * p : n - p]:
+            for k in keys[n - p :]:
                 last[k] -= p
-            del out[n - p:], keys[n - p:]
+            del out[n - p :], keys[n - p :]
     return out
 
 
@@ -121,8 +121,12 @@ _frame = lru_cache(maxsize=16384)(Frame)
 
 
 _URL = re.compile(r"\b[a-zA-Z][\w+.-]*://[^\s'\"<>]+")
-_UUID = re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b")
-_PATH = re.compile(r"(?<![\w.~:/])(?:[A-Za-z]:)?[/\\][^\s\"'<>:;,()\[\]{}/\\]+(?:[/\\][^\s\"'<>:;,()\[\]{}/\\]+)+[/\\]?")
+_UUID = re.compile(
+    r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"
+)
+_PATH = re.compile(
+    r"(?<![\w.~:/])(?:[A-Za-z]:)?[/\\][^\s\"'<>:;,()\[\]{}/\\]+(?:[/\\][^\s\"'<>:;,()\[\]{}/\\]+)+[/\\]?"
+)
 _HEX = re.compile(r"\b0[xX][0-9a-fA-F]+\b")
 _TOKEN = re.compile(r"\b(?=[a-f]*\d)(?=\d*[a-f])[0-9a-f]{8,}\b")
 _QUOTED = re.compile(r"(?<!\w)'[^'\n]*'(?!\w)|(?<!\w)\"[^\"\n]*\"(?!\w)")
@@ -171,7 +175,14 @@ def _squash(s: str) -> str:
 
 
 MESSAGE_RULES: tuple[Callable[[str], str], ...] = (
-    _urls, _uuids, _paths, _hex, _tokens, _quoted, _numbers, _squash,
+    _urls,
+    _uuids,
+    _paths,
+    _hex,
+    _tokens,
+    _quoted,
+    _numbers,
+    _squash,
 )
 
 

@@ -12,7 +12,9 @@ _ABS_PATH = re.compile(
     r"(?<![\w.~:/\\])(?:[A-Za-z]:)?[/\\][^\s\"'<>:;,()\[\]{}/\\]+(?:[/\\][^\s\"'<>:;,()\[\]{}/\\]+)+"
 )
 # A bare home directory (a path below one is reduced like any other path).
-_HOME = re.compile(r"(?:/home|/Users)/[^/\s\"']+/?(?=[\s\"',;:)]|$)|/root/?(?=[\s\"',;:)]|$)", re.M)
+_HOME = re.compile(
+    r"(?:/home|/Users)/[^/\s\"']+/?(?=[\s\"',;:)]|$)|/root/?(?=[\s\"',;:)]|$)", re.M
+)
 _ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{6,}\b")
 
 

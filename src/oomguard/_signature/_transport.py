@@ -24,7 +24,7 @@ _THREAD_LINES = ("Current thread ", "Thread 0x", "Stack (")
 
 
 def _line_prefix(text: str, i: int) -> str:
-    return text[text.rfind("\n", 0, i) + 1:i]
+    return text[text.rfind("\n", 0, i) + 1 : i]
 
 
 def _plain_frame(prefix: str) -> bool:
@@ -45,8 +45,12 @@ def _plain_marker(text: str, marker: str) -> bool:
     return _plain_header(prefix) if marker[9] == " " else not prefix
 
 
-_MARKERS = ("Fatal Python error: ", "(most recent call first):",
-            "Traceback (most recent call last):", "Traceback: ")
+_MARKERS = (
+    "Fatal Python error: ",
+    "(most recent call first):",
+    "Traceback (most recent call last):",
+    "Traceback: ",
+)
 
 
 def plain(text: str, dump: bool) -> bool:
@@ -64,8 +68,10 @@ def plain(text: str, dump: bool) -> bool:
     if first_frame < 0:
         # No frame line to judge by: every marker must start its line, wherever it is.
         return all(_plain_marker(text, marker) for marker in _MARKERS)
-    if not (_plain_frame(_line_prefix(text, first_frame))
-            and _plain_frame(_line_prefix(text, text.rfind('File "')))):
+    if not (
+        _plain_frame(_line_prefix(text, first_frame))
+        and _plain_frame(_line_prefix(text, text.rfind('File "')))
+    ):
         return False
     header = text.rfind("Traceback (most recent call last):")
     if header >= 0 and not _plain_header(_line_prefix(text, header)):
@@ -142,7 +148,7 @@ def line_headers(lines: list[str]) -> list[str]:
     for line in lines:
         pos = 0
         for _ in range(_MAX_LAYERS):
-            if line[pos:pos + 1] not in _HEADER_START:
+            if line[pos : pos + 1] not in _HEADER_START:
                 break
             m = _HEADER.match(line, pos)
             if m is None or m.end() == pos:
@@ -217,10 +223,15 @@ def frame_indentation(lines: list[str]) -> list[str]:
         if m[2] and not m[3]:
             i = j  # a faulthandler frame ("line 9 in f"): no source line follows
             continue
-        while (j < n and j - i <= _SOURCE_WINDOW and lines[j].strip()
-               and _frame_at(lines, j) is None and not lines[j].startswith(_SECTION)):
+        while (
+            j < n
+            and j - i <= _SOURCE_WINDOW
+            and lines[j].strip()
+            and _frame_at(lines, j) is None
+            and not lines[j].startswith(_SECTION)
+        ):
             j += 1
-        block = [line.strip() for line in lines[i + 1:j]]
+        block = [line.strip() for line in lines[i + 1 : j]]
         if j < n and _frame_at(lines, j) is not None:
             source = len(block)  # another frame follows: all of it is source
         else:

@@ -9,10 +9,23 @@ from typing import Any
 
 from .._models import FailureEvent, PipelineStatus
 
-_TEXT_FIELDS = ("kind", "cause", "shard", "pipeline", "worker", "host", "signature_id",
-                "signature_title")  # fmt: skip
-_PIPELINE_INT_FIELDS = ("shards_done", "shards_failed", "shards_aborted", "infra_failures",
-                        "user_failures")  # fmt: skip
+_TEXT_FIELDS = (
+    "kind",
+    "cause",
+    "shard",
+    "pipeline",
+    "worker",
+    "host",
+    "signature_id",
+    "signature_title",
+)
+_PIPELINE_INT_FIELDS = (
+    "shards_done",
+    "shards_failed",
+    "shards_aborted",
+    "infra_failures",
+    "user_failures",
+)
 
 
 def event_item(e: FailureEvent, grouping_version: Any, example: Any) -> tuple:
@@ -76,9 +89,19 @@ def pipeline_row(p: PipelineStatus, updated: float) -> tuple:
         raise TypeError(f"field 'started' must be seconds since the epoch, got {started!r}")
     if started != started:
         raise ValueError("field 'started' is NaN")
-    return (texts["name"], texts["status"], int(p.shards_done), int(p.shards_failed),
-            int(p.shards_aborted), int(p.infra_failures), int(p.user_failures),
-            texts["summary"], texts["abort_reason"], float(started), updated)  # fmt: skip
+    return (
+        texts["name"],
+        texts["status"],
+        int(p.shards_done),
+        int(p.shards_failed),
+        int(p.shards_aborted),
+        int(p.infra_failures),
+        int(p.user_failures),
+        texts["summary"],
+        texts["abort_reason"],
+        float(started),
+        updated,
+    )
 
 
 def describe_event(event: Any) -> str:

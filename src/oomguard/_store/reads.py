@@ -12,8 +12,10 @@ from typing import Any
 from .._models import FailureEvent, PipelineStatus, SignatureRow
 from .schema import MEMBER_FIELDS, PIPELINE_COLUMNS, connect
 
-_EVENT_COLUMNS = ("id, time, kind, cause, shard, pipeline, worker, host, signature_id, "
-                  "signature_title, evidence, attempt")  # fmt: skip
+_EVENT_COLUMNS = (
+    "id, time, kind, cause, shard, pipeline, worker, host, signature_id, "
+    "signature_title, evidence, attempt"
+)
 # Each member list comes back as one JSON array: one row per signature, not one per member.
 _SELECT_SIGNATURE = (
     "SELECT id, title, grouping_version, count, first_seen, last_seen, example, "
@@ -95,8 +97,13 @@ class ReaderMixin:
         ["('load-0a1b', 17)"]
         """
         where, args = [], []
-        for column, value in (("kind", kind), ("cause", cause), ("pipeline", pipeline),
-                              ("shard", shard), ("signature_id", signature)):  # fmt: skip
+        for column, value in (
+            ("kind", kind),
+            ("cause", cause),
+            ("pipeline", pipeline),
+            ("shard", shard),
+            ("signature_id", signature),
+        ):
             if value is not None:
                 where.append(f"{column} = ?")
                 args.append(value)
@@ -139,9 +146,11 @@ class ReaderMixin:
         args: dict[str, Any] = {"cap": self.member_cap, "limit": _limit(limit)}
         for code, value in ((4, cause), (3, pipeline)):
             if value is not None:
-                where.append(f"EXISTS (SELECT 1 FROM signature_members m WHERE "
-                             f"m.signature_id = s.id AND m.field = {code} "
-                             f"AND m.value = :f{code})")  # fmt: skip
+                where.append(
+                    f"EXISTS (SELECT 1 FROM signature_members m WHERE "
+                    f"m.signature_id = s.id AND m.field = {code} "
+                    f"AND m.value = :f{code})"
+                )
                 args[f"f{code}"] = value
         if since is not None:
             where.append("s.last_seen >= :since")
@@ -159,9 +168,13 @@ class ReaderMixin:
         >>> store.signature("3f2a9c").hosts
         ['node-1', 'node-2', 'node-3']
         """
-        r = self._reader().execute(
-            _SELECT_SIGNATURE + " WHERE id = :id", {"id": signature_id, "cap": self.member_cap}
-        ).fetchone()
+        r = (
+            self._reader()
+            .execute(
+                _SELECT_SIGNATURE + " WHERE id = :id", {"id": signature_id, "cap": self.member_cap}
+            )
+            .fetchone()
+        )
         return None if r is None else _signature(r)
 
     @_read
@@ -201,8 +214,10 @@ class ReaderMixin:
         [(1790086400.0, 'running'), (1790000000.0, 'aborted')]
         """
         # (name, started) is the key: no two runs of a name share `started`.
-        sql = (f"SELECT {PIPELINE_COLUMNS} FROM pipelines WHERE name = ? "
-               "ORDER BY started DESC LIMIT ?")  # fmt: skip
+        sql = (
+            f"SELECT {PIPELINE_COLUMNS} FROM pipelines WHERE name = ? "
+            "ORDER BY started DESC LIMIT ?"
+        )
         return [PipelineStatus(*r) for r in self._reader().execute(sql, (name, _limit(limit)))]
 
     @_read
@@ -212,21 +227,39 @@ class ReaderMixin:
         >>> [p.name for p in store.pipelines(limit=2)]
         ['nightly', 'backfill']
         """
-        sql = (f"SELECT {PIPELINE_COLUMNS} FROM pipelines "
-               "ORDER BY updated DESC, rowid DESC LIMIT ?")  # fmt: skip
+        sql = f"SELECT {PIPELINE_COLUMNS} FROM pipelines ORDER BY updated DESC, rowid DESC LIMIT ?"
         return [PipelineStatus(*r) for r in self._reader().execute(sql, (_limit(limit),))]
 
 
 def _event(r: tuple) -> FailureEvent:
-    return FailureEvent(id=r[0], time=r[1], kind=r[2], cause=r[3], shard=r[4], pipeline=r[5],
-                        worker=r[6], host=r[7], signature_id=r[8], signature_title=r[9],
-                        evidence=json.loads(r[10]), attempt=r[11])  # fmt: skip
+    return FailureEvent(
+        id=r[0],
+        time=r[1],
+        kind=r[2],
+        cause=r[3],
+        shard=r[4],
+        pipeline=r[5],
+        worker=r[6],
+        host=r[7],
+        signature_id=r[8],
+        signature_title=r[9],
+        evidence=json.loads(r[10]),
+        attempt=r[11],
+    )
 
 
 def _signature(r: tuple) -> SignatureRow:
     lists = {name: json.loads(r[7 + code]) for code, name in enumerate(MEMBER_FIELDS)}
-    return SignatureRow(id=r[0], title=r[1], grouping_version=r[2], count=r[3],
-                        first_seen=r[4], last_seen=r[5], example=r[6], **lists)  # fmt: skip
+    return SignatureRow(
+        id=r[0],
+        title=r[1],
+        grouping_version=r[2],
+        count=r[3],
+        first_seen=r[4],
+        last_seen=r[5],
+        example=r[6],
+        **lists,
+    )
 
 
 def _limit(limit: int | None) -> int:

@@ -116,8 +116,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
 MEMBER_FIELDS = ("hosts", "workers", "shards", "pipelines", "causes")
 
 # In PipelineStatus's field order.
-PIPELINE_COLUMNS = ("name, status, shards_done, shards_failed, shards_aborted, "
-                     "infra_failures, user_failures, summary, abort_reason, started")  # fmt: skip
+PIPELINE_COLUMNS = (
+    "name, status, shards_done, shards_failed, shards_aborted, "
+    "infra_failures, user_failures, summary, abort_reason, started"
+)
 
 
 def connect(file: str) -> sqlite3.Connection:
@@ -204,4 +206,3 @@ def migrate(conn: sqlite3.Connection, file: str, migrations: tuple[tuple[str, ..
                 f"{target} failed ({e}); it was rolled back and the file is at version "
                 f"{target - 1}."
             ) from e
-

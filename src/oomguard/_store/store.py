@@ -149,13 +149,17 @@ class FailureStore(WriterMixin, ReaderMixin):
             self._wake.set()
             self._thread.join(timeout)
             if self._thread.is_alive():
-                self._error(f"close(): the writer did not stop within {timeout}s; "
-                            f"{len(self._queue)} queued items were not written")  # fmt: skip
+                self._error(
+                    f"close(): the writer did not stop within {timeout}s; "
+                    f"{len(self._queue)} queued items were not written"
+                )
                 return  # the writer still owns its connection; it exits on its own
         with self._lock:
             if not self._reads_done.wait_for(lambda: self._reads == 0, timeout):
-                self._error(f"close(): {self._reads} reads still running after {timeout}s; "
-                            "their connections stay open")  # fmt: skip
+                self._error(
+                    f"close(): {self._reads} reads still running after {timeout}s; "
+                    "their connections stay open"
+                )
                 readers = []
             else:
                 readers, self._readers = self._readers, []

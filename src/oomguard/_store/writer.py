@@ -176,8 +176,14 @@ class WriterMixin:
             return False
         return self._put(item)
 
-    def amend(self, event: FailureEvent, *, grouping_version: int = 1, example: str = "",
-              lost_at: float | None = None) -> bool:
+    def amend(
+        self,
+        event: FailureEvent,
+        *,
+        grouping_version: int = 1,
+        example: str = "",
+        lost_at: float | None = None,
+    ) -> bool:
         """Queue the real cause of a death first recorded as ``worker_lost`` (its report came
         late, or the pod said what happened): the worker's ``worker_lost`` events of time
         `lost_at` (default: its latest) are replaced by `event`, so the death stays one
@@ -289,8 +295,11 @@ class WriterMixin:
                     mine = [e[0] for e in events if e[5] == worker and e[2] == "worker_lost"]
                     when = max(mine) if when is None else when
                     if when in mine:
-                        events = [e for e in events
-                                  if e[5] != worker or e[2] != "worker_lost" or e[0] != when]
+                        events = [
+                            e
+                            for e in events
+                            if e[5] != worker or e[2] != "worker_lost" or e[0] != when
+                        ]
                         when = None
                 if when is not None or worker not in lost:
                     amends.append((worker, when))
@@ -319,8 +328,10 @@ class WriterMixin:
                 else:
                     replaced = conn.execute(_LOST_EVENTS_AT, (worker, lost_at)).fetchall()
                 conn.executemany("DELETE FROM events WHERE id = ?", [(i,) for i, _ in replaced])
-                conn.executemany("UPDATE signatures SET count = count - 1 WHERE id = ?",
-                                 [(sid,) for _, sid in replaced])
+                conn.executemany(
+                    "UPDATE signatures SET count = count - 1 WHERE id = ?",
+                    [(sid,) for _, sid in replaced],
+                )
                 count -= len(replaced)
             _insert(conn, _INSERT_EVENT, events)
             if events:
@@ -369,5 +380,9 @@ class WriterMixin:
         now = time.monotonic()
         if now - self._last_log > 60:  # log once a minute at most; the counter has the rest
             self._last_log = now
-            logger.error("oomguard failure store %s: %s (write errors so far: %d)",
-                         self.path, message, self.write_errors)  # fmt: skip
+            logger.error(
+                "oomguard failure store %s: %s (write errors so far: %d)",
+                self.path,
+                message,
+                self.write_errors,
+            )

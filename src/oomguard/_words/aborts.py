@@ -40,8 +40,7 @@ def abort_message(
             what += " each time"
     else:
         what = "; ".join(
-            f"{times(n)} {subject(c)} "
-            f"{describe_cause(c, evidence if c == cause else None)}"
+            f"{times(n)} {subject(c)} {describe_cause(c, evidence if c == cause else None)}"
             for c, n in shard.causes.most_common()
         )
     summary = evidence.get("summary")

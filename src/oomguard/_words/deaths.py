@@ -18,8 +18,10 @@ if TYPE_CHECKING:
 #: The evidence of a death no report described: an exit the nanny saw but nobody asked
 #: for, or nothing at all within the grace timeout.
 UNASKED_EXIT_SOURCE = "the nanny's notice: exit status 0, not requested"
-UNASKED_EXIT_SUMMARY = ("exit status 0, not requested: the worker process ended itself "
-                        "(os._exit or sys.exit in a task?)")
+UNASKED_EXIT_SUMMARY = (
+    "exit status 0, not requested: the worker process ended itself "
+    "(os._exit or sys.exit in a task?)"
+)
 NO_REPORT_SOURCE = "no death report within the grace timeout"
 
 
@@ -159,8 +161,11 @@ def evidence_summary(evidence: Mapping[str, Any], cause: str) -> str:
         new = _int(ev.get("oom_kill_since_reading"))
         if new and ev.get("peak_scope") == "shared":
             # No group of its own: say why this kill is this worker's.
-            why = ("kernel log names this PID" if "kernel log" in str(ev.get("oom_attribution"))
-                   else "every other process there still runs")  # fmt: skip
+            why = (
+                "kernel log names this PID"
+                if "kernel log" in str(ev.get("oom_attribution"))
+                else "every other process there still runs"
+            )
             head = f"kernel oom_kill +{new} in its shared group{_within(ev)}; {why}"
         peak = _int(ev.get("peak_bytes"))
         if peak is not None:

@@ -18,9 +18,7 @@ def _infra_clause(p: PipelineCounts, retried: str) -> str:
     parts = []
     n_deaths = sum(p.deaths.values())
     if n_deaths:
-        parts.append(
-            f"{plural(n_deaths, 'worker death')} ({breakdown(p.deaths)}) {retried}"
-        )
+        parts.append(f"{plural(n_deaths, 'worker death')} ({breakdown(p.deaths)}) {retried}")
     if p.memory_errors:
         parts.append(f"{plural(p.memory_errors, 'MemoryError')} in task code")
     return ", and ".join(parts)
@@ -44,8 +42,10 @@ def pipeline_summary(
     culprit of a failed run; `rec` None when it has none)."""
     text = _story(status, p, shard, rec)
     if p.memory_waits:
-        text = (f"{text.rstrip('.')}; {plural(p.memory_waits, 'task')} waited "
-                f"{seconds(p.memory_waited)} in total for memory.")
+        text = (
+            f"{text.rstrip('.')}; {plural(p.memory_waits, 'task')} waited "
+            f"{seconds(p.memory_waited)} in total for memory."
+        )
     return text
 
 

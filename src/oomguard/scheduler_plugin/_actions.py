@@ -28,8 +28,14 @@ HOLD = "oomguard://held"
 class DaskActions:
     """Holds, releases, restrictions, stops, forgiveness and records, done to Dask."""
 
-    def __init__(self, scheduler: Scheduler, store: FailureStore, metrics: OomguardMetrics,
-                 guard: Guard, pods: Any = None) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        store: FailureStore,
+        metrics: OomguardMetrics,
+        guard: Guard,
+        pods: Any = None,
+    ) -> None:
         self.scheduler = scheduler
         self.store = store
         self.metrics = metrics
@@ -63,8 +69,12 @@ class DaskActions:
     def _record(self, d: Record) -> None:
         event = d.event
         if d.amends is not None:
-            self.store.amend(event, grouping_version=d.grouping_version, example=d.example,
-                             lost_at=d.amends or None)
+            self.store.amend(
+                event,
+                grouping_version=d.grouping_version,
+                example=d.example,
+                lost_at=d.amends or None,
+            )
         else:
             self.store.add(event, grouping_version=d.grouping_version, example=d.example)
             self.metrics.failure(event.kind, event.cause)
@@ -85,8 +95,10 @@ class DaskActions:
                 cause, extra = found
                 evidence = dict(event.evidence)
                 evidence.update({k: v for k, v in extra.items() if _scalar(v)})
-                self.store.amend(dataclasses.replace(event, cause=str(cause), evidence=evidence),
-                                 lost_at=event.time)
+                self.store.amend(
+                    dataclasses.replace(event, cause=str(cause), evidence=evidence),
+                    lost_at=event.time,
+                )
 
     def _hold(self, keys) -> None:
         tasks = self.scheduler.tasks
@@ -113,8 +125,15 @@ class DaskActions:
             self.scheduler.transitions(recs, stimulus_id=f"oomguard-release-{time.time()}")
 
     def _restrict(self, d: Restrict) -> None:
-        self.scheduler.log_event("oomguard", {"action": "retry-resize", "shard": str(d.key),
-                                              "limit": d.limit, "workers": sorted(d.workers)})
+        self.scheduler.log_event(
+            "oomguard",
+            {
+                "action": "retry-resize",
+                "shard": str(d.key),
+                "limit": d.limit,
+                "workers": sorted(d.workers),
+            },
+        )
         # No larger worker yet (one is restarting): wait for it. An empty restriction would
         # be none at all to Dask (`valid_workers`): the shard would run on any worker.
         workers = set(d.workers) or {HOLD}
@@ -127,11 +146,14 @@ class DaskActions:
         ts.worker_restrictions = workers
         ts.loose_restrictions = False
         on = ts.processing_on.address if ts.processing_on is not None else None
-        if ts.state in ("queued", "no-worker") or (ts.state == "processing" and on not in d.workers):
+        if ts.state in ("queued", "no-worker") or (
+            ts.state == "processing" and on not in d.workers
+        ):
             # Handed to a worker of the old size, or queued (where restrictions are not
             # consulted): schedule it again under the restriction.
-            self.scheduler.transitions({d.key: "released"},
-                                       stimulus_id=f"oomguard-resize-{time.time()}")
+            self.scheduler.transitions(
+                {d.key: "released"}, stimulus_id=f"oomguard-resize-{time.time()}"
+            )
 
     def _widen(self, d: Widen) -> None:
         """Add one worker to the restrictions of keys retried on larger workers: O(1) per key.
@@ -148,10 +170,15 @@ class DaskActions:
             if restrictions:  # ours, set by _restrict; {HOLD} while it waited
                 restrictions.discard(HOLD)
                 restrictions.add(d.worker)
-        self.scheduler.log_event("oomguard", {
-            "action": "retry-resize-widened", "worker": d.worker, "count": len(d.keys),
-            "shards": [str(k) for k in d.keys[:10]],  # the first ten
-        })
+        self.scheduler.log_event(
+            "oomguard",
+            {
+                "action": "retry-resize-widened",
+                "worker": d.worker,
+                "count": len(d.keys),
+                "shards": [str(k) for k in d.keys[:10]],  # the first ten
+            },
+        )
 
     def _stop(self, d: Stop) -> None:
         scheduler = self.scheduler
@@ -175,17 +202,31 @@ class DaskActions:
             ts = scheduler.tasks.get(key)
             if ts is None or ts.state not in ("no-worker", "queued"):
                 continue  # waiting ones reach no-worker later and are erred then
-            recs.update(scheduler.transition(key, "erred", exception=exc, exception_text=text,
-                                             cause=key, stimulus_id=stimulus_id))
+            recs.update(
+                scheduler.transition(
+                    key,
+                    "erred",
+                    exception=exc,
+                    exception_text=text,
+                    cause=key,
+                    stimulus_id=stimulus_id,
+                )
+            )
         scheduler.transitions(recs, stimulus_id=stimulus_id)
         if d.run and d.run not in self._logged_aborts:
             self._logged_aborts.add(d.run)
             self.metrics.pipeline_aborted()
             logger.warning("%s", d.exception.message)  # it starts "oomguard aborted|stopped"
-            scheduler.log_event("oomguard", {
-                "action": "pipeline-aborted", "pipeline": d.exception.pipeline, "run": d.run,
-                "shard": d.exception.shard, "message": d.exception.message,
-            })
+            scheduler.log_event(
+                "oomguard",
+                {
+                    "action": "pipeline-aborted",
+                    "pipeline": d.exception.pipeline,
+                    "run": d.run,
+                    "shard": d.exception.shard,
+                    "message": d.exception.message,
+                },
+            )
 
 
 def _scalar(v: Any) -> bool:

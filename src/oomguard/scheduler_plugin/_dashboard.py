@@ -57,8 +57,18 @@ REFRESH_MS = 2000
 #: Re-read the store at least this often even when nothing was written (the window slides).
 STALE_S = 30.0
 #: Category10 plus a grey for "other", one per cause, in CAUSES order.
-COLORS = ("#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#7f7f7f",
-          "#1f77b4", "#17becf", "#c7c7c7")  # fmt: skip
+COLORS = (
+    "#d62728",
+    "#ff7f0e",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#bcbd22",
+    "#7f7f7f",
+    "#1f77b4",
+    "#17becf",
+    "#c7c7c7",
+)
 _BOKEH_MISSING = 'oomguard\'s dashboard page needs Bokeh: pip install "bokeh>=3.1"'
 
 
@@ -104,13 +114,21 @@ class OomguardPage:
             toolbar_location="above",
             name="oomguard-plot",
         )
-        bars = self.plot.vbar_stack(list(CAUSES), x="time", width="width", source=self.failures,
-                                    color=list(COLORS), legend_label=list(CAUSES))  # fmt: skip
-        self.plot.add_tools(HoverTool(
-            renderers=bars,
-            tooltips=[("cause", "$name"), ("failures", "@$name"), ("bin", "@time{%F %T}")],
-            formatters={"@time": "datetime"},
-        ))  # fmt: skip
+        bars = self.plot.vbar_stack(
+            list(CAUSES),
+            x="time",
+            width="width",
+            source=self.failures,
+            color=list(COLORS),
+            legend_label=list(CAUSES),
+        )
+        self.plot.add_tools(
+            HoverTool(
+                renderers=bars,
+                tooltips=[("cause", "$name"), ("failures", "@$name"), ("bin", "@time{%F %T}")],
+                formatters={"@time": "datetime"},
+            )
+        )
         self.plot.y_range.start = 0
         self.plot.yaxis.axis_label = "failures"
         self.plot.legend.click_policy = "hide"
@@ -179,8 +197,7 @@ class OomguardPage:
 
     def _set_header(self, message: str, *, warn: bool = False) -> None:
         color = "#b00020" if warn else "inherit"
-        self.header.text = (f"<div style='padding:4px 0;color:{color}'>"
-                            f"{html.escape(message)}</div>")  # fmt: skip
+        self.header.text = f"<div style='padding:4px 0;color:{color}'>{html.escape(message)}</div>"
 
     async def refresh(self) -> None:
         """One periodic refresh; never raises (a dashboard must not log a traceback a tick)."""
@@ -380,8 +397,12 @@ def register_dashboard(scheduler: Scheduler | None = None, *, dask_scheduler=Non
     path = prefix.rstrip("/") + PATH
     if _served(http, path):
         return path
-    app = BokehApplication({PATH: oomguard_doc}, scheduler, prefix=prefix,
-                           template_variables=template_variables(scheduler))  # fmt: skip
+    app = BokehApplication(
+        {PATH: oomguard_doc},
+        scheduler,
+        prefix=prefix,
+        template_variables=template_variables(scheduler),
+    )
     http.add_application(app)
     app.initialize(IOLoop.current())
     app.start()

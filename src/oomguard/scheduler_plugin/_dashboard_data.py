@@ -138,8 +138,10 @@ def signature_detail(row: SignatureRow | None, events: Sequence[FailureEvent]) -
         "-----------------------------",
     ]
     for e in events:
-        lines.append(f"{_when(e.time)}  {e.cause}  shard {e.shard}  attempt {e.attempt}  "
-                     f"worker {e.worker or '-'}  host {e.host or '-'}")  # fmt: skip
+        lines.append(
+            f"{_when(e.time)}  {e.cause}  shard {e.shard}  attempt {e.attempt}  "
+            f"worker {e.worker or '-'}  host {e.host or '-'}"
+        )
         lines.append("  evidence " + json.dumps(e.evidence, sort_keys=True, default=str))
     if not events:
         lines.append("(none kept: retention dropped them)")
@@ -169,5 +171,6 @@ def read_store(store: Any, now: float) -> Snapshot:
 
 def read_detail(store: Any, signature_id: str) -> str:
     """Blocking: run it in a thread."""
-    return signature_detail(store.signature(signature_id), store.events(signature=signature_id,
-                                                                         limit=5))  # fmt: skip
+    return signature_detail(
+        store.signature(signature_id), store.events(signature=signature_id, limit=5)
+    )

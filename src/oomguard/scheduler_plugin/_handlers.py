@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("oomguard.scheduler")
 
 
-
 def sender_matches(peer: str | None, worker: str, nanny: str | None, local: str = "") -> bool:
     """Whether a connection from `peer` may speak for `worker`, whose nanny is `nanny`.
 
@@ -112,8 +111,12 @@ class Handlers:
         scheduler.handlers[UNGUARDED_HANDLER] = self.unguarded
 
     def unregister(self, scheduler: Scheduler) -> None:
-        for name, fn in ((REPORT_HANDLER, self.report), (CLEAN_EXIT_HANDLER, self.clean_exit),
-                         (QUERY_HANDLER, self.query), (UNGUARDED_HANDLER, self.unguarded)):
+        for name, fn in (
+            (REPORT_HANDLER, self.report),
+            (CLEAN_EXIT_HANDLER, self.clean_exit),
+            (QUERY_HANDLER, self.query),
+            (UNGUARDED_HANDLER, self.unguarded),
+        ):
             if scheduler.handlers.get(name) == fn:
                 del scheduler.handlers[name]
 
@@ -130,8 +133,9 @@ class Handlers:
         """Whether `peer` may speak for `worker`; a refusal is counted."""
         if isinstance(worker, str) and sender_matches(peer, worker, self._nanny_of(worker)):
             return True
-        self.reject(ReportError("worker", f"not sent from the host of {worker!r}'s "
-                                       "nanny", UNKNOWN_SENDER))
+        self.reject(
+            ReportError("worker", f"not sent from the host of {worker!r}'s nanny", UNKNOWN_SENDER)
+        )
         return False
 
     async def report(self, comm=None, report: Any = None, **extra: Any) -> dict:
@@ -140,8 +144,9 @@ class Handlers:
         plugin = self.plugin
         with plugin.guard("report"):
             if not isinstance(report, bytes | bytearray | memoryview):
-                e = ReportError("report", f"expected msgpack bytes, got {type(report).__name__}",
-                                "wrong_type")
+                e = ReportError(
+                    "report", f"expected msgpack bytes, got {type(report).__name__}", "wrong_type"
+                )
                 self.reject(e)
                 return {"status": "rejected", "reason": e.reason, "field": e.field}
             # Refused unread (and counted) by the intake when it is full or the pairing has
@@ -153,8 +158,9 @@ class Handlers:
             return {"status": "queued"}
         return {"status": "error"}
 
-    async def clean_exit(self, comm=None, worker: Any = None, requested: Any = False,
-                         pid: Any = None, **extra: Any) -> dict:
+    async def clean_exit(
+        self, comm=None, worker: Any = None, requested: Any = False, pid: Any = None, **extra: Any
+    ) -> dict:
         """RPC from a nanny: its worker (process `pid`) ended with status 0, `requested`
         (close, restart, SIGTERM) or not (it ended itself). Without the field: not
         requested, the safe side (a death, counted as Dask counts it)."""
@@ -181,8 +187,9 @@ class Handlers:
         if not isinstance(nanny, str) or not 0 < len(nanny) <= 256:
             return {"status": "rejected"}
         if not sender_matches(getattr(comm, "peer_address", None), nanny, nanny):
-            self.reject(ReportError("nanny", f"not sent from the host of {nanny!r}",
-                                           UNKNOWN_SENDER))
+            self.reject(
+                ReportError("nanny", f"not sent from the host of {nanny!r}", UNKNOWN_SENDER)
+            )
             return {"status": "rejected"}
         with self.plugin.guard("unguarded"):
             self.unguarded_nanny(nanny, str(reason)[:512])
@@ -219,8 +226,9 @@ class Handlers:
 
     def unguarded_nanny(self, nanny: str, reason: str) -> None:
         if nanny not in self.unguarded_nannies:
-            logger.warning("oomguard: the nanny %s runs its worker WITHOUT oomguard: %s",
-                           nanny, reason)
+            logger.warning(
+                "oomguard: the nanny %s runs its worker WITHOUT oomguard: %s", nanny, reason
+            )
         self.unguarded_nannies[nanny] = reason
         self.plugin.metrics.set_unguarded_nannies(len(self.unguarded_nannies))
 
@@ -249,15 +257,17 @@ class Handlers:
         self.plugin.metrics.report_rejected(reason)
         if reason != OVERFLOW:
             e = ReportError("report", f"refused ({reason})", reason)
-            self.plugin.guard.once(e.reason, "oomguard: rejected a death report (%s); "
-                                   "further ones are counted", e)
+            self.plugin.guard.once(
+                e.reason, "oomguard: rejected a death report (%s); further ones are counted", e
+            )
 
     def reject(self, e: ReportError) -> None:
         plugin = self.plugin
         self.rejected[e.reason] = self.rejected.get(e.reason, 0) + 1
         plugin.metrics.report_rejected(e.reason)
-        plugin.guard.once(e.reason, "oomguard: rejected a death report (%s); further ones "
-                          "are counted", e)
+        plugin.guard.once(
+            e.reason, "oomguard: rejected a death report (%s); further ones are counted", e
+        )
 
     def counts(self) -> dict[str, Any]:
         """Death reports so far, each counted once, by what took or refused it: `reports`
@@ -292,11 +302,17 @@ class Handlers:
             return [r.to_dict() for r in rows]
         if what == "stats":
             return plugin.metrics_snapshot()
-        readers = {"events": store.events, "signatures": store.signatures,
-                   "shard": store.shard, "signature": store.signature}
+        readers = {
+            "events": store.events,
+            "signatures": store.signatures,
+            "shard": store.shard,
+            "signature": store.signature,
+        }
         if what not in readers:
-            raise ValueError(f"unknown oomguard query {what!r}; expected one of "
-                             f"{', '.join(sorted(readers) + ['pipeline', 'pipelines', 'stats'])}")
+            raise ValueError(
+                f"unknown oomguard query {what!r}; expected one of "
+                f"{', '.join(sorted(readers) + ['pipeline', 'pipelines', 'stats'])}"
+            )
         await asyncio.to_thread(store.flush)
         rows = await asyncio.to_thread(readers[what], **filters)
         if rows is None:

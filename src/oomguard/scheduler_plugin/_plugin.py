@@ -20,10 +20,10 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import _compat, _config
 from .._decide import DecisionCore, Hold, Record, Removal
-from .._metrics import OomguardMetrics
 from .._guard import Guard
-from .._protocol import ADMISSION_TOPIC, SCHEDULER_PLUGIN
 from .._log import follow_dask_logging
+from .._metrics import OomguardMetrics
+from .._protocol import ADMISSION_TOPIC, SCHEDULER_PLUGIN
 from .._store import FailureStore
 from . import _setup
 from ._actions import DaskActions
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from .._models import PipelineStatus
 
 logger = logging.getLogger("oomguard.scheduler")
-
 
 
 class OomguardSchedulerPlugin(SchedulerPlugin):
@@ -126,8 +125,9 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
 
     async def start(self, scheduler: Scheduler) -> None:
         follow_dask_logging()
-        if any(i.essential for i in _compat.check("scheduler", _compat.SCHEDULER, scheduler,
-                                                   logger)):
+        if any(
+            i.essential for i in _compat.check("scheduler", _compat.SCHEDULER, scheduler, logger)
+        ):
             return  # stays off: every hook below returns while `core` is None
         self.settings = settings = _config.scheduler_settings(self.config)
         grace = settings["report-grace-timeout"]
@@ -139,15 +139,21 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             abort_on_repeat_signature=settings["abort-on-repeat-signature"],
             larger_only=settings["memory-retry-larger-only"],
         )
-        path = settings["store"] or os.path.join(scheduler.local_directory or ".",
-                                                 "oomguard.sqlite3")
+        path = settings["store"] or os.path.join(
+            scheduler.local_directory or ".", "oomguard.sqlite3"
+        )
         self.store = FailureStore(path, max_events=settings["max-events"])
         await asyncio.to_thread(self.store.start)
         self.intake = ReportIntake(self.handlers.on_reports, room=self.handlers.room)
         self.intake.start(asyncio.get_running_loop())
         self.scheduler = scheduler
-        self.actions = DaskActions(scheduler, self.store, self.metrics, self.guard,
-                                   pods=_setup.pod_lookup(settings, self.guard))
+        self.actions = DaskActions(
+            scheduler,
+            self.store,
+            self.metrics,
+            self.guard,
+            pods=_setup.pod_lookup(settings, self.guard),
+        )
         # Dask's count stays a finite backstop, one above the core's exact bound, so the
         # core (which decides with the death report in hand) always speaks first.
         self._saved_allowed_failures = allowed
@@ -224,8 +230,9 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         if self.core is None:
             return
         with self.guard("update_graph"):
-            self.core.submitted(tasks, keys, annotations, time.time(),
-                                _prefix_path(scheduler, keys))
+            self.core.submitted(
+                tasks, keys, annotations, time.time(), _prefix_path(scheduler, keys)
+            )
 
     def transition(self, key, start, finish, *args, stimulus_id, **kwargs):
         core = self.core
@@ -273,8 +280,12 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         if self.core is None or not isinstance(msg, dict) or msg.get("outcome") != "granted":
             return
         key, waited = msg.get("key"), msg.get("waited")
-        if isinstance(key, str) and isinstance(waited, (int, float)) \
-                and not isinstance(waited, bool) and 0 <= waited < 1e7:
+        if (
+            isinstance(key, str)
+            and isinstance(waited, (int, float))
+            and not isinstance(waited, bool)
+            and 0 <= waited < 1e7
+        ):
             with self.guard("admission"):
                 self.core.memory_waited(key, float(waited))
 
@@ -312,8 +323,12 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             if ts is not None and ts.state == "processing" and ts.run_id == msg.get("run_id"):
                 worker = msg.get("worker") or ""
                 out, memory = self.core.task_erred(
-                    key, msg.get("exception_text") or "", msg.get("traceback_text") or "",
-                    worker, _host_of(worker), ts.retries,
+                    key,
+                    msg.get("exception_text") or "",
+                    msg.get("traceback_text") or "",
+                    worker,
+                    _host_of(worker),
+                    ts.retries,
                 )
                 if memory:  # INFRA: retried like a death, never from the user's retries
                     ts.retries += 1
@@ -357,8 +372,13 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         out["internal_errors"] = self.guard.count
         if core is not None:
             out.update(unguarded=dict(self.unguarded))
-            out.update(deaths=core.deaths, displaced=core.displaced, aborts=core.aborts,
-                       held=len(core.held), pending_deaths=len(core.pairing))
+            out.update(
+                deaths=core.deaths,
+                displaced=core.displaced,
+                aborts=core.aborts,
+                held=len(core.held),
+                pending_deaths=len(core.pairing),
+            )
         return out
 
 

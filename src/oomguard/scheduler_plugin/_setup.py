@@ -30,8 +30,10 @@ def register_metrics(plugin: Any) -> None:
     """Serve `plugin.metrics` on this process's /metrics, unless a live oomguard does."""
     global _metrics_holder
     holder = _metrics_holder
-    if holder is not None and holder is not plugin and (
-        holder.scheduler is None or holder.scheduler.status in SHUTTING_DOWN
+    if (
+        holder is not None
+        and holder is not plugin
+        and (holder.scheduler is None or holder.scheduler.status in SHUTTING_DOWN)
     ):
         # A plugin whose scheduler went away without closing it (its start() was cut
         # short) must not keep the process's /metrics.
@@ -58,13 +60,18 @@ async def _broadcast(register, plugin) -> None:
     # stop its crashes) must not fail the install.
     for attempt in (1, 2):
         try:
-            await register(comm=None, plugin=pickle.dumps(plugin), name=plugin.name,
-                           idempotent=True)
+            await register(
+                comm=None, plugin=pickle.dumps(plugin), name=plugin.name, idempotent=True
+            )
             return
         except OSError as e:  # CommClosedError, connection resets
             if attempt == 2:
-                logger.warning("oomguard: %s reached only some of the running processes "
-                               "(%s); processes starting later get it", plugin.name, e)
+                logger.warning(
+                    "oomguard: %s reached only some of the running processes "
+                    "(%s); processes starting later get it",
+                    plugin.name,
+                    e,
+                )
             await asyncio.sleep(0.5)
 
 
@@ -87,8 +94,9 @@ def pod_lookup(settings: dict[str, Any], guard: Guard):
     return None
 
 
-async def gauge_loop(store: FailureStore, metrics: OomguardMetrics, guard: Guard,
-                     interval: float) -> None:
+async def gauge_loop(
+    store: FailureStore, metrics: OomguardMetrics, guard: Guard, interval: float
+) -> None:
     """Keep the signature gauges current, recounting only after new writes."""
     from .._metrics import store_totals
 
@@ -123,12 +131,16 @@ def apply_settings(plugin: Any, config: dict[str, Any]) -> dict[str, tuple[Any, 
     plugin.settings.update(new)
     plugin.config.update(config)
     core = plugin.core
-    core.configure(report_grace=plugin.settings["report-grace-timeout"],
-                   max_shard_infra_failures=plugin.settings["max-shard-infra-failures"],
-                   abort_on_repeat_signature=plugin.settings["abort-on-repeat-signature"])
+    core.configure(
+        report_grace=plugin.settings["report-grace-timeout"],
+        max_shard_infra_failures=plugin.settings["max-shard-infra-failures"],
+        abort_on_repeat_signature=plugin.settings["abort-on-repeat-signature"],
+    )
     core.larger_only = plugin.settings["memory-retry-larger-only"]
     plugin.store.max_events = plugin.settings["max-events"]
     if changed:
-        logger.info("oomguard: settings changed: %s", ", ".join(
-            f"{k} {old!r} -> {v!r}" for k, (old, v) in sorted(changed.items())))
+        logger.info(
+            "oomguard: settings changed: %s",
+            ", ".join(f"{k} {old!r} -> {v!r}" for k, (old, v) in sorted(changed.items())),
+        )
     return changed

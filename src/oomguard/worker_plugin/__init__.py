@@ -52,7 +52,8 @@ async def dask_setup(nanny: Nanny) -> None:
         follow_dask_logging()
         if on_error == "warn":
             logging.getLogger("oomguard.nanny").warning(
-                "oomguard: %s The worker runs WITHOUT oomguard (on-setup-error: warn).", e)
+                "oomguard: %s The worker runs WITHOUT oomguard (on-setup-error: warn).", e
+            )
             task = asyncio.get_running_loop().create_task(_say_unguarded(nanny, str(e)))
             _TELLING.add(task)
             task.add_done_callback(_TELLING.discard)
@@ -75,8 +76,9 @@ async def _say_unguarded(nanny: Nanny, reason: str, attempts: int = 60) -> None:
         if nanny.status != Status.running:
             continue
         try:
-            await asyncio.wait_for(getattr(nanny.scheduler, UNGUARDED_HANDLER)(
-                nanny=nanny.address, reason=reason), 5)
+            await asyncio.wait_for(
+                getattr(nanny.scheduler, UNGUARDED_HANDLER)(nanny=nanny.address, reason=reason), 5
+            )
             return
         except Exception:
             continue  # the scheduler's oomguard may not be up yet

@@ -38,11 +38,11 @@ from prometheus_client.registry import REGISTRY, Collector
 
 from .._admission.config import AdmissionConfig
 from .._admission.ledger import Admission
+from .._admission.needs import PeakEstimator, need_of
 from .._exceptions import AdmissionTimeout
 from .._protocol import ADMISSION_TOPIC as EVENT_TOPIC
 from .._protocol import ADMISSION_WAIT_METRIC as WAIT_METRIC
 from .._units import format_bytes
-from .._admission.needs import PeakEstimator, need_of
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -107,8 +107,15 @@ class WorkerAdmission:
         self.ledger = config.open_ledger()
         self.estimator = PeakEstimator(min_bytes=config.min_estimate)
         self.metrics = AdmissionMetrics()
-        self.stats = {"leases": 0, "waits": 0, "waited_s": 0.0, "timeouts": 0, "cold": 0,
-                      "errors": 0, "peaks": 0}  # fmt: skip
+        self.stats = {
+            "leases": 0,
+            "waits": 0,
+            "waited_s": 0.0,
+            "timeouts": 0,
+            "cold": 0,
+            "errors": 0,
+            "peaks": 0,
+        }
         self.waits: list[dict] = []  # the last few waits, for tests and debugging
         self._worker: Worker | None = None
         self._original = None
@@ -200,8 +207,12 @@ class WorkerAdmission:
             self._granted(need, adm)
             return True
         began = time.monotonic()
-        logger.info("oomguard: task %s waits for %s of host memory%s", skey,
-                    format_bytes(need), adm.detail())
+        logger.info(
+            "oomguard: task %s waits for %s of host memory%s",
+            skey,
+            format_bytes(need),
+            adm.detail(),
+        )
         try:
             return await self._wait(key, skey, need, began)
         except BaseException:  # timed out, or the worker closes: stop queueing
@@ -241,8 +252,15 @@ class WorkerAdmission:
         self.metrics.waits.inc()
         self.metrics.wait_seconds.observe(waited)
         context_meter.digest_metric(WAIT_METRIC, waited, "seconds")
-        record = {"action": "admission-wait", "key": key, "need": need, "free": adm.free,
-                  "waited": round(waited, 3), "outcome": outcome, "pid": os.getpid()}  # fmt: skip
+        record = {
+            "action": "admission-wait",
+            "key": key,
+            "need": need,
+            "free": adm.free,
+            "waited": round(waited, 3),
+            "outcome": outcome,
+            "pid": os.getpid(),
+        }
         self.waits = [*self.waits[-99:], record]
         try:
             self._worker.log_event(EVENT_TOPIC, record)
@@ -293,7 +311,11 @@ def _failure(key, worker, exc: BaseException) -> ExecuteFailureEvent:
     ts = worker.state.tasks.get(key)
     now = time.time()
     return ExecuteFailureEvent.from_exception(
-        exc, key=key, run_id=ts.run_id if ts is not None else -1, start=now, stop=now,
+        exc,
+        key=key,
+        run_id=ts.run_id if ts is not None else -1,
+        start=now,
+        stop=now,
         stimulus_id=f"oomguard-admission-{now}",
     )
 

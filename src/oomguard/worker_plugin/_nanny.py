@@ -30,15 +30,15 @@ from typing import TYPE_CHECKING, Any
 from distributed.core import Status
 from distributed.diagnostics.plugin import NannyPlugin
 
-from .._evidence import cgroup as _cgroup
 from .. import _compat, _config
-from .._log import follow_dask_logging
-from .._guard import Guard
-from .._protocol import NANNY_PLUGIN, STARTUP_TOPIC
 from .._admission.config import AdmissionConfig
-from ._life import _Life, _Reading
-from .._evidence.paths import configured_crash_dir
 from .._admission.startup import Start, StartupReservations, startup_peak
+from .._evidence import cgroup as _cgroup
+from .._evidence.paths import configured_crash_dir
+from .._guard import Guard
+from .._log import follow_dask_logging
+from .._protocol import NANNY_PLUGIN, STARTUP_TOPIC
+from ._life import _Life, _Reading
 from ._placement import PlacementMixin, _Placement
 from ._reporting import ReportingMixin, remove_files
 from ._worker import OomguardWorkerPlugin
@@ -156,8 +156,10 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
             if self._guard(self._killed_while_starting, "instantiate", nanny):
                 # Dask's _on_worker_exit logs this ("Failed to restart worker"), and the
                 # nanny's start fails as on distributed 2026.7.0 and later.
-                raise RuntimeError("oomguard: not restarting a worker OOM-killed by its own "
-                                   "memory cgroup's limit while its nanny starts")
+                raise RuntimeError(
+                    "oomguard: not restarting a worker OOM-killed by its own "
+                    "memory cgroup's limit while its nanny starts"
+                )
             start = await self._reserve(nanny)
             try:
                 return await self._instantiate(nanny, original_instantiate(*args, **kwargs))
@@ -233,8 +235,9 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
         if nanny.process is not None and nanny.process.worker_address:
             # Nanny.close kills the worker right after this: tell the scheduler first.
             process = getattr(nanny.process, "process", None)
-            await self._send_clean_exit(nanny.process.worker_address, True,
-                                        getattr(process, "pid", None))
+            await self._send_clean_exit(
+                nanny.process.worker_address, True, getattr(process, "pid", None)
+            )
         if getattr(nanny, "_oomguard_nanny_plugin", None) is self:
             # Back to Dask's own methods (the wraps live on the instance only).
             for attr in ("instantiate", "log_event"):
@@ -266,7 +269,8 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
         try:
             return await self._startup.reserve(
                 getattr(nanny, "death_timeout", None),
-                lambda: self._closing or nanny.status in _CLOSING)
+                lambda: self._closing or nanny.status in _CLOSING,
+            )
         except Exception:
             self._internal_error("startup")
             return None
@@ -372,14 +376,19 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
                 self._guard(self._killed_by_its_limit, "exit", placed)
             if life is None and placed.group is not None:
                 life = _Life(
-                    pid=pid, started=placed.at, address=address,
+                    pid=pid,
+                    started=placed.at,
+                    address=address,
                     name=str(nanny.name) if nanny is not None else "",
                     memory_limit=nanny.memory_manager.memory_limit if nanny else None,
-                    group=placed.group, cgroup_path=placed.group.path,
-                    cgroup_version=placed.group.version, cgroup_before=placed.before,
-                    placement=placed.facts(), started_monotonic=placed.at_monotonic,
+                    group=placed.group,
+                    cgroup_path=placed.group.path,
+                    cgroup_version=placed.group.version,
+                    cgroup_before=placed.before,
+                    placement=placed.facts(),
+                    started_monotonic=placed.at_monotonic,
                     missing=[*placed.missing, "the worker died before it was up"],
-                )  # fmt: skip
+                )
         requested = stopping or self._closing or (nanny is not None and nanny.status in _CLOSING)
         death_time = time.time()
         if requested or exitcode == 0:

@@ -220,7 +220,7 @@ class PlacementMixin:
 def _dead_worker_group(name: str) -> bool:
     """A per-worker group whose worker PID no longer exists."""
     try:
-        pid = int(name[len(WORKER_GROUP_PREFIX):])
+        pid = int(name[len(WORKER_GROUP_PREFIX) :])
     except ValueError:
         return False
     try:

@@ -13,10 +13,11 @@ import os
 import socket
 from typing import TYPE_CHECKING, Any
 
-from .._evidence import cgroup as _cgroup, wire as _wire
+from .._evidence import cgroup as _cgroup
+from .._evidence import wire as _wire
 from .._evidence.build import build_report
-from .._evidence.paths import crash_path, flight_path
 from .._evidence.flight import read_flight_record
+from .._evidence.paths import crash_path, flight_path
 from .._protocol import CLEAN_EXIT_HANDLER, DEATH_TOPIC, REPORT_HANDLER
 
 if TYPE_CHECKING:
@@ -124,8 +125,9 @@ class ReportingMixin:
         nanny.log_event(DEATH_TOPIC, {"report": data})
         self.reports_sent += 1
 
-    async def _send_clean_exit(self, address: str | None, requested: bool,
-                               pid: int | None) -> None:
+    async def _send_clean_exit(
+        self, address: str | None, requested: bool, pid: int | None
+    ) -> None:
         """No report: the worker (process `pid`) ended with status 0 or its stop was
         `requested` (the scheduler decides its removal at once, not after the grace
         timeout)."""
@@ -133,9 +135,14 @@ class ReportingMixin:
         if nanny is None or not address:
             return
         try:
-            await asyncio.wait_for(getattr(nanny.scheduler, CLEAN_EXIT_HANDLER)(
-                worker=address, requested=bool(requested),
-                pid=pid if isinstance(pid, int) and pid > 0 else None), 2)
+            await asyncio.wait_for(
+                getattr(nanny.scheduler, CLEAN_EXIT_HANDLER)(
+                    worker=address,
+                    requested=bool(requested),
+                    pid=pid if isinstance(pid, int) and pid > 0 else None,
+                ),
+                2,
+            )
         except Exception:
             pass  # no scheduler plugin, or the scheduler is gone: nothing to correct
 

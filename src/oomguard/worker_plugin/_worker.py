@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING, Any
 import psutil
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from .._evidence import cgroup as _cgroup
 from .. import _config
+from .._evidence import cgroup as _cgroup
 from .._evidence.flight import FlightRecorder
 from .._evidence.growth import GrowthSplit, thread_system_time
-from .._guard import Guard
-from .._protocol import WORKER_PLUGIN
-from .._log import follow_dask_logging
-from ._admission import install_admission
 from .._evidence.paths import configured_crash_dir, crash_path, flight_path
+from .._guard import Guard
+from .._log import follow_dask_logging
+from .._protocol import WORKER_PLUGIN
+from ._admission import install_admission
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -87,9 +87,7 @@ class OomguardWorkerPlugin(WorkerPlugin):
         os.makedirs(self.crash_dir, mode=0o700, exist_ok=True)
         self._crash_file = open(crash_path(self.crash_dir, pid), "w")
         faulthandler.enable(file=self._crash_file, all_threads=True)
-        faulthandler.register(
-            signal.SIGTERM, file=self._crash_file, all_threads=True, chain=True
-        )
+        faulthandler.register(signal.SIGTERM, file=self._crash_file, all_threads=True, chain=True)
         self._recorder = FlightRecorder.create(flight_path(self.crash_dir, pid))
         try:  # host-wide memory leases (oomguard.memory, learned peaks)
             self._admission = install_admission(worker, self.crash_dir)

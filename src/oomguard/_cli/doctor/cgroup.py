@@ -74,29 +74,40 @@ def check_cgroup(
         why = info.reason
         current = os.path.join(info.path, "memory.current")
         if not why and info.path != info.memory_root and not os.path.exists(current):
-            why = f"no memory.current in {group}: its parent does not enable the memory " \
+            why = (
+                f"no memory.current in {group}: its parent does not enable the memory "
                 "controller for it"
+            )
         if why:
             return "none", [*checks, Check("cgroup.memory", "no", why, FIX["memory"])]
         checks.append(Check("cgroup.memory", "ok", f"memory controller enabled in {group}"))
     point, opts = _mount_options(info, root)
     read_only = "ro" in opts
     if read_only:
-        checks.append(Check("cgroup.mount", "warn", f"{point} is mounted read-only",
-                            FIX["mount"]))
+        checks.append(Check("cgroup.mount", "warn", f"{point} is mounted read-only", FIX["mount"]))
         per_worker, why = False, f"the cgroup filesystem at {point} is mounted read-only"
     else:
         mounted = f"{point} is mounted read-write" if point else "its mount was not found"
         checks.append(Check("cgroup.mount", "ok", mounted))
         per_worker, why = probe(info)
     if per_worker:
-        checks.append(Check("cgroup.per-worker", "ok",
-                            "a probe child group was created and removed: each worker gets "
-                            "its own memory group, limit and OOM counter"))
+        checks.append(
+            Check(
+                "cgroup.per-worker",
+                "ok",
+                "a probe child group was created and removed: each worker gets "
+                "its own memory group, limit and OOM counter",
+            )
+        )
     else:
-        checks.append(Check("cgroup.per-worker", "warn",
-                            f"no per-worker memory groups ({why}); {SHARED}",
-                            FIX[f"per-worker-v{v}"]))
+        checks.append(
+            Check(
+                "cgroup.per-worker",
+                "warn",
+                f"no per-worker memory groups ({why}); {SHARED}",
+                FIX[f"per-worker-v{v}"],
+            )
+        )
     checks += _v2_checks(info.path, group, per_worker) if v == 2 else _v1_checks(info.path)
     return layout_label(v, True, per_worker), checks
 
@@ -116,26 +127,57 @@ def _v2_checks(path: str, group: str, per_worker: bool) -> list[Check]:
     if not n or not os.path.exists(os.path.join(path, "memory.max")):
         out.append(Check("cgroup.processes", "ok", f"{group} may have memory-enabled children"))
     elif per_worker:
-        out.append(Check("cgroup.processes", "ok", f"{group} holds {procs}; "
-                         "per-worker groups go beside it, under its delegated parent"))
+        out.append(
+            Check(
+                "cgroup.processes",
+                "ok",
+                f"{group} holds {procs}; "
+                "per-worker groups go beside it, under its delegated parent",
+            )
+        )
     else:
-        out.append(Check("cgroup.processes", "warn", f"{group} holds {procs}: "
-                         "cgroup v2's no-internal-processes rule forbids memory-enabled "
-                         "children", FIX["processes"]))
+        out.append(
+            Check(
+                "cgroup.processes",
+                "warn",
+                f"{group} holds {procs}: "
+                "cgroup v2's no-internal-processes rule forbids memory-enabled "
+                "children",
+                FIX["processes"],
+            )
+        )
     text, why = read_text(os.path.join(path, "memory.oom.group"))
     if text is not None and text.strip() == "1":
-        out.append(Check("cgroup.oom-group", "warn", f"memory.oom.group is 1 in {group}: an "
-                         "OOM kill at its limit kills the nanny with its workers: no death "
-                         "report, only worker_lost", FIX["oom-group"]))
+        out.append(
+            Check(
+                "cgroup.oom-group",
+                "warn",
+                f"memory.oom.group is 1 in {group}: an "
+                "OOM kill at its limit kills the nanny with its workers: no death "
+                "report, only worker_lost",
+                FIX["oom-group"],
+            )
+        )
     else:
         state = f"is {text.strip()}" if text is not None else f"{why} ({_since(path, '4.19')})"
-        out.append(Check("cgroup.oom-group", "ok",
-                         f"memory.oom.group {state}: an OOM kill takes one process"))
+        out.append(
+            Check(
+                "cgroup.oom-group",
+                "ok",
+                f"memory.oom.group {state}: an OOM kill takes one process",
+            )
+        )
     if os.path.exists(os.path.join(path, "memory.peak")):
         out.append(Check("cgroup.peak", "ok", "memory.peak: the kernel's peak"))
     else:
-        out.append(Check("cgroup.peak", "no",
-                         f"memory.peak: not found ({_since(path, '5.19')})", FIX["peak"]))
+        out.append(
+            Check(
+                "cgroup.peak",
+                "no",
+                f"memory.peak: not found ({_since(path, '5.19')})",
+                FIX["peak"],
+            )
+        )
     return out
 
 

@@ -83,22 +83,32 @@ def check_kernel_log(root: str = "/") -> Check:
     try:
         fd = os.open(join_root(root, "dev/kmsg"), os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
-        return Check("kernel-log", "no", f"/dev/kmsg: not found ({restrict})",
-                     FIX["kmsg-missing"])
+        return Check("kernel-log", "no", f"/dev/kmsg: not found ({restrict})", FIX["kmsg-missing"])
     except OSError as e:
-        return Check("kernel-log", "no", f"/dev/kmsg: cannot open: {e.strerror} ({restrict})",
-                     FIX["kmsg-denied"])
+        return Check(
+            "kernel-log",
+            "no",
+            f"/dev/kmsg: cannot open: {e.strerror} ({restrict})",
+            FIX["kmsg-denied"],
+        )
     try:
         os.read(fd, KMSG_RECORD)  # a smaller buffer than one record gets EINVAL
     except (BlockingIOError, BrokenPipeError):
         pass  # EAGAIN: nothing logged yet; EPIPE: records overwritten: both readable
     except OSError as e:
-        return Check("kernel-log", "no", f"/dev/kmsg: cannot read: {e.strerror} ({restrict})",
-                     FIX["kmsg-denied"])
+        return Check(
+            "kernel-log",
+            "no",
+            f"/dev/kmsg: cannot read: {e.strerror} ({restrict})",
+            FIX["kmsg-denied"],
+        )
     finally:
         os.close(fd)
-    return Check("kernel-log", "ok", f"/dev/kmsg is readable ({restrict}): the kernel's "
-                 "OOM-kill lines name the killed PID")
+    return Check(
+        "kernel-log",
+        "ok",
+        f"/dev/kmsg is readable ({restrict}): the kernel's OOM-kill lines name the killed PID",
+    )
 
 
 def check_oom_killers(root: str = "/") -> list[Check]:
@@ -108,16 +118,19 @@ def check_oom_killers(root: str = "/") -> list[Check]:
         entries = os.listdir(join_root(root, "proc"))
     except OSError:
         entries = []
-    for pid in sorted((int(e) for e in entries if e.isdigit())):
+    for pid in sorted(int(e) for e in entries if e.isdigit()):
         text, _ = read_text(join_root(root, f"proc/{pid}/comm"))
         if text and text.strip() in KILLERS:
             found.setdefault(text.strip(), []).append(pid)
     if not found:
         return [Check("oom-killer", "ok", f"none running ({', '.join(KILLERS)})")]
     return [
-        Check(f"oom-killer.{name}", "warn",
-              f"{name} is running (pid {', '.join(map(str, pids))}): {KILLERS[name][0]}",
-              KILLERS[name][1])
+        Check(
+            f"oom-killer.{name}",
+            "warn",
+            f"{name} is running (pid {', '.join(map(str, pids))}): {KILLERS[name][0]}",
+            KILLERS[name][1],
+        )
         for name, pids in found.items()
     ]
 
@@ -136,17 +149,25 @@ def check_crash_dir(path: str, configured: bool) -> Check:
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        return Check("crash-dir", "no", f"{path} ({source}) is not writable: "
-                     f"{e.strerror or e}: reports lose faulthandler stacks and flight records",
-                     FIX["crash-dir"])
+        return Check(
+            "crash-dir",
+            "no",
+            f"{path} ({source}) is not writable: "
+            f"{e.strerror or e}: reports lose faulthandler stacks and flight records",
+            FIX["crash-dir"],
+        )
     finally:
         for d in made:
             try:
                 os.rmdir(d)
             except OSError:
                 break
-    return Check("crash-dir", "ok", f"{path} ({source}) is writable: faulthandler stacks and "
-                 "flight records of dying workers go there")
+    return Check(
+        "crash-dir",
+        "ok",
+        f"{path} ({source}) is writable: faulthandler stacks and "
+        "flight records of dying workers go there",
+    )
 
 
 def versions() -> dict[str, str]:
@@ -156,9 +177,12 @@ def versions() -> dict[str, str]:
     from ... import __version__
 
     return {
-        "oomguard": __version__, "dask": dask.__version__,
-        "distributed": distributed.__version__, "python": platform.python_version(),
-        "kernel": os.uname().release, "host": socket.gethostname(),
+        "oomguard": __version__,
+        "dask": dask.__version__,
+        "distributed": distributed.__version__,
+        "python": platform.python_version(),
+        "kernel": os.uname().release,
+        "host": socket.gethostname(),
     }
 
 
@@ -171,9 +195,9 @@ def diagnose(
     """Run every check. `crash_dir`: checked as if configured; None: the configured
     `oomguard.worker.crash-dir`, else the default one."""
     from ... import _config
-    from .cgroup import check_cgroup, host_path
-    from ..._exceptions import ConfigError
     from ..._evidence.paths import default_crash_dir
+    from ..._exceptions import ConfigError
+    from .cgroup import check_cgroup, host_path
 
     info = _cgroup.detect(root=root)
     layout, checks = check_cgroup(root, info=info, probe=probe)

@@ -101,7 +101,7 @@ def detect(pid: int | str = "self", root: str = "/") -> CgroupInfo:
     if not candidates:
         kind = "cgroup v1 memory" if version == 1 else "cgroup2"
         return CgroupInfo(version, None, None, f"no {kind} mount in /proc/{pid}/mountinfo")
-    for mount_root, mount_point, _, _ in candidates:
+    for mount_root, mount_point, _, _ in candidates:  # noqa: B007 (read after the loop)
         rel = _relative(cg_path, mount_root)
         if rel is not None:
             break
