@@ -9,12 +9,32 @@ cut); the fields hold everything.
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from ._display import clock, shorten
 
 T = TypeVar("T", bound="_Record")
+
+
+# Evidence is a dict of plain values from a nanny's report or the store; these read one
+# value as what it must be, or not at all (a bool is not an int, NaN not a number).
+
+
+def evidence_int(value: Any) -> int | None:
+    return value if type(value) is int else None
+
+
+def evidence_number(value: Any) -> int | float | None:
+    if type(value) is int or (type(value) is float and math.isfinite(value)):
+        return value
+    return None
+
+
+def evidence_map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
 
 
 class _Record:

@@ -60,12 +60,9 @@ Example:
 
 from __future__ import annotations
 
-import math
 import re
 import signal as _signal
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from .._causes import Cause
 
@@ -214,17 +211,3 @@ def classify(facts: DeathFacts) -> Cause | None:
     True
     """
     return explain(facts)[0]
-
-
-def _int(value: Any) -> int | None:
-    return value if type(value) is int else None
-
-
-def _num(value: Any) -> int | float | None:
-    if type(value) is int or (type(value) is float and math.isfinite(value)):
-        return value
-    return None
-
-
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}

@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .._models import evidence_int as _int
+from .._models import evidence_map as _map
+from .._models import evidence_number as _num
 from .._units import format_bytes
 from .classify import (
     UNKNOWN_EXITCODES,
     DeathFacts,
-    _int,
-    _map,
-    _num,
     crash_signal,
     describe_signal,
     terminated_first,

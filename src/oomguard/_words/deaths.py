@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._causes import Cause
+from .._models import evidence_int as _int
+from .._models import evidence_map as _map
+from .._models import evidence_number as _num
 from .._units import NO_LIMIT, format_bytes
 
 if TYPE_CHECKING:
@@ -77,20 +79,6 @@ def death_line(event: FailureEvent) -> str:
 
 
 # --------------------------------------------------------------------------- evidence
-
-
-def _int(value: Any) -> int | None:
-    return value if type(value) is int else None
-
-
-def _num(value: Any) -> int | float | None:
-    if type(value) is int or (type(value) is float and math.isfinite(value)):
-        return value
-    return None
-
-
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
 
 
 def _of_limit(ev: Mapping[str, Any]) -> str:
