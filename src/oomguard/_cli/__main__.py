@@ -1,3 +1,5 @@
+"""`python -m oomguard._cli`: the `oomguard` command."""
+
 import sys
 
 from .main import main
