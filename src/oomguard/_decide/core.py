@@ -91,8 +91,12 @@ class DecisionCore:
         report_grace: float,
         max_shard_infra_failures: int,
         abort_on_repeat_signature: bool,
+        larger_only: bool | None = None,
     ) -> None:
-        """Settings changed while running (`oomguard.install`), each applied by its owner."""
+        """Settings changed while running (`oomguard.install`), each applied by its owner
+        (`larger_only` None: as it is)."""
+        if larger_only is not None:
+            self.larger_only = larger_only
         self.pairing.grace = report_grace
         self.policy.configure(
             max_shard_infra_failures=max_shard_infra_failures,

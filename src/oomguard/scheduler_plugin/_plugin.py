@@ -20,6 +20,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import _compat, _config
 from .._decide import DecisionCore, Hold, Record, Removal
+from .._exceptions import ConfigError
 from .._guard import Guard
 from .._log import follow_dask_logging
 from .._metrics import OomguardMetrics
@@ -118,8 +119,35 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         return {**self.handlers.counts(), "latencies": list(self.handlers.latencies)}
 
     def apply_settings(self, config: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-        """Take `install(client, **config)` settings while running (`_setup.apply_settings`)."""
-        return _setup.apply_settings(self, config)
+        """Take `install(client, **config)` settings while running: {key: (old, new)} of
+        those that changed. Refuses (ConfigError, nothing changed) a bad value, or a
+        change of a setting fixed while running (the store, the pod lookup)."""
+        config = {k.replace("_", "-"): v for k, v in config.items()}
+        new = _config.scheduler_settings(config, only=frozenset(config))
+        changed = {k: (self.settings[k], v) for k, v in new.items() if self.settings[k] != v}
+        fixed = sorted(set(changed) - _config.LIVE_SCHEDULER_KEYS)
+        if fixed:
+            old, value = changed[fixed[0]]
+            raise ConfigError(
+                f"oomguard.scheduler.{fixed[0]} is {old!r} on this running scheduler and "
+                f"cannot change to {value!r} while oomguard runs; use "
+                "oomguard.uninstall(client) first, or set it where the scheduler starts."
+            )
+        self.settings.update(new)
+        self.config.update(config)
+        self.core.configure(
+            report_grace=self.settings["report-grace-timeout"],
+            max_shard_infra_failures=self.settings["max-shard-infra-failures"],
+            abort_on_repeat_signature=self.settings["abort-on-repeat-signature"],
+            larger_only=self.settings["memory-retry-larger-only"],
+        )
+        self.store.max_events = self.settings["max-events"]
+        if changed:
+            logger.info(
+                "oomguard: settings changed: %s",
+                ", ".join(f"{k} {old!r} -> {v!r}" for k, (old, v) in sorted(changed.items())),
+            )
+        return changed
 
     # --- lifecycle --------------------------------------------------------------------
 

@@ -11,8 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 from distributed.core import Status
 
-from .. import _config
-
 if TYPE_CHECKING:
     from distributed import Scheduler
 
@@ -109,38 +107,3 @@ async def gauge_loop(
                 metrics.set_signatures(n)
                 metrics.set_signature_max_hosts(hosts)
         await asyncio.sleep(interval)
-
-
-def apply_settings(plugin: Any, config: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """Take `install(client, **config)` settings while running: {key: (old, new)} of
-    those that changed. Refuses (ConfigError, nothing changed) a bad value, or a
-    change of a setting fixed while running (the store, the pod lookup)."""
-    from .._exceptions import ConfigError
-
-    config = {k.replace("_", "-"): v for k, v in config.items()}
-    new = _config.scheduler_settings(config, only=frozenset(config))
-    changed = {k: (plugin.settings[k], v) for k, v in new.items() if plugin.settings[k] != v}
-    fixed = sorted(set(changed) - _config.LIVE_SCHEDULER_KEYS)
-    if fixed:
-        old, value = changed[fixed[0]]
-        raise ConfigError(
-            f"oomguard.scheduler.{fixed[0]} is {old!r} on this running scheduler and "
-            f"cannot change to {value!r} while oomguard runs; use "
-            "oomguard.uninstall(client) first, or set it where the scheduler starts."
-        )
-    plugin.settings.update(new)
-    plugin.config.update(config)
-    core = plugin.core
-    core.configure(
-        report_grace=plugin.settings["report-grace-timeout"],
-        max_shard_infra_failures=plugin.settings["max-shard-infra-failures"],
-        abort_on_repeat_signature=plugin.settings["abort-on-repeat-signature"],
-    )
-    core.larger_only = plugin.settings["memory-retry-larger-only"]
-    plugin.store.max_events = plugin.settings["max-events"]
-    if changed:
-        logger.info(
-            "oomguard: settings changed: %s",
-            ", ".join(f"{k} {old!r} -> {v!r}" for k, (old, v) in sorted(changed.items())),
-        )
-    return changed
