@@ -267,6 +267,8 @@ def test_oomguard_demo_oom_kills_a_worker_and_aborts_the_pipeline(work, venv):
     assert re.search(r"infra\s+oom_kill\s+\('demo', 7\)\s+\S+\s+kernel oom_kill counted", out), out
     assert re.search(r"infra\s+native_crash\s+\('demo', 13\)", out), out
     # The crasher's deaths on both workers, one signature.
-    assert re.search(r"\s\d+\s+2\s+oom_kill in oomguard\._demo\.load_shard$", out, re.M), out
+    assert re.search(
+        r"\s\d+\s+2\s+oom_kill in oomguard\._cli\.demo_run\.load_shard$", out, re.M
+    ), out
     assert "Pipeline 'demo': aborted" in out, out
     assert "What the client got (oomguard.PipelineAborted):" in out, out
