@@ -120,3 +120,16 @@ def test_imports_only_go_down_the_layers():
             elif here is not None and there is not None and there < here:
                 wrong.append(f"{name} -> {target}")
     assert wrong == []
+
+
+def test_every_package_is_listed_for_the_wheel():
+    # pyproject lists its packages (the chart is mapped in from charts/); one left out is
+    # missing from the wheel, which only tests/release would otherwise notice.
+    import tomllib
+
+    pyproject = SRC.parents[1] / "pyproject.toml"
+    listed = set(tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["packages"])
+    found = {
+        ".".join(["oomguard", *p.parent.relative_to(SRC).parts]) for p in SRC.rglob("__init__.py")
+    }
+    assert found - listed == set(), "add these to pyproject.toml's packages"
