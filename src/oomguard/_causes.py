@@ -52,3 +52,40 @@ DEATH_CAUSES = frozenset(
 def kind_of(cause: Cause | str) -> Kind:
     """INFRA for everything but an exception raised by task code."""
     return Kind.USER if Cause(cause) is Cause.EXCEPTION else Kind.INFRA
+
+
+class Killer(StrEnum):
+    """Who ended a worker process: a fixed vocabulary, bounded for metric labels.
+
+    The cause says *how* it died (SIGTERM, a counted OOM kill); the killer says *who*.
+    """
+
+    KERNEL = "kernel"  # the kernel's OOM killer, cgroup or global
+    DASK_NANNY = "dask-nanny"  # the nanny's memory terminate (worker-restart-memory)
+    EARLYOOM = "earlyoom"
+    SYSTEMD_OOMD = "systemd-oomd"
+    KUBELET = "kubelet"  # an eviction
+    SLURM = "slurm"  # slurmstepd: time limit, scancel, preemption, the job's memory group
+    PROCESS = "process"  # another process, named in the evidence
+    TASK = "task"  # the worker's own code: os._exit, abort(), a segfault
+    DASK = "dask"  # a requested stop (no death)
+    UNKNOWN = "unknown"
+
+
+class Known(StrEnum):
+    """How the killer is known."""
+
+    SIGNAL_SENDER = "signal sender"  # si_pid/si_uid of the signal, and /proc of that PID
+    KERNEL_COUNTER = "kernel counter"  # a cgroup's oom_kill count moved
+    KERNEL_LOG = "kernel log"  # the kernel log names the PID
+    CGROUP_XATTR = "cgroup xattr"  # systemd-oomd's user.oomd_kill moved
+    POD_STATUS = "pod status"  # the Kubernetes API's pod status
+    JOB_STATE = "job state"  # SLURM's job state or environment
+    NANNY_EVENT = "nanny event"  # the nanny's own worker-restart-memory event
+    EXIT_STATUS = "exit status"  # the process's own exit (a crash signal, a status)
+    INFERRED = "inferred"  # excluded what we could, the rest is likely
+
+
+class Confidence(StrEnum):
+    CONFIRMED = "confirmed"  # evidence that names the killer
+    LIKELY = "likely"  # inferred: what was excluded and why this one remains
