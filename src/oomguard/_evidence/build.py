@@ -14,10 +14,12 @@ from typing import Any
 
 from .classify import DeathFacts, crash_signal, describe_signal, explain
 from .facts import evidence, facts_from
+from .killer import attribute
 from .wire import (
     COUNTER_INTS,
     COUNTER_KEYS,
     EVIDENCE_KEY_MAX,
+    EVIDENCE_MAX,
     EVIDENCE_STR_MAX,
     FILENAME_MAX,
     FUNCTION_MAX,
@@ -32,6 +34,7 @@ from .wire import (
     PATH_MAX,
     SCHEMA_VERSION,
     SIGNAL_MAX,
+    SUMMARY_MAX,
     encode,
 )
 
@@ -229,7 +232,9 @@ def _fit(report: dict[str, Any], max_bytes: int, original_crash_len: int) -> Non
     if size > max_bytes:
         report["executing"] = []
         report["missing"] = ["report cut to its fixed fields to fit"]
-        report["evidence"] = {"rule": report["evidence"].get("rule")}
+        report["evidence"] = {
+            k: report["evidence"].get(k) for k in ("rule", "killer", "killer_summary")
+        }
         if crash is not None:
             crash["text"] = ""
         if report["cgroup"]:
@@ -264,6 +269,12 @@ def build_report(
     max_bytes: int = MAX_REPORT_BYTES,
     cgroup_placement: dict | None = None,
     cgroup_reading: dict | None = None,
+    signals: list | None = None,
+    nanny_pid: int | None = None,
+    host_reading: dict | None = None,
+    killers: list | None = None,
+    oomd: dict | None = None,
+    environment: dict | None = None,
 ) -> dict[str, Any]:
     """Classify one death and build its schema-v1 report, capped to `max_bytes` encoded.
 
@@ -356,7 +367,30 @@ def build_report(
     }
     facts: DeathFacts = facts_from(report_like)
     cause, rule = explain(facts)
-    ev = {_clip(k, EVIDENCE_KEY_MAX): _ev_value(v) for k, v in evidence(report_like).items()}
+    found = evidence(report_like)
+    who = None
+    if cause is not None:
+        who = attribute(
+            {
+                **report_like,
+                "cause": cause.value,
+                "evidence": found,
+                "signals": signals,
+                "nanny_pid": nanny_pid,
+                "host_reading": host_reading,
+                "killers": killers,
+                "oomd": oomd,
+                "environment": environment,
+            }
+        )
+        found.update(
+            killer=who.killer,
+            killer_how=who.how,
+            killer_confidence=who.confidence,
+            killer_summary=who.summary,
+            **who.facts,
+        )
+    ev = {_clip(k, EVIDENCE_KEY_MAX): _ev_value(v) for k, v in found.items()}
     ev["rule"] = rule
 
     # The report's own notes first: the caller's list can be long and is what gets cut.
@@ -379,11 +413,14 @@ def build_report(
         "memory_limit": _opt_int(memory_limit, 0),
         "executing": [t for t in built if t is not None],
         "crash": crash,
-        "evidence": dict(list(ev.items())[:LIST_MAX]),
+        "evidence": _cap_evidence(ev),
         "cgroup": cgroup,
         "rss_sampled": _opt_int(rss_sampled, 0),
         "rss_time": _opt_float(rss_time),
         "host_memory": host_mem,
+        "killer": None
+        if who is None
+        else {**who.to_wire(), "summary": _clip(who.summary, SUMMARY_MAX)},
         "missing": all_missing,
         "truncated": truncated,
     }
@@ -397,6 +434,14 @@ def build_report(
         )
     report["truncated"] = [_clip(s, NOTE_MAX) for s in truncated[:LIST_MAX]]
     return report
+
+
+def _cap_evidence(ev: dict[str, Any]) -> dict[str, Any]:
+    """At most EVIDENCE_MAX keys, the rule always among them."""
+    if len(ev) <= EVIDENCE_MAX:
+        return ev
+    rule = ev.pop("rule", None)
+    return {**dict(list(ev.items())[: EVIDENCE_MAX - 1]), "rule": rule}
 
 
 def _ev_value(v: Any) -> Any:

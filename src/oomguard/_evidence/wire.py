@@ -39,7 +39,7 @@ executing       list (<= 64) of task dicts                    tasks executing at
                                                               started, bytes (growth.py)
 crash           {signal: str (<= 32) | None, text: str} |     the faulthandler crash file;
                 None                                          text <= max_bytes characters
-evidence        dict (<= 64 keys, each str <= 128) of         flat; see facts.evidence
+evidence        dict (<= 96 keys, each str <= 128) of         flat; see facts.evidence
                 str (<= 1024) | int | float | bool | None
 cgroup          {version: 1 | 2, path: str (<= 1024),         the worker's memory cgroup
                 before: counters | None, after: counters |    counters at worker start and
@@ -51,6 +51,9 @@ cgroup          {version: 1 | 2, path: str (<= 1024),         the worker's memor
 rss_sampled     int >= 0 | None                               last sampled RSS, bytes
 rss_time        float | None                                  when it was sampled
 host_memory     {total, available: int >= 0 | None} | None    host memory after the death
+killer          {name: a Killer, how: a Known, confidence:    who ended the worker (absent
+                a Confidence, summary: str (<= 512),          from older nannies: read as
+                memory: bool} | None                          None); see killer.attribute
 missing         list (<= 64) of str (<= 512)                  what could not be read/kept
 truncated       list (<= 64) of str (<= 512)                  what was shortened to fit
 ==============  ============================================  ================================
@@ -62,16 +65,26 @@ The whole report, msgpack-encoded, must fit in ``max_bytes`` (at least `MIN_REPO
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Mapping
 from typing import Any
 
 import msgpack
 
-from .._causes import DEATH_CAUSES, Cause
+from .._causes import DEATH_CAUSES, Cause, Confidence, Killer, Known
 from .._exceptions import ReportError
 from .._protocol import VALIDATION_REASONS
 from .cgroup import MemoryCounters
+from .wire_check import (
+    INT_MAX,
+    INT_MIN,
+    LIST_MAX,
+    _fail_type,
+    _float,
+    _int,
+    _map,
+    _notes,
+    _seq,
+    _str,
+)
 
 SCHEMA_VERSION = 1
 MAX_REPORT_BYTES = 256 * 1024
@@ -82,18 +95,17 @@ REASONS = VALIDATION_REASONS
 
 REPORT_CAUSES = frozenset(c.value for c in DEATH_CAUSES - {Cause.WORKER_LOST})
 
-LIST_MAX = 64
 IDENT_MAX = 256
 KEY_MAX = 1024
 FILENAME_MAX = 1024
 FUNCTION_MAX = 256
 SIGNAL_MAX = 32
 PATH_MAX = 1024
-NOTE_MAX = 512
 EVIDENCE_KEY_MAX = 128
 EVIDENCE_STR_MAX = 1024
+EVIDENCE_MAX = 96  # keys; 64 before issue 26 added the killer's facts
+SUMMARY_MAX = 512
 
-INT_MIN, INT_MAX = -(2**63), 2**64 - 1  # what msgpack can carry
 # A counters dict is `MemoryCounters.to_dict()`: its keys are the dataclass's fields, in order,
 # and its counts and sizes are the `int | None` ones. Schema v1 fixes both (a unit test).
 COUNTER_KEYS = tuple(f.name for f in dataclasses.fields(MemoryCounters))
@@ -121,126 +133,18 @@ _FIELDS = (
     "rss_sampled",
     "rss_time",
     "host_memory",
+    "killer",
     "missing",
     "truncated",
 )
-_CONTAINERS = (dict, list, tuple, set, frozenset, Mapping)
+_OPTIONAL = ("killer",)  # added within schema v1: reports from older nannies lack it
+_KILLER_KEYS = ("name", "how", "confidence", "summary", "memory")
+KILLERS = frozenset(k.value for k in Killer)
+KNOWN = frozenset(k.value for k in Known)
+CONFIDENCES = frozenset(c.value for c in Confidence)
 
 
 # --------------------------------------------------------------------------- validation
-
-
-def _fail_type(v: Any, field: str, expected: str) -> ReportError:
-    if isinstance(v, (bytes, bytearray, memoryview)):
-        if bytes(v[:1]) == b"\x80":  # pickle protocol >= 2 starts with the PROTO opcode
-            return ReportError(field, "holds a pickle; reports are never unpickled", "pickled")
-        return ReportError(field, f"must be {expected}, not bytes", "wrong_type")
-    if isinstance(v, (msgpack.ExtType, msgpack.Timestamp)):
-        return ReportError(field, "holds a msgpack extension type", "undecodable")
-    if isinstance(v, _CONTAINERS) and "dict" not in expected and "list" not in expected:
-        return ReportError(
-            field, f"must be {expected}, not a nested {type(v).__name__}", "too_deep"
-        )
-    return ReportError(field, f"must be {expected}, not {type(v).__name__}", "wrong_type")
-
-
-def _str(v: Any, field: str, cap: int, *, none: bool = False) -> str | None:
-    if type(v) is str and len(v) <= cap and v.isascii():  # the common case, fast
-        return v
-    if v is None and none:
-        return None
-    if not isinstance(v, str):
-        raise _fail_type(v, field, "str or None" if none else "str")
-    if len(v) > cap:
-        raise ReportError(field, f"is {len(v)} characters long, the cap is {cap}", "too_large")
-    if not v.isascii():
-        try:
-            v.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ReportError(
-                field, "is not valid Unicode (lone surrogate)", "bad_value"
-            ) from None
-    return str.__str__(v)
-
-
-def _int(v: Any, field: str, *, none: bool = False, minimum: int = INT_MIN) -> int | None:
-    if type(v) is int and minimum <= v <= INT_MAX:
-        return v
-    if v is None and none:
-        return None
-    if not isinstance(v, int) or isinstance(v, bool):
-        raise _fail_type(v, field, "int or None" if none else "int")
-    if not minimum <= v <= INT_MAX:
-        raise ReportError(field, f"is out of range ({minimum} .. 2**64-1)", "bad_value")
-    return int.__index__(v)
-
-
-def _float(v: Any, field: str, *, none: bool = False) -> float | None:
-    if v is None and none:
-        return None
-    if isinstance(v, int) and not isinstance(v, bool):
-        if not INT_MIN <= v <= INT_MAX:
-            raise ReportError(field, "is out of range", "bad_value")
-        return float(int.__index__(v))
-    if not isinstance(v, float):
-        raise _fail_type(v, field, "float or None" if none else "float")
-    if not math.isfinite(v):
-        raise ReportError(field, f"must be finite, not {float.__repr__(v)}", "bad_value")
-    return float.__float__(v)
-
-
-def _seq(v: Any, field: str, cap: int, *, none: bool = False) -> list[Any] | None:
-    if v is None and none:
-        return None
-    if isinstance(v, list):
-        items = list.__iter__(v)
-        n = list.__len__(v)
-    elif isinstance(v, tuple):
-        items = tuple.__iter__(v)
-        n = tuple.__len__(v)
-    else:
-        raise _fail_type(v, field, "list or None" if none else "list")
-    if n > cap:
-        raise ReportError(field, f"has {n} items, the cap is {cap}", "too_large")
-    return list(items)
-
-
-def _map(
-    v: Any,
-    field: str,
-    keys: tuple[str, ...] | None,
-    *,
-    none: bool = False,
-    optional: tuple[str, ...] = (),
-) -> Any:
-    """The mapping's items after checking its keys; `keys` None means any str keys, and
-    `optional` keys may be absent (read as None)."""
-    if v is None and none:
-        return None
-    if not isinstance(v, dict):
-        raise _fail_type(v, field, "dict or None" if none else "dict")
-    items = dict(dict.items(v))
-    for k in items:
-        if not isinstance(k, str):
-            raise ReportError(field, f"has a non-str key of type {type(k).__name__}", "wrong_type")
-    if keys is not None:
-        for k in items:
-            if k not in keys:
-                shown = k[:64] + ("..." if len(k) > 64 else "")
-                where = f"{field}.{shown}" if field else shown
-                raise ReportError(where, "is not a field of schema v1", "bad_value")
-        for k in keys:
-            if k not in items:
-                if k in optional:
-                    items[k] = None
-                    continue
-                where = f"{field}.{k}" if field else k
-                raise ReportError(where, "is required (use None for unknown)", "missing_field")
-    return items
-
-
-def _notes(v: Any, field: str) -> list[str]:
-    return [_str(s, f"{field}[{i}]", NOTE_MAX) for i, s in enumerate(_seq(v, field, LIST_MAX))]
 
 
 def _frame(v: Any, parent: str, i: int) -> list[Any]:
@@ -315,6 +219,25 @@ def _counters(v: Any, field: str) -> dict[str, Any] | None:
     return out
 
 
+def _killer(v: Any) -> dict[str, Any] | None:
+    k = _map(v, "killer", _KILLER_KEYS, none=True)
+    if k is None:
+        return None
+    out = {}
+    for key, allowed in (("name", KILLERS), ("how", KNOWN), ("confidence", CONFIDENCES)):
+        value = _str(k[key], f"killer.{key}", 32)
+        if value not in allowed:
+            raise ReportError(
+                f"killer.{key}", f"{value!r} is not one of {sorted(allowed)}", "bad_value"
+            )
+        out[key] = value
+    out["summary"] = _str(k["summary"], "killer.summary", SUMMARY_MAX)
+    if type(k["memory"]) is not bool:
+        raise _fail_type(k["memory"], "killer.memory", "bool")
+    out["memory"] = k["memory"]
+    return out
+
+
 def _validate(report: Any, max_bytes: int) -> dict[str, Any]:
     if not isinstance(report, dict):
         raise ReportError(
@@ -328,7 +251,7 @@ def _validate(report: Any, max_bytes: int) -> dict[str, Any]:
     if schema != SCHEMA_VERSION:
         message = f"version {schema} is not supported (only {SCHEMA_VERSION})"
         raise ReportError("schema", message, "schema_version")
-    d = _map(report, "", _FIELDS)
+    d = _map(report, "", _FIELDS, optional=_OPTIONAL)
     cause = _str(d["cause"], "cause", 32)
     if cause not in REPORT_CAUSES:
         raise ReportError("cause", f"{cause!r} is not one of {sorted(REPORT_CAUSES)}", "bad_value")
@@ -353,8 +276,10 @@ def _validate(report: Any, max_bytes: int) -> dict[str, Any]:
         }
     )
     ev = _map(d["evidence"], "evidence", None)
-    if len(ev) > LIST_MAX:
-        raise ReportError("evidence", f"has {len(ev)} keys, the cap is {LIST_MAX}", "too_large")
+    if len(ev) > EVIDENCE_MAX:
+        raise ReportError(
+            "evidence", f"has {len(ev)} keys, the cap is {EVIDENCE_MAX}", "too_large"
+        )
     out["evidence"] = {
         _str(k, "evidence", EVIDENCE_KEY_MAX): _evidence_value(v, k) for k, v in ev.items()
     }
@@ -381,6 +306,7 @@ def _validate(report: Any, max_bytes: int) -> dict[str, Any]:
             for k in ("total", "available")
         }
     )
+    out["killer"] = _killer(d["killer"])
     out["missing"] = _notes(d["missing"], "missing")
     out["truncated"] = _notes(d["truncated"], "truncated")
     size = len(encode(out))
