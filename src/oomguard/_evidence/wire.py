@@ -76,7 +76,6 @@ from .cgroup import MemoryCounters
 from .wire_check import (
     INT_MAX,
     INT_MIN,
-    LIST_MAX,
     _fail_type,
     _float,
     _int,
@@ -85,6 +84,8 @@ from .wire_check import (
     _seq,
     _str,
 )
+from .wire_check import LIST_MAX as LIST_MAX  # the schema's caps, re-exported
+from .wire_check import NOTE_MAX as NOTE_MAX
 
 SCHEMA_VERSION = 1
 MAX_REPORT_BYTES = 256 * 1024
