@@ -5,7 +5,9 @@ INFRA causes mean the process died (or memory ran out); USER means task code rai
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
+from typing import Any
 
 
 class Cause(StrEnum):
@@ -89,3 +91,23 @@ class Known(StrEnum):
 class Confidence(StrEnum):
     CONFIRMED = "confirmed"  # evidence that names the killer
     LIKELY = "likely"  # inferred: what was excluded and why this one remains
+
+
+def memory_death(cause: Cause | str, evidence: Mapping[str, Any] | None = None) -> bool:
+    """Whether a failure counts as "needed more memory than it had" for blame: a memory
+    cause, or a SIGTERM/SIGKILL from a userspace OOM killer (earlyoom, systemd-oomd) whose
+    victim was the host's largest process (the nanny's ``killer_memory``; see
+    `oomguard._evidence.killer`).
+
+    >>> memory_death("sigterm", {"killer_memory": True}), memory_death("sigterm", {})
+    (True, False)
+    """
+    c = Cause(cause)
+    if c in MEMORY_CAUSES:
+        return True
+    return c in (Cause.SIGTERM, Cause.SIGKILL) and (evidence or {}).get("killer_memory") is True
+
+
+def shard_death(cause: Cause | str, evidence: Mapping[str, Any] | None = None) -> bool:
+    """Whether a failure points at the shard itself (`SHARD_CAUSES`, or a memory death)."""
+    return Cause(cause) in SHARD_CAUSES or memory_death(cause, evidence)

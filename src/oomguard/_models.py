@@ -65,6 +65,11 @@ class FailureEvent(_Record):
     evidence  plain data naming its sources, e.g. {"oom_kill_delta": 1, "source": ...}
     attempt   1 for the shard's first failure, 2 for its second, ...
     time      seconds since the epoch, when the failure happened
+    killer    who ended the worker, see `oomguard.Killer` ("" for a task's exception)
+    killer_how         how that is known, see `oomguard.Known`
+    killer_confidence  "confirmed" (evidence names it) or "likely" (inferred)
+    killer_summary     one sentence, e.g. "SIGTERM from earlyoom (pid 812) at
+                       MemAvailable 4.1 %"; its facts are in `evidence`
     """
 
     kind: str
@@ -79,6 +84,10 @@ class FailureEvent(_Record):
     attempt: int = 1
     time: float = 0.0
     id: int | None = None  # assigned by the store
+    killer: str = ""
+    killer_how: str = ""
+    killer_confidence: str = ""
+    killer_summary: str = ""
 
     def __repr__(self) -> str:
         """<FailureEvent 2026-05-01 14:03:07 oom_kill shard=('load', 17) attempt=2

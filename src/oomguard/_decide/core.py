@@ -27,7 +27,7 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .._causes import MEMORY_CAUSES
+from .._causes import memory_death
 from .._models import FailureEvent
 from . import memory
 from .blame import blame
@@ -283,7 +283,12 @@ class DecisionCore:
                 continue
             if run is not None and key not in self.stopped:
                 d = self.policy.record(event, run=run.label, may_decide=not told.shared)
-                if d is None and not told.shared and cause in MEMORY_CAUSES and self.larger_only:
+                if (
+                    d is None
+                    and not told.shared
+                    and self.larger_only
+                    and memory_death(cause, told.evidence)
+                ):
                     limit = report.get("memory_limit") if report is not None else None
                     d, resize = self.larger.retry(
                         key, run.label, event, limit, self.workers, self._now

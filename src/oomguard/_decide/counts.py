@@ -28,6 +28,7 @@ class ShardFailure:
     host: str
     signature_id: str
     conclusive: bool = True  # False: a memory kill shared with other tasks, no evidence
+    shard_cause: bool = False  # points at the shard itself (_causes.shard_death)
 
 
 @dataclass(slots=True)
@@ -65,6 +66,7 @@ class PipelineCounts:
     memory_waits: int = 0  # tasks that waited for host memory (admission) before running
     memory_waited: float = 0.0  # seconds, all those waits together
     deaths: Counter[str] = field(default_factory=Counter)  # by cause, one per worker death
+    killers: Counter[str] = field(default_factory=Counter)  # by killer, one per worker death
     # worker -> time of its last death: one death that took several shards counts once.
     last_death: dict[str, float] = field(default_factory=dict)
     failed: dict[ShardKey, None] = field(default_factory=dict)  # ordered set of failed shards

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._causes import Cause, Kind, kind_of
+from .._causes import Cause, Kind, kind_of, memory_death
+from .._evidence.killer import Attribution, for_cause
 from .._models import FailureEvent
 from .._signature import Signature, scrub
 from .._words import (
@@ -28,9 +29,6 @@ from .signatures import death_signature, exception_class, task_signature, trace_
 
 __all__ = ["DeathEvidence", "death_cause", "task_record"]
 
-#: Memory deaths that can be shared: several tasks growing together on one worker.
-_SHARED_MEMORY = (Cause.OOM_KILL, Cause.MEMORY_TERMINATE)
-
 
 def death_cause(death: Death) -> Cause:
     """Its report's cause; without one `exit` (ended unasked with status 0), else
@@ -38,6 +36,15 @@ def death_cause(death: Death) -> Cause:
     if death.report is not None:
         return Cause(death.report["cause"])
     return Cause.EXIT if death.exited else Cause.WORKER_LOST
+
+
+def death_killer(death: Death, cause: Cause) -> Attribution:
+    """Who ended the worker: the nanny's attribution in its report, else what the cause
+    alone implies (a report from an older nanny, or none: a worker lost with its nanny)."""
+    k = death.report.get("killer") if death.report is not None else None
+    if k:
+        return Attribution(k["name"], k["how"], k["confidence"], k["summary"], memory=k["memory"])
+    return for_cause(cause.value)
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,7 @@ class DeathEvidence:
     example: str
     when: float
     host: str
+    killer: Attribution
 
     @classmethod
     def of(
@@ -66,10 +74,15 @@ class DeathEvidence:
     ) -> DeathEvidence:
         """A death decided now: `keys` is {str: key} of what `b` blames (None: unknown)."""
         report, removal = death.report, death.removal
+        killer = death_killer(death, cause)
+        evidence = _evidence(death, cause, b.source, len(keys), killer)
+        # A memory death (not a task's MemoryError) can be shared: several tasks growing
+        # together on one worker.
         shared = (
-            cause in _SHARED_MEMORY and b.certain and sum(k is not None for k in keys.values()) > 1
+            memory_death(cause, evidence)
+            and b.certain
+            and sum(k is not None for k in keys.values()) > 1
         )
-        evidence = _evidence(death, cause, b.source, len(keys))
         likely = culprit(report["executing"]) if shared else None
         if likely is not None:
             evidence.update(
@@ -86,14 +99,15 @@ class DeathEvidence:
         first = likely.shard if likely is not None else next(iter(keys), "")
         sig = death_signature(cause, report, entries.get(first), first)
         example = trace_example(report, entries.get(first), first)
-        return cls(death, cause, evidence, shared, likely, first, sig, example, when, host)
+        return cls(death, cause, evidence, shared, likely, first, sig, example, when, host, killer)
 
     @classmethod
     def late(cls, death: Death) -> DeathEvidence:
         """A report that came after its death was decided (`worker_lost`): what it says."""
         report = death.report
         cause = Cause(report["cause"])
-        evidence = _evidence(death, cause, FLIGHT_RECORD, len(report["executing"]))
+        killer = death_killer(death, cause)
+        evidence = _evidence(death, cause, FLIGHT_RECORD, len(report["executing"]), killer)
         evidence["late_report"] = True
         entry = (report["executing"] or [None])[0]
         first = entry["key"] if entry else ""
@@ -110,6 +124,7 @@ class DeathEvidence:
             example,
             report["time"],
             report["host"],
+            killer,
         )
 
     def event(self, shard: ShardKey, pipeline: str, attempt: int) -> FailureEvent:
@@ -126,7 +141,17 @@ class DeathEvidence:
             evidence=self.evidence,
             attempt=attempt,
             time=self.when,
+            **self._killer_fields(),
         )
+
+    def _killer_fields(self) -> dict[str, str]:
+        k = self.killer
+        return {
+            "killer": k.killer,
+            "killer_how": k.how,
+            "killer_confidence": k.confidence,
+            "killer_summary": k.summary,
+        }
 
     def unblamed_event(self, shard: ShardKey, pipeline: str) -> FailureEvent:
         """The event of a task charged without blame (no report said what ran): unsigned,
@@ -142,6 +167,7 @@ class DeathEvidence:
             "",
             self.evidence,
             time=self.when,
+            **self._killer_fields(),
         )
 
     def record(self, event: FailureEvent) -> Record:
@@ -190,7 +216,7 @@ def task_record(
     return Record(event, sig.grouping_version, scrub(f"{traceback_text}\n{exception_text}"))
 
 
-def _evidence(death: Death, cause: Cause, source: str, n: int) -> dict:
+def _evidence(death: Death, cause: Cause, source: str, n: int, killer: Attribution) -> dict:
     report = death.report
     if report is not None:
         evidence = dict(report["evidence"])
@@ -199,6 +225,9 @@ def _evidence(death: Death, cause: Cause, source: str, n: int) -> dict:
     else:
         evidence = {"source": NO_REPORT_SOURCE}
     evidence["blame"] = source
+    if killer.memory:
+        evidence["killer_memory"] = True  # a userspace OOM kill of the host's largest
+    evidence.setdefault("killer_summary", killer.summary)
     if n > 1:
         evidence["executing_tasks"] = n
     evidence.setdefault("summary", evidence_summary(evidence, str(cause)))

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from .._causes import MEMORY_CAUSES, Cause
+from .._causes import Cause, memory_death
 from .._models import FailureEvent
 from .._words import no_larger_abort_message, no_larger_message, over_budget_message
 from .policy import AbortDecision
@@ -41,6 +42,7 @@ def resize(
     limits: Mapping[str, int | None],
     *,
     allowed: Collection[str] | None = None,
+    evidence: Mapping[str, Any] | None = None,
 ) -> Resize | None:
     """The retry's workers for a shard that died of `cause` under `failed_limit` bytes.
 
@@ -56,7 +58,7 @@ def resize(
     True
     """
     try:
-        if Cause(cause) not in MEMORY_CAUSES:
+        if not memory_death(cause, evidence):
             return None
     except ValueError:
         return None

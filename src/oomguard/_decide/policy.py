@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .._causes import DEATH_CAUSES, SHARD_CAUSES, Cause, Kind, kind_of
+from .._causes import DEATH_CAUSES, Cause, Killer, Kind, kind_of, shard_death
 from .._exceptions import PipelineAborted
 from .._models import FailureEvent, PipelineStatus
 from .._words import abort_message, describe_cause, exception_name, pipeline_summary
@@ -281,8 +281,16 @@ class FailurePolicy:
             # Events of one death carry the same worker and time; time 0 means "unknown".
             if not (event.time and p.last_death.get(event.worker) == event.time):
                 p.deaths[cause.value] += 1
+                p.killers[event.killer or Killer.UNKNOWN.value] += 1
             p.last_death[event.worker] = event.time
-        new = ShardFailure(cause.value, event.worker, event.host, event.signature_id, may_decide)
+        new = ShardFailure(
+            cause.value,
+            event.worker,
+            event.host,
+            event.signature_id,
+            may_decide,
+            shard_death(cause, event.evidence),
+        )
         repeat = self._repeat_on_other_worker(rec, new)
         if len(rec.failures) < _HISTORY_CAP:
             rec.failures.append(new)
@@ -299,14 +307,14 @@ class FailurePolicy:
         return p.decision
 
     def _repeat_on_other_worker(self, rec: ShardRecord, new: ShardFailure) -> ShardFailure | None:
-        if not self.abort_on_repeat_signature or new.cause not in SHARD_CAUSES:
+        if not self.abort_on_repeat_signature or not new.shard_cause:
             return None
         if not new.signature_id:  # an unknown signature matches nothing
             return None
         for f in rec.failures:
             if (
                 f.conclusive
-                and f.cause in SHARD_CAUSES
+                and f.shard_cause
                 and f.signature_id == new.signature_id
                 and f.worker != new.worker
             ):

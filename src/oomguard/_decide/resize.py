@@ -60,7 +60,9 @@ class LargerRetry:
         # Workers removed a moment ago count (a larger one may be restarting); the shard
         # then waits for it, up to RETURN_WINDOW, before "no larger worker" is concluded.
         recent = {a: lim for a, (lim, t) in self._gone.items() if now - t < RETURN_WINDOW}
-        r = memory.resize(event.cause, failed_limit, {**recent, **workers})
+        r = memory.resize(
+            event.cause, failed_limit, {**recent, **workers}, evidence=event.evidence
+        )
         if r is None:
             return None, []
         if r.abort:

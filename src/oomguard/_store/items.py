@@ -19,6 +19,10 @@ _TEXT_FIELDS = (
     "signature_id",
     "signature_title",
 )
+#: After grouping_version, in the column order of writer._INSERT_EVENT (issue 26).
+_KILLER_FIELDS = ("killer", "killer_how", "killer_confidence", "killer_summary")
+#: An events row's length; an item with an example trace has one more.
+ROW = 1 + len(_TEXT_FIELDS) + 3 + len(_KILLER_FIELDS)
 _PIPELINE_INT_FIELDS = (
     "shards_done",
     "shards_failed",
@@ -29,7 +33,7 @@ _PIPELINE_INT_FIELDS = (
 
 
 def event_item(e: FailureEvent, grouping_version: Any, example: Any) -> tuple:
-    """The queued form of an event: the events row (12 atomics, in the column order of
+    """The queued form of an event: the events row (`ROW` atomics, in the column order of
     writer._INSERT_EVENT), plus the example when there is one. Atomics only, so the GC
     stops tracking it."""
     if not isinstance(e, FailureEvent):
@@ -42,7 +46,7 @@ def event_item(e: FailureEvent, grouping_version: Any, example: Any) -> tuple:
     if t != t:
         raise ValueError("field 'time' is NaN")
     texts = []
-    for name in _TEXT_FIELDS:
+    for name in _TEXT_FIELDS + _KILLER_FIELDS:
         value = getattr(e, name)
         if type(value) is not str:
             if not isinstance(value, str):
@@ -63,9 +67,9 @@ def event_item(e: FailureEvent, grouping_version: Any, example: Any) -> tuple:
         evidence = _encode_json(e.evidence)
     except (TypeError, ValueError) as err:
         raise TypeError(f"field 'evidence' is not JSON-serialisable: {err}") from None
-    if example:
-        return (t, *texts, evidence, attempt, grouping_version, example)
-    return (t, *texts, evidence, attempt, grouping_version)
+    n = len(_TEXT_FIELDS)
+    row = (t, *texts[:n], evidence, attempt, grouping_version, *texts[n:])
+    return (*row, example) if example else row
 
 
 _encode_json = json.JSONEncoder(separators=(",", ":")).encode

@@ -14,7 +14,7 @@ from .schema import MEMBER_FIELDS, PIPELINE_COLUMNS, connect
 
 _EVENT_COLUMNS = (
     "id, time, kind, cause, shard, pipeline, worker, host, signature_id, "
-    "signature_title, evidence, attempt"
+    "signature_title, evidence, attempt, killer, killer_how, killer_confidence, killer_summary"
 )
 # Each member list comes back as one JSON array: one row per signature, not one per member.
 _SELECT_SIGNATURE = (
@@ -245,6 +245,10 @@ def _event(r: tuple) -> FailureEvent:
         signature_title=r[9],
         evidence=json.loads(r[10]),
         attempt=r[11],
+        killer=r[12],
+        killer_how=r[13],
+        killer_confidence=r[14],
+        killer_summary=r[15],
     )
 
 

@@ -110,6 +110,17 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "UPDATE signature_distinct SET stored = n",
         "DROP TRIGGER signature_members_count",
     ),
+    (
+        # Who ended the worker (issue 26): '' for a task's exception (no death). Deaths
+        # stored before are 'unknown', inferred.
+        "ALTER TABLE events ADD COLUMN killer TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE events ADD COLUMN killer_how TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE events ADD COLUMN killer_confidence TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE events ADD COLUMN killer_summary TEXT NOT NULL DEFAULT ''",
+        """UPDATE events SET killer = 'unknown', killer_how = 'inferred',
+            killer_confidence = 'likely' WHERE cause NOT IN ('exception', 'memory_error')""",
+        "CREATE INDEX events_killer ON events(killer, time)",
+    ),
 )
 
 #: The SignatureRow lists kept in signature_members; the position is the stored code.

@@ -11,7 +11,7 @@ import threading
 import time
 
 from .._models import FailureEvent, PipelineStatus
-from .items import describe_event, event_item, pipeline_row
+from .items import ROW, describe_event, event_item, pipeline_row
 from .schema import PIPELINE_COLUMNS
 
 logger = logging.getLogger("oomguard.store")
@@ -55,8 +55,9 @@ _LOST_EVENTS_AT = (
 )
 _INSERT_EVENT = _MultiRow(
     "INSERT INTO events (time, kind, cause, shard, pipeline, worker, host, signature_id,"
-    " signature_title, evidence, attempt, grouping_version) VALUES",
-    12,
+    " signature_title, evidence, attempt, grouping_version, killer, killer_how,"
+    " killer_confidence, killer_summary) VALUES",
+    ROW,
 )
 # Per batch: one row per signature of the events with id > ?; title and grouping version
 # from the batch's latest event. NOT INDEXED: a rowid range scan, not a full index scan.
@@ -284,7 +285,7 @@ class WriterMixin:
         examples: dict[str, str] = {}
         for item in items:  # as little Python per item as possible: it holds the GIL
             n = len(item)
-            if n == 12:
+            if n == ROW:
                 events.append(item)
                 if item[2] == "worker_lost":
                     lost.add(item[5])
@@ -303,12 +304,12 @@ class WriterMixin:
                         when = None
                 if when is not None or worker not in lost:
                     amends.append((worker, when))
-                events.append(item[1][:12])
-                if len(item[1]) == 13:
-                    examples.setdefault(item[1][7], item[1][12])
-            elif n == 13:  # an event with an example trace (see event_item)
-                events.append(item[:12])
-                examples.setdefault(item[7], item[12])
+                events.append(item[1][:ROW])
+                if len(item[1]) == ROW + 1:
+                    examples.setdefault(item[1][7], item[1][ROW])
+            elif n == ROW + 1:  # an event with an example trace (see event_item)
+                events.append(item[:ROW])
+                examples.setdefault(item[7], item[ROW])
             else:
                 pipelines.append(item[0])
         conn = self._conn

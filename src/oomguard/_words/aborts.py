@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .._causes import MEMORY_CAUSES, Cause
+from .._causes import Cause, memory_death
 from .._units import format_bytes
 from .causes import describe_cause, listing, plural, shard_name, shell_arg, subject, times
 
@@ -66,7 +66,7 @@ def abort_message(
         tally += f", {p.erred} erred"
     tally += f", {p.unfinished()} unfinished now being aborted"
 
-    if cause in MEMORY_CAUSES:
+    if memory_death(cause, evidence):
         todo = (
             "give this shard more memory (a larger worker memory limit, or split its "
             "input so the shard is smaller), then resubmit"

@@ -175,8 +175,9 @@ def evidence_summary(evidence: Mapping[str, Any], cause: str) -> str:
     if cause == Cause.NATIVE_CRASH:
         stack = "faulthandler stack captured" if ev.get("crash_stack") else "no faulthandler stack"
         return f"{sig or 'native crash'}, {stack}"
+    killer = ev.get("killer_summary")
     if cause == Cause.SIGTERM:
-        return "SIGTERM from outside the nanny"
+        return killer if isinstance(killer, str) and killer else "SIGTERM from outside the nanny"
     if cause == Cause.SIGKILL:
         if ev.get("oom_confirmed") is False:
             gone = _int(ev.get("group_others_gone")) or 0
@@ -185,6 +186,8 @@ def evidence_summary(evidence: Mapping[str, Any], cause: str) -> str:
                 f"this worker's ({gone} other process{'es' if gone != 1 else ''} there "
                 f"stopped too)"
             )
+        if isinstance(killer, str) and killer:
+            return killer
         if ev.get("oom_kill_delta") is None and "oom_kill_source" in ev:
             return "SIGKILL, kernel OOM counters unreadable"
         return "SIGKILL with no kernel OOM evidence"

@@ -18,7 +18,12 @@ def _infra_clause(p: PipelineCounts, retried: str) -> str:
     parts = []
     n_deaths = sum(p.deaths.values())
     if n_deaths:
-        parts.append(f"{plural(n_deaths, 'worker death')} ({breakdown(p.deaths)}) {retried}")
+        named = set(p.killers) - {"unknown"}  # all unknown: nothing worth saying
+        by = ", ".join(k if n == 1 else f"{k} x{n}" for k, n in p.killers.most_common())
+        killed = f"; killed by {by}" if named else ""
+        parts.append(
+            f"{plural(n_deaths, 'worker death')} ({breakdown(p.deaths)}{killed}) {retried}"
+        )
     if p.memory_errors:
         parts.append(f"{plural(p.memory_errors, 'MemoryError')} in task code")
     return ", and ".join(parts)
