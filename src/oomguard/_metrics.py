@@ -15,7 +15,8 @@ before the first failure.
 metric                              type       meaning
 ==================================  =========  ===========================================
 oomguard_failures_total             counter    failure events, by {kind, cause}
-oomguard_worker_deaths_total        counter    unexpected worker deaths decided, by {cause}
+oomguard_worker_deaths_total        counter    unexpected worker deaths decided, by {cause,
+                                               killer} (a `Killer`: 10 values, bounded)
 oomguard_pipeline_aborts_total      counter    pipelines aborted on a doomed shard
 oomguard_displaced_tasks_total      counter    tasks rescheduled off a dead worker, no count
 oomguard_reports_rejected_total     counter    death reports refused, by {reason}
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
 
-from ._causes import DEATH_CAUSES, Cause, Kind, kind_of
+from ._causes import DEATH_CAUSES, Cause, Killer, Kind, kind_of
 from ._protocol import REJECT_REASONS, SCHEDULER_GUARD_SITES
 
 if TYPE_CHECKING:
@@ -72,6 +73,7 @@ LATENCY_BUCKETS = (
 _CAUSES = frozenset(c.value for c in Cause)
 _KINDS = frozenset(k.value for k in Kind)
 _DEATH_CAUSES = frozenset(c.value for c in DEATH_CAUSES)
+_KILLERS = frozenset(k.value for k in Killer)
 _REASONS = REJECT_REASONS
 
 
@@ -130,8 +132,8 @@ class OomguardMetrics(Collector):
         )
         self.worker_deaths = Counter(
             "oomguard_worker_deaths_total",
-            "Unexpected worker deaths decided by oomguard, by cause.",
-            ["cause"],
+            "Unexpected worker deaths decided by oomguard, by cause and killer.",
+            ["cause", "killer"],
             registry=None,
         )
         self.pipeline_aborts = Counter(
@@ -200,7 +202,8 @@ class OomguardMetrics(Collector):
         for cause in Cause:
             self.failures.labels(kind=kind_of(cause).value, cause=cause.value)
         for cause in _DEATH_CAUSES:
-            self.worker_deaths.labels(cause=cause)
+            for killer in _KILLERS:
+                self.worker_deaths.labels(cause=cause, killer=killer)
         for reason in _REASONS | {OTHER}:
             self.reports_rejected.labels(reason=reason)
         for where in INTERNAL_ERROR_SITES | {OTHER}:
@@ -248,12 +251,15 @@ class OomguardMetrics(Collector):
         """
         self.failures.labels(kind=_label(kind, _KINDS), cause=_label(cause, _CAUSES)).inc()
 
-    def deaths(self, cause: str) -> None:
-        """One unexpected worker death, decided with `cause` (one of DEATH_CAUSES).
+    def deaths(self, cause: str, killer: str = "unknown") -> None:
+        """One unexpected worker death, decided with `cause` (one of DEATH_CAUSES) and
+        `killer` (a `Killer`); anything else is `other`.
 
-        >>> metrics.deaths("worker_lost")
+        >>> metrics.deaths("worker_lost", "unknown")
         """
-        self.worker_deaths.labels(cause=_label(cause, _DEATH_CAUSES)).inc()
+        self.worker_deaths.labels(
+            cause=_label(cause, _DEATH_CAUSES), killer=_label(killer, _KILLERS)
+        ).inc()
 
     def pipeline_aborted(self) -> None:
         """One pipeline aborted.

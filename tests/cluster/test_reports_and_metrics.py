@@ -169,7 +169,7 @@ def test_metrics_after_real_failures(cluster):
     text = scrape()
     assert _metric(text, "oomguard_signatures") == 2  # the SIGKILL and the KeyError
     assert _metric(text, "oomguard_signature_max_hosts") == 1
-    assert _metric(text, "oomguard_worker_deaths_total", cause="sigkill") == 1
+    assert _metric(text, "oomguard_worker_deaths_total", cause="sigkill", killer="unknown") == 1
     # cgroup-limit auto: where per-worker cgroups can be made, the dead worker had one.
     assert _metric(text, "oomguard_cgroup_workers") == int(_cgroup.can_create_child()[0])
     assert _metric(text, "oomguard_failures_total", kind="infra", cause="sigkill") == 1

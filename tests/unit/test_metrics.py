@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from oomguard._causes import DEATH_CAUSES, Cause, Kind
+from oomguard._causes import DEATH_CAUSES, Cause, Killer, Kind
 from oomguard._evidence.wire import REASONS
 from oomguard._metrics import INTERNAL_ERROR_SITES, LATENCY_BUCKETS, OomguardMetrics, store_totals
 from oomguard._models import FailureEvent
@@ -36,7 +36,15 @@ def reg():
 
 
 def value(registry, name, **labels):
-    return registry.get_sample_value(name, labels)
+    """The sum of the samples of `name` whose labels include `labels` (None: none)."""
+    want = set(labels.items())
+    found = [
+        s.value
+        for family in registry.collect()
+        for s in family.samples
+        if s.name == name and want <= set(s.labels.items())
+    ]
+    return sum(found) if found else None
 
 
 def test_counters_count(reg):
@@ -55,6 +63,9 @@ def test_counters_count(reg):
     assert value(r, "oomguard_failures_total", kind="user", cause="exception") == 1
     assert value(r, "oomguard_failures_total", kind="infra", cause="sigterm") == 0
     assert value(r, "oomguard_worker_deaths_total", cause="native_crash") == 1
+    assert value(r, "oomguard_worker_deaths_total", cause="native_crash", killer="unknown") == 1
+    m.deaths("sigterm", "earlyoom")
+    assert value(r, "oomguard_worker_deaths_total", cause="sigterm", killer="earlyoom") == 1
     assert value(r, "oomguard_pipeline_aborts_total") == 2
     assert value(r, "oomguard_displaced_tasks_total") == 4
     assert value(r, "oomguard_reports_rejected_total", reason="too_large") == 1
@@ -90,16 +101,19 @@ def test_unknown_labels_map_to_other(reg):
     m.failure("gremlins", "cosmic_ray")
     m.failure("infra", "('load-0a1b', 17)")  # a task key must never become a label
     m.deaths("exception")  # not a death cause
+    m.deaths("sigterm", "pid 4242 (chaos-monkey)")  # a process name must never be a label
     m.report_rejected("invalid")  # ReportError's default reason is not in REASONS
     m.report_rejected(None)
     m.internal_error("somewhere/new")
     assert value(r, "oomguard_failures_total", kind="other", cause="other") == 1
     assert value(r, "oomguard_failures_total", kind="infra", cause="other") == 1
     assert value(r, "oomguard_worker_deaths_total", cause="other") == 1
+    assert value(r, "oomguard_worker_deaths_total", cause="sigterm", killer="other") == 1
     assert value(r, "oomguard_reports_rejected_total", reason="other") == 2
     assert value(r, "oomguard_internal_errors_total", where="other") == 1
     labels = {v for family in r.collect() for s in family.samples for v in s.labels.values()}
     assert "('load-0a1b', 17)" not in labels and "somewhere/new" not in labels
+    assert not any("chaos" in v for v in labels)
 
 
 def test_bad_values_never_raise_and_are_counted(reg):
@@ -123,7 +137,16 @@ def test_series_exist_at_zero_before_any_event(reg):
         kind = "user" if cause is Cause.EXCEPTION else "infra"
         assert value(r, "oomguard_failures_total", kind=kind, cause=cause.value) == 0
     for cause in DEATH_CAUSES:
-        assert value(r, "oomguard_worker_deaths_total", cause=cause.value) == 0
+        for killer in Killer:
+            assert value(r, "oomguard_worker_deaths_total", cause=cause, killer=killer) == 0
+    # Bounded: every cause and killer, plus `other`, and nothing else, ever.
+    deaths = {
+        tuple(sorted(s.labels.items()))
+        for family in r.collect()
+        for s in family.samples
+        if s.name == "oomguard_worker_deaths_total"
+    }
+    assert len(deaths) == len(DEATH_CAUSES) * len(Killer)
     for reason in REASONS | {"other"}:
         assert value(r, "oomguard_reports_rejected_total", reason=reason) == 0
     for where in INTERNAL_ERROR_SITES | {"other"}:

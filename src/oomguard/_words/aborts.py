@@ -46,6 +46,7 @@ def abort_message(
     summary = evidence.get("summary")
     if isinstance(summary, str) and summary:
         what += f" (last time: {summary})"
+    what += _killed_by(event, what)
 
     if reason == "count":
         why = (
@@ -77,11 +78,7 @@ def abort_message(
             "bad input reaching one), then resubmit"
         )
     else:
-        todo = (
-            "find out what keeps killing the workers (preemption, an outside OOM killer "
-            "such as earlyoom or systemd-oomd, pod limits), since the shard may not be at "
-            "fault, then resubmit"
-        )
+        todo = _external_todo(event)
     sig = event.signature_title or "unknown"
     if event.signature_id:
         sig += f" (id {event.signature_id})"
@@ -95,6 +92,50 @@ def abort_message(
         f"Pipeline tally: {tally}. "
         f"Next: {todo}; `oomguard report --shard {shell_arg(event.shard)}` shows every "
         "failure of this shard with its evidence."
+    )
+
+
+def _killed_by(event: FailureEvent, said: str) -> str:
+    """ "; killed by earlyoom (signal sender, confirmed)", unless nothing names a killer."""
+    killer = getattr(event, "killer", "")
+    if not killer or killer == "unknown" and not event.killer_summary:
+        return ""
+    how = ", ".join(x for x in (event.killer_how, event.killer_confidence) if x)
+    out = f"; killed by {killer}" + (f" ({how})" if how else "")
+    summary = event.killer_summary
+    if summary and summary not in said:
+        out += f": {summary}"
+    return out
+
+
+def _external_todo(event: FailureEvent) -> str:
+    """What to do when something outside the shard keeps killing its workers."""
+    killer = getattr(event, "killer", "")
+    if killer in ("earlyoom", "systemd-oomd"):
+        return (
+            f"{killer} killed the workers while other processes held most of the host's "
+            "memory: give the workers' hosts more memory or fewer other tenants, or tune "
+            f"{killer}'s thresholds (see docs/runbook.md), then resubmit"
+        )
+    if killer == "process":
+        return (
+            "stop the process named above from signalling the workers (it is outside Dask "
+            "and the shard is not at fault), then resubmit"
+        )
+    if killer == "slurm":
+        return (
+            "check the SLURM job's time limit, preemption and scancel history (scontrol "
+            "show job), since the shard is not at fault, then resubmit"
+        )
+    if killer == "kubelet":
+        return (
+            "the kubelet evicted the pods under node memory pressure: give the node more "
+            "memory or the pods a memory request that matches their use, then resubmit"
+        )
+    return (
+        "find out what keeps killing the workers (preemption, an outside OOM killer "
+        "such as earlyoom or systemd-oomd, pod limits), since the shard may not be at "
+        "fault, then resubmit"
     )
 
 

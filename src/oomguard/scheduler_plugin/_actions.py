@@ -79,7 +79,7 @@ class DaskActions:
             self.store.add(event, grouping_version=d.grouping_version, example=d.example)
             self.metrics.failure(event.kind, event.cause)
         if d.death:
-            self.metrics.deaths(event.cause)
+            self.metrics.deaths(event.cause, event.killer)
             if d.amends is None:
                 logger.info("oomguard: %s", death_line(event))
             if event.cause == "worker_lost" and self._pods is not None:
