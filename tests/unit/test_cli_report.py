@@ -22,6 +22,7 @@ from capabilities import require
 from oomguard import FailureEvent, PipelineStatus, SignatureRow
 from oomguard._cli.layout import table
 from oomguard._cli.report import parse_since
+from oomguard._evidence.killer import for_cause
 from oomguard._store import FailureStore
 
 T0 = time.time() - 3 * 3600  # events from 3 h ago to ~1 h ago (reset when stored: _build)
@@ -570,6 +571,19 @@ DOC_PIPELINES = [
 ]
 
 
+def _killer(cause: str) -> dict:
+    """What the cause alone says of the killer, as a death's event holds it."""
+    if cause in ("exception", "memory_error"):
+        return {}
+    k = for_cause(cause)
+    return {
+        "killer": k.killer,
+        "killer_how": k.how,
+        "killer_confidence": k.confidence,
+        "killer_summary": k.summary,
+    }
+
+
 def build_doc_store(path) -> None:
     """The store the captures in the docs were taken from (`oomguard.sqlite3`, TZ=UTC)."""
     store = FailureStore(str(path), batch_interval=0.01)
@@ -590,6 +604,7 @@ def build_doc_store(path) -> None:
                 evidence=ev,
                 attempt=attempt,
                 time=DOC_T0 + i * 97,
+                **_killer(cause),
             ),
             example=title,
         )

@@ -19,6 +19,7 @@ _EVENT_COLUMNS = [
     Column("TIME"),
     Column("KIND"),
     Column("CAUSE"),
+    Column("KILLER"),
     Column("#", right=True),
     Column("SHARD", "shard"),
     Column("PIPELINE", "pipeline"),
@@ -26,7 +27,7 @@ _EVENT_COLUMNS = [
     Column("SIGNATURE", "signature"),
     Column("TITLE", key=False),
 ]
-_FIRST = ("TIME", "KIND", "CAUSE", "#")
+_FIRST = ("TIME", "KIND", "CAUSE", "KILLER", "#")
 _EVENT_LAYOUTS = [
     Layout((*_FIRST, "SHARD", "PIPELINE", "HOST", "SIGNATURE", "TITLE"), shorten={"TITLE": 16}),
     Layout((*_FIRST, "SHARD", "PIPELINE", "HOST", "SIGNATURE")),
@@ -68,6 +69,7 @@ def render_events(
             clock(e.time),
             e.kind,
             e.cause,
+            e.killer or "-",
             e.attempt,
             e.shard,
             e.pipeline,
@@ -95,6 +97,13 @@ def render_events(
         summary = e.evidence.get("summary") if isinstance(e.evidence, dict) else None
         if isinstance(summary, str) and summary:
             lines += wrap(summary, width, "    ")
+        if e.killer:
+            lines += wrap(
+                f"killed by {e.killer} ({e.killer_how}, {e.killer_confidence})"
+                + (f": {e.killer_summary}" if e.killer_summary not in ("", summary) else ""),
+                width,
+                "    ",
+            )
         pairs = [
             f"{k}={json.dumps(v, ensure_ascii=False)}"
             for k, v in e.evidence.items()

@@ -142,6 +142,11 @@ def signature_detail(row: SignatureRow | None, events: Sequence[FailureEvent]) -
             f"{_when(e.time)}  {e.cause}  shard {e.shard}  attempt {e.attempt}  "
             f"worker {e.worker or '-'}  host {e.host or '-'}"
         )
+        if e.killer:
+            lines.append(
+                f"  killed by {e.killer} ({e.killer_how}, {e.killer_confidence}): "
+                f"{e.killer_summary or '-'}"
+            )
         lines.append("  evidence " + json.dumps(e.evidence, sort_keys=True, default=str))
     if not events:
         lines.append("(none kept: retention dropped them)")
