@@ -66,6 +66,11 @@ def test_oomkilled_container_last_state():
         "container": "worker",
         "finished_at": "2026-11-30T07:12:41+00:00",
         "pod": "etl-oomguard-worker-7c9f6d8b5d-x2k4q",
+        "killer": "kernel",
+        "killer_how": "pod status",
+        "killer_confidence": "confirmed",
+        "killer_summary": "the kernel's OOM killer: container worker OOMKilled (pod status)",
+        "killer_memory": True,
     }
 
 
@@ -101,6 +106,34 @@ def test_evicted_pod():
     assert evidence["pod_phase"] == "Failed"
     assert evidence["message"].startswith("The node was low on resource: memory.")
     assert evidence["node"] == "ip-10-0-3-17.ec2.internal"
+    # Who: the kubelet, from the pod status; the message names this worker's container
+    # as the one using the most memory over its request, so it counts as a memory kill.
+    assert (evidence["killer"], evidence["killer_how"]) == ("kubelet", "pod status")
+    assert evidence["killer_confidence"] == "confirmed"
+    assert evidence["disruption"] == "TerminationByKubelet"
+    assert (evidence["offender_container"], evidence["offender_using"]) == ("worker", "3917312Ki")
+    assert evidence["killer_memory"] is True
+    assert "The node was low on resource: memory." in evidence["killer_summary"]
+
+
+def test_eviction_of_another_containers_making_is_external():
+    """The recorded eviction, with the kubelet naming a sidecar as the offender: the worker
+    was evicted with its pod but did not cause it, so it is no memory kill of the worker."""
+    data = json.loads(recorded("pod-evicted.json"))
+    data["status"]["message"] = data["status"]["message"].replace(
+        "Container worker was", "Container log-shipper was"
+    )
+    cause, evidence = pod_death_evidence(
+        deserialize(json.dumps(data), "V1Pod"), container="worker"
+    )
+    assert cause == Cause.WORKER_LOST and evidence["killer"] == "kubelet"
+    assert evidence["offender_container"] == "log-shipper"
+    assert evidence["killer_memory"] is False
+
+
+def test_oomkilled_container_names_the_kernel():
+    _, evidence = pod_death_evidence(pod("pod-oomkilled.json"), container="worker")
+    assert (evidence["killer"], evidence["killer_how"]) == ("kernel", "pod status")
 
 
 def test_pod_being_deleted():

@@ -12,6 +12,7 @@ Needs the optional extra: ``pip install "dask-oomguard[kubernetes]"``.
 from __future__ import annotations
 
 import os
+import re
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -67,15 +68,29 @@ def pod_death_evidence(
                 "container": cname,
                 "finished_at": _iso(term.finished_at),
                 "pod": name,
+                **_killer(
+                    "kernel",
+                    f"the kernel's OOM killer: container {cname} OOMKilled (pod status)",
+                    memory=True,
+                ),
             }
-    if status is not None and status.reason == "Evicted":
+    disruption = _disruption(status)
+    if status is not None and (status.reason == "Evicted" or disruption == "TerminationByKubelet"):
+        message = status.message or ""
+        offender = _offender(message)
+        ours = offender is not None and (container is None or offender[0] == container)
+        said = f": {message.strip()}" if message else ""
         return "worker_lost", {
             "source": SOURCE,
             "pod_phase": status.phase,
-            "reason": "Evicted",
-            "message": status.message or "",
+            "reason": status.reason or "",
+            "message": message,
+            "disruption": disruption,
             "pod": name,
             "node": _node(pod),
+            **({} if offender is None else {"offender_container": offender[0]}),
+            **({} if offender is None else {"offender_using": offender[1]}),
+            **_killer("kubelet", f"the kubelet evicted pod {name}{said}", memory=ours),
         }
     if meta is not None and meta.deletion_timestamp is not None:
         return "worker_lost", {
@@ -101,6 +116,35 @@ def pod_death_evidence(
                 "pod": name,
             }
     return None
+
+
+#: The kubelet's eviction message names the container with the largest use over its request.
+_OFFENDER = re.compile(r"Container (\S+) was using (\S+), request is (\S+)")
+
+
+def _offender(message: str) -> tuple[str, str] | None:
+    """(container, its use) that an eviction message names, or None.
+
+    >>> _offender("The node was low on resource: memory. Threshold quantity: 100Mi, "
+    ...           "available: 91872Ki. Container worker was using 3917312Ki, request is 0, "
+    ...           "has larger consumption of memory. ")
+    ('worker', '3917312Ki')
+    """
+    m = _OFFENDER.search(message or "")
+    return (m.group(1), m.group(2)) if m else None
+
+
+def _killer(killer: str, summary: str, *, memory: bool) -> dict[str, Any]:
+    """The killer fields a worker_lost event is amended with (the pod status confirms it);
+    `memory`: the eviction named this worker's container as the offender, so it counts
+    like a memory kill of the worker (see `oomguard._evidence.killer`)."""
+    return {
+        "killer": killer,
+        "killer_how": "pod status",
+        "killer_confidence": "confirmed",
+        "killer_summary": summary[:512],
+        "killer_memory": memory,
+    }
 
 
 def _terminations(status, container, since, slack) -> list[tuple[str, Any]]:

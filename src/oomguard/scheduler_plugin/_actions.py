@@ -12,6 +12,9 @@ from typing import TYPE_CHECKING, Any
 from .._decide import Forgive, Hold, Record, Release, Restrict, Stop, Widen
 from .._words import death_line
 
+#: What a pod lookup says of the killer: event fields, not evidence (see kubernetes._killer).
+_KILLER_FIELDS = ("killer", "killer_how", "killer_confidence", "killer_summary")
+
 if TYPE_CHECKING:
     from distributed import Scheduler
 
@@ -95,8 +98,11 @@ class DaskActions:
                 cause, extra = found
                 evidence = dict(event.evidence)
                 evidence.update({k: v for k, v in extra.items() if _scalar(v)})
+                killer = {k: evidence.pop(k) for k in _KILLER_FIELDS if k in evidence}
+                if killer:
+                    evidence["killer_summary"] = killer["killer_summary"]
                 self.store.amend(
-                    dataclasses.replace(event, cause=str(cause), evidence=evidence),
+                    dataclasses.replace(event, cause=str(cause), evidence=evidence, **killer),
                     lost_at=event.time,
                 )
 
