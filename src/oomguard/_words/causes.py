@@ -48,6 +48,17 @@ def _exit_status(evidence: dict[str, Any]) -> int | None:
     return None
 
 
+#: A killer in a sentence ("a SIGTERM from ..."); the others read as their names.
+_KILLER_WORDS = {
+    "process": "another process",
+    "task": "the worker itself",
+    "dask-nanny": "Dask's nanny",
+    "kernel": "the kernel",
+    "slurm": "SLURM",
+    "dask": "Dask",
+}
+
+
 def describe_cause(cause: Cause | str, evidence: dict[str, Any] | None = None) -> str:
     """What happened, in the words people use, as a predicate for "the worker ...".
 
@@ -67,9 +78,16 @@ def describe_cause(cause: Cause | str, evidence: dict[str, Any] | None = None) -
     if c is Cause.NATIVE_CRASH:
         name = _signal_name(ev)
         return f"crashed ({name})" if name else "crashed in native code"
+    killer = ev.get("killer") if isinstance(ev.get("killer"), str) else None
+    named = killer not in (None, "unknown")
     if c is Cause.SIGTERM:
+        if named and ev.get("killer_confidence") == "confirmed":
+            return f"was stopped by a SIGTERM from {_KILLER_WORDS.get(killer, killer)}"
         return "was stopped by a SIGTERM from outside the nanny"
     if c is Cause.SIGKILL:
+        if named:
+            likely = "" if ev.get("killer_confidence") == "confirmed" else "likely "
+            return f"was killed by SIGKILL, {likely}from {_KILLER_WORDS.get(killer, killer)}"
         return "was killed by SIGKILL with no kernel OOM evidence"
     if c is Cause.EXIT:
         status = _exit_status(ev)

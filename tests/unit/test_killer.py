@@ -1,0 +1,369 @@
+"""Naming the killer (issue 26): the nanny's attribution (`_evidence.killer`), what it does
+to the report, and what the decision core makes of it."""
+
+from __future__ import annotations
+
+import doctest
+
+import pytest
+
+from oomguard._causes import Confidence, Killer, Known, memory_death
+from oomguard._evidence import killer as killer_mod
+from oomguard._evidence.build import EXAMPLE_ARGS, build_report
+from oomguard._evidence.killer import attribute, for_cause
+from oomguard._evidence.wire import validate
+
+GIB = 2**30
+EARLYOOM = {
+    "name": "earlyoom",
+    "pid": 812,
+    "cmdline": "earlyoom -M 1048576,524288 -s 100,100",
+    "term_bytes": GIB,
+    "kill_bytes": GIB // 2,
+    "term_percent": None,
+    "kill_percent": None,
+}
+
+
+def host(available, total=24 * GIB, time=99.5):
+    return {"time": time, "total": total, "available": available, "psi_some10": 12.5}
+
+
+def sigterm_from(pid, name, uid=0, cmdline=None, time=99.0):
+    return {
+        "signal": "SIGTERM",
+        "signo": 15,
+        "time": time,
+        "code": 0,
+        "pid": pid,
+        "uid": uid,
+        "name": name,
+        "cmdline": cmdline,
+    }
+
+
+def test_doctests():
+    assert doctest.testmod(killer_mod).failed == 0
+
+
+@pytest.mark.parametrize(
+    "cause, killer, how",
+    [
+        ("oom_kill", "kernel", "kernel counter"),
+        ("memory_terminate", "dask-nanny", "nanny event"),
+        ("native_crash", "task", "exit status"),
+        ("exit", "task", "exit status"),
+    ],
+)
+def test_causes_that_name_their_killer(cause, killer, how):
+    a = attribute({"cause": cause, "exitcode": -9, "evidence": {}})
+    assert (a.killer, a.how, a.confidence) == (killer, how, "confirmed")
+    assert for_cause(cause).killer == killer
+
+
+def test_kernel_log_is_said_when_it_is_the_proof():
+    a = attribute({"cause": "oom_kill", "evidence": {"kernel_log_oom": True}})
+    assert a.how == Known.KERNEL_LOG and a.memory
+
+
+def test_earlyoom_sigterm_is_confirmed_from_the_sender_with_memavailable():
+    a = attribute(
+        {
+            "cause": "sigterm",
+            "pid": 40,
+            "time": 100.0,
+            "rss_sampled": 3 * GIB,
+            "signals": [sigterm_from(812, "earlyoom", cmdline="earlyoom -M 1048576")],
+            "host_reading": host(GIB - 2**20, total=8 * GIB),
+            "killers": [EARLYOOM],
+        }
+    )
+    assert (a.killer, a.how, a.confidence) == ("earlyoom", "signal sender", "confirmed")
+    assert a.facts["sender_pid"] == 812 and a.facts["sender_uid"] == 0
+    assert a.facts["memavailable_bytes"] == GIB - 2**20
+    assert a.facts["memavailable_age_seconds"] == 0.5
+    assert a.facts["psi_some_avg10"] == 12.5
+    assert a.summary.startswith("SIGTERM from earlyoom (pid 812, uid 0) at MemAvailable 12.5 %")
+    assert "SIGTERM threshold 12.5 %" in a.summary
+    # 3 GiB of the 7 GiB in use: not most of it, so an external death, not a memory kill.
+    assert a.memory is False and a.facts["worker_largest"] is False
+
+
+def test_earlyoom_kill_of_the_largest_process_is_a_memory_kill():
+    a = attribute(
+        {
+            "cause": "sigterm",
+            "rss_sampled": 6 * GIB,
+            "signals": [sigterm_from(812, "earlyoom")],
+            "host_reading": host(GIB, total=8 * GIB),
+        }
+    )
+    assert a.killer == "earlyoom" and a.memory and a.facts["killer_memory"] is True
+    assert memory_death("sigterm", a.facts)
+
+
+def test_a_named_process_is_named_with_pid_and_uid_and_is_external():
+    a = attribute(
+        {
+            "cause": "sigterm",
+            "pid": 40,
+            "nanny_pid": 30,
+            "rss_sampled": 6 * GIB,
+            "host_reading": host(GIB, total=8 * GIB),
+            "signals": [
+                sigterm_from(4242, "chaos-monkey", uid=1001, cmdline="chaos-monkey\x1b[31m -t")
+            ],
+        }
+    )
+    assert (a.killer, a.how, a.confidence) == ("process", "signal sender", "confirmed")
+    assert a.summary == "SIGTERM from chaos-monkey (pid 4242, uid 1001)"
+    assert a.facts["sender_cmdline"] == "chaos-monkey [31m -t"  # no control characters
+    assert a.memory is False  # a person or a chaos tool: never the shard's fault
+
+
+def test_a_sender_gone_before_it_was_named_is_named_by_pid_and_uid():
+    a = attribute({"cause": "sigterm", "signals": [sigterm_from(4242, None, uid=7)]})
+    assert a.killer == "process"
+    assert a.summary == "SIGTERM from pid 4242 (uid 7; it exited before it was named)"
+
+
+def test_a_sender_outside_the_pid_namespace_says_so():
+    a = attribute({"cause": "sigterm", "signals": [sigterm_from(0, None)]})
+    assert a.killer == "unknown" and a.how == "signal sender"
+    assert "outside this container" in a.summary and a.facts["sender_outside"] is True
+
+
+@pytest.mark.parametrize(
+    "name, killer",
+    [("slurmstepd", "slurm"), ("kubelet", "kubelet"), ("systemd-oomd", "systemd-oomd")],
+)
+def test_named_killers(name, killer):
+    a = attribute({"cause": "sigterm", "signals": [sigterm_from(77, name)]})
+    assert (a.killer, a.confidence) == (killer, "confirmed")
+
+
+def test_the_nanny_and_the_worker_itself_as_senders():
+    base = {"cause": "sigterm", "pid": 40, "nanny_pid": 30}
+    assert attribute({**base, "signals": [sigterm_from(30, "python")]}).killer == "dask-nanny"
+    assert attribute({**base, "signals": [sigterm_from(40, "python")]}).killer == "task"
+
+
+def test_the_last_sigterm_counts_and_other_signals_are_ignored():
+    signals = [
+        sigterm_from(5, "chaos-monkey"),
+        {**sigterm_from(6, "earlyoom"), "signal": "SIGHUP"},
+        sigterm_from(812, "earlyoom"),
+    ]
+    assert attribute({"cause": "sigterm", "signals": signals}).killer == "earlyoom"
+
+
+def test_sigkill_with_low_memory_is_likely_earlyoom_with_the_numbers():
+    a = attribute(
+        {
+            "cause": "sigkill",
+            "time": 100.0,
+            "evidence": {"oom_kill_delta": 0},
+            "oomd": {"reading": {"ooms": 0, "kill": 0}, "after": {"ooms": 0, "kill": 0}},
+            "host_reading": host(GIB // 4, total=8 * GIB),
+            "killers": [EARLYOOM],
+        }
+    )
+    assert (a.killer, a.how, a.confidence) == ("earlyoom", "inferred", "likely")
+    assert "at or below its SIGKILL threshold 6.2 %" in a.summary
+    assert "MemAvailable 3.1 %" in a.summary
+    assert a.facts["killer_threshold_bytes"] == GIB // 2
+    assert a.facts["killer_excluded"] == (
+        "not the kernel (oom_kill unchanged, no kernel log line); "
+        "not systemd-oomd (user.oomd_kill unchanged)"
+    )
+
+
+def test_sigkill_with_plenty_of_memory_is_unknown_with_what_was_excluded():
+    a = attribute(
+        {
+            "cause": "sigkill",
+            "evidence": {"oom_kill_delta": 0},
+            "host_reading": host(20 * GIB),
+            "killers": [EARLYOOM],
+        }
+    )
+    assert (a.killer, a.confidence) == ("unknown", "likely")
+    assert a.summary.startswith("SIGKILL from an unknown sender: not the kernel")
+    assert "MemAvailable 83.3 %" in a.summary
+
+
+def test_sigkill_after_a_sigterm_names_its_sender_as_likely():
+    a = attribute(
+        {
+            "cause": "sigkill",
+            "time": 130.0,
+            "signals": [sigterm_from(99, "slurmstepd", time=100.0)],
+        }
+    )
+    assert (a.killer, a.how, a.confidence) == ("slurm", "inferred", "likely")
+    assert a.summary.startswith("SIGKILL 30.0 s after a SIGTERM from slurmstepd")
+
+
+def test_sigkill_counted_by_systemd_oomd_xattrs_is_confirmed():
+    a = attribute(
+        {
+            "cause": "sigkill",
+            "oomd": {"reading": {"ooms": 1, "kill": 3}, "after": {"ooms": 2, "kill": 4}},
+        }
+    )
+    assert (a.killer, a.how, a.confidence) == ("systemd-oomd", "cgroup xattr", "confirmed")
+    assert a.facts["oomd_kill_delta"] == 1
+
+
+def test_xattrs_not_available_are_no_evidence_either_way():
+    for oomd in (None, {}, {"reading": None, "after": {"kill": 5}}, {"after": {"kill": None}}):
+        assert attribute({"cause": "sigkill", "oomd": oomd}).killer == "unknown"
+
+
+def test_slurm_job_without_a_sender_is_likely_slurm():
+    a = attribute(
+        {"cause": "sigterm", "environment": {"slurm_job_id": "42", "slurm_step_id": "0"}}
+    )
+    assert (a.killer, a.how, a.confidence) == ("slurm", "job state", "likely")
+    assert a.facts["slurm_job_id"] == "42"
+
+
+@pytest.mark.parametrize(
+    "junk",
+    [None, 3, "x", [None, 1, {"signal": 5}, {"signal": "SIGTERM", "pid": -1}], {"a": 1}],
+)
+def test_malformed_inputs_never_raise_and_never_hide_the_death(junk):
+    a = attribute(
+        {
+            "cause": "sigterm",
+            "signals": junk,
+            "killers": junk,
+            "oomd": junk,
+            "host_reading": junk,
+            "environment": junk,
+            "evidence": junk,
+        }
+    )
+    assert a.killer in {k.value for k in Killer} and a.summary
+
+
+def test_the_report_carries_the_killer_and_validates():
+    r = build_report(
+        **{
+            **EXAMPLE_ARGS,
+            "exitcode": -15,
+            "signals": [sigterm_from(812, "earlyoom")],
+            "host_reading": host(GIB, total=8 * GIB),
+            "killers": [EARLYOOM],
+        }
+    )
+    assert r["cause"] == "sigterm"
+    assert r["killer"]["name"] == "earlyoom" and r["killer"]["how"] == "signal sender"
+    assert r["evidence"]["sender_pid"] == 812 and r["evidence"]["killer"] == "earlyoom"
+    assert validate(r)["killer"] == r["killer"]
+    # A requested close is no death: no killer either.
+    closed = build_report(**{**EXAMPLE_ARGS, "requested_close": True})
+    assert closed["cause"] is None and closed["killer"] is None
+
+
+def test_a_report_from_an_older_nanny_has_no_killer_and_still_validates():
+    r = build_report(**EXAMPLE_ARGS)
+    del r["killer"]
+    assert validate(r)["killer"] is None
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("name", "chaos-monkey"), ("how", "gossip"), ("confidence", "certain"), ("memory", 1)],
+)
+def test_a_killer_outside_the_vocabulary_is_refused_naming_the_field(field, value):
+    from oomguard import ReportError
+
+    r = build_report(**{**EXAMPLE_ARGS, "exitcode": -15})
+    r["killer"][field] = value
+    with pytest.raises(ReportError) as e:
+        validate(r)
+    assert e.value.field == f"killer.{field}"
+
+
+def test_vocabularies_are_small_and_fixed():
+    assert len(Killer) == 10 and len(Known) == 9 and len(Confidence) == 2
+
+
+# --- what the decision core makes of a killer ----------------------------------------
+
+
+def _death(core, worker, keys, killer, now, stack="load"):
+    from oomguard._decide.deaths import Removal
+
+    core.removed(
+        Removal(worker=worker, host="h", time=now, processing={k: k for k in keys}, nthreads=2),
+        now=now,
+    )
+    return core.reported(
+        {
+            "worker": worker,
+            "pid": 7,
+            "cause": "sigterm",
+            "host": "h",
+            "time": now,
+            "memory_limit": None,
+            "crash": None,
+            "evidence": {"killer_memory": killer["memory"]},
+            "killer": killer,
+            "executing": [
+                {"key": k, "prefix": k.split("-")[0], "stack": [["/app/etl.py", 3, stack]]}
+                for k in keys
+            ],
+        },
+        now=now + 0.1,
+    )
+
+
+def _killer(name, memory):
+    return {
+        "name": name,
+        "how": "signal sender",
+        "confidence": "confirmed",
+        "summary": f"SIGTERM from {name} (pid 812, uid 0)",
+        "memory": memory,
+    }
+
+
+@pytest.mark.parametrize("memory", [True, False])
+def test_a_userspace_oom_kill_of_the_largest_is_a_shared_memory_kill(memory):
+    """earlyoom SIGTERMed a worker running two tasks: when the worker held most of the
+    host's memory, its tasks are suspects as for memory_terminate (each retried alone);
+    when others held it, the death is external (no isolation)."""
+    from oomguard._decide import DecisionCore, Record, Release
+
+    c = DecisionCore(allowed_failures=3, grace=5.0)
+    c.submitted(["a-1", "b-2"], ["a-1", "b-2"], {}, now=0.0)
+    out = _death(c, "tcp://w:1", ["a-1", "b-2"], _killer("earlyoom", memory), now=1.0)
+    records = [d for d in out if isinstance(d, Record)]
+    assert {r.event.killer for r in records} == {"earlyoom"}
+    assert records[0].event.killer_summary == "SIGTERM from earlyoom (pid 812, uid 0)"
+    released = [d.keys for d in out if isinstance(d, Release)]
+    assert (len(released) == 1 and len(released[0]) == 1) is memory  # one runs alone
+
+
+@pytest.mark.parametrize(
+    "name, memory, aborts", [("earlyoom", True, True), ("process", False, False)]
+)
+def test_same_signature_on_two_workers_aborts_only_for_a_memory_killer(name, memory, aborts):
+    from oomguard._decide import DecisionCore, Stop
+
+    c = DecisionCore(allowed_failures=5, grace=5.0)
+    c.submitted(["load-1"], ["load-1"], {}, now=0.0)
+    stops = []
+    for i, w in enumerate(("tcp://w:1", "tcp://v:1")):
+        stops += [
+            d
+            for d in _death(c, w, ["load-1"], _killer(name, memory), now=1.0 + i)
+            if isinstance(d, Stop)
+        ]
+    assert bool(stops) is aborts
+    if aborts:  # the PipelineAborted message names the killer and how it is known
+        message = str(stops[0].exception)
+        assert "killed by earlyoom (signal sender, confirmed)" in message, message
+        assert "SIGTERM from earlyoom (pid 812, uid 0)" in message
