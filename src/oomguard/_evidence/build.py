@@ -264,6 +264,8 @@ def build_report(
     max_bytes: int = MAX_REPORT_BYTES,
     cgroup_placement: dict | None = None,
     cgroup_reading: dict | None = None,
+    signals: list[dict] | None = None,  # issue 26: the lead's attribution reads it
+    nanny_pid: int | None = None,  # issue 26: the lead's attribution reads it
 ) -> dict[str, Any]:
     """Classify one death and build its schema-v1 report, capped to `max_bytes` encoded.
 
