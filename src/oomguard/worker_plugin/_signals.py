@@ -32,7 +32,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from .._evidence import senders as _senders
-from .._evidence.flight import FlightRecorder
+from .._evidence.flight import SIGNALS_RECORDING, FlightRecorder
 
 logger = logging.getLogger("oomguard.worker")
 
@@ -173,6 +173,7 @@ class SignalWaiter:
             os.register_at_fork(after_in_child=_unblock_in_child)
             _hooked = True
         _waiting = True
+        self._recorder.signals_state(SIGNALS_RECORDING)
         self._thread = threading.Thread(target=self._run, name="oomguard-signals", daemon=True)
         self._thread.start()
 

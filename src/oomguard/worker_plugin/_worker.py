@@ -19,7 +19,6 @@ from .._evidence import cgroup as _cgroup
 from .._evidence.flight import (
     SIGNALS_DISABLED,
     SIGNALS_NOT_BLOCKED,
-    SIGNALS_RECORDING,
     FlightRecorder,
 )
 from .._evidence.growth import GrowthSplit, thread_system_time
@@ -130,7 +129,6 @@ class OomguardWorkerPlugin(WorkerPlugin):
             # they would stay pending for ever.
             self._signals = _signals.SignalWaiter(recorder, self._internal_error)
             self._signals.start()
-            recorder.signals_state(SIGNALS_RECORDING)
             return
         enabled = self.signal_senders
         if enabled is None:
