@@ -222,8 +222,8 @@ def read_flight_record(path: str) -> dict[str, Any]:
     if len(data) < HEADER_SIZE or data[:8] != MAGIC:
         out["missing"].append("flight record: not a flight record (bad header)")
         return out
-    (_, pid, created, nslots, slot_size, s_off, cap, current, l0, l1, g_off) = (
-        _HEADER.unpack_from(data, 0)
+    (_, pid, created, nslots, slot_size, s_off, cap, current, l0, l1, g_off) = _HEADER.unpack_from(
+        data, 0
     )
     out["pid"], out["created"] = pid, created
     if slot_size != SLOT_SIZE or HEADER_SIZE + nslots * slot_size > len(data):

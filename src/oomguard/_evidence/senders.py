@@ -13,7 +13,6 @@ record that comes back out of a flight record.
 
 from __future__ import annotations
 
-import os
 import signal
 import time as _time
 from typing import Any
@@ -57,6 +56,7 @@ def read_sender(pid: int, *, proc: str = "/proc") -> tuple[str | None, str | Non
 
     pid 0 (outside this PID namespace) and negative pids are never read.
 
+    >>> import os
     >>> name, cmdline = read_sender(os.getpid())
     >>> bool(name) and bool(cmdline)
     True
