@@ -4,12 +4,13 @@ import subprocess
 import sys
 import textwrap
 
-from oomguard._evidence.flight import FlightRecorder, read_flight_record
+from oomguard._evidence.flight import SIGNALS_RECORDING, FlightRecorder, read_flight_record
 
 
 def test_executing_slots_and_latest_sample(tmp_path):
     path = str(tmp_path / "1.flight")
     rec = FlightRecorder.create(path, nslots=4)
+    rec.signals_state(SIGNALS_RECORDING)  # else missing says the senders were not recorded
     a = rec.task_started("('load', 1)", start=10.0)
     b = rec.task_started("('load', 2)", start=11.0)
     rec.write_sample({"time": 1.0, "rss": 5, "tasks": {}})

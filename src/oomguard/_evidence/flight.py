@@ -7,14 +7,18 @@ file after the death.
 
 Layout (little-endian), one file per worker process:
 
-    header   64 bytes   magic, pid, created, slot count, slot size, sample layout,
-                        and which of the two sample buffers is current
+    header   128 bytes  magic, pid, created, slot count, slot size, sample layout,
+                        which of the two sample buffers is current, the signal area's offset
     slots    N x 1088   one per executing task: state, start time, key
+    signals  16 + 8 x 5120  whether senders are recorded; the last 8 received signals,
+                        one msgpack record per slot with a sequence number and a CRC
     samples  2 x S      msgpack blobs written alternately; the header names the complete one
 
 A task slot is written on each transition into or out of "executing": O(1), a few stores into
 the mapping. The sampler thread writes the other sample buffer, then flips the header's
-`current` field, so a death mid-write leaves the previous sample intact.
+`current` field, so a death mid-write leaves the previous sample intact. The signal waiter
+thread (`worker_plugin._signals`) writes a signal slot: sequence 0 first, then the record, its
+length and CRC, then the sequence number, so a slot torn by a SIGKILL mid-write is dropped.
 """
 
 from __future__ import annotations
@@ -23,13 +27,18 @@ import mmap
 import os
 import struct
 import time
+import zlib
 from typing import Any
 
 import msgpack
 
-MAGIC = b"OOMGFLT1"
-# magic, pid, created, nslots, slot_size, sample_offset, sample_capacity, current, len0, len1
-_HEADER = struct.Struct("<8sqdIIQQQQQ")
+from . import senders as _senders
+
+# 2: the signal area (issue 26). A record of another layout is refused, not misread.
+MAGIC = b"OOMGFLT2"
+# magic, pid, created, nslots, slot_size, sample_offset, sample_capacity, current, len0, len1,
+# signal_offset
+_HEADER = struct.Struct("<8sqdIIQQQQQQ")
 HEADER_SIZE = 128
 # state, start, keylen; then the key bytes
 _SLOT = struct.Struct("<BxxxxxxxdH")
@@ -40,6 +49,26 @@ DEFAULT_SAMPLE_CAPACITY = 256 * 1024
 
 _EMPTY = 0
 _EXECUTING = 1
+
+# The signal area: state, slot count, slot size, reserved; each slot: sequence, length, CRC32.
+_SIG_AREA = struct.Struct("<IIII")
+_SIG_SLOT = struct.Struct("<QII")
+SIG_SLOTS = 8
+SIG_SLOT_SIZE = 5120  # a record with a 1024-character command line of 4-byte UTF-8 fits
+SIG_AREA_SIZE = _SIG_AREA.size + SIG_SLOTS * SIG_SLOT_SIZE
+#: Whether the worker records its signals' senders (the area's state).
+SIGNALS_UNSET = 0  # the worker never said (it died before its plugin's setup finished)
+SIGNALS_RECORDING = 1
+SIGNALS_NOT_BLOCKED = 2  # started without the signals blocked: nothing can be recorded
+SIGNALS_DISABLED = 3  # oomguard.worker.signal-senders is false
+_NOT_RECORDED = {
+    SIGNALS_UNSET: "the worker had not started its signal recorder",
+    SIGNALS_NOT_BLOCKED: (
+        "the worker did not start with them blocked (oomguard was installed after its "
+        "start, or its nanny is not oomguard's)"
+    ),
+    SIGNALS_DISABLED: "oomguard.worker.signal-senders is false",
+}
 
 
 class FlightRecorder:
@@ -56,7 +85,9 @@ class FlightRecorder:
         self._fd = fd
         self._nslots = nslots
         self._capacity = capacity
-        self._sample_offset = HEADER_SIZE + nslots * SLOT_SIZE
+        self._signal_offset = HEADER_SIZE + nslots * SLOT_SIZE
+        self._sample_offset = self._signal_offset + SIG_AREA_SIZE
+        self._signals = 0  # signals written so far (the next slot's sequence - 1)
         self._free = list(range(nslots - 1, -1, -1))
         self._current = 0
         self._lens = [0, 0]
@@ -71,7 +102,7 @@ class FlightRecorder:
         nslots: int = DEFAULT_SLOTS,
         sample_capacity: int = DEFAULT_SAMPLE_CAPACITY,
     ) -> FlightRecorder:
-        size = HEADER_SIZE + nslots * SLOT_SIZE + 2 * sample_capacity
+        size = HEADER_SIZE + nslots * SLOT_SIZE + SIG_AREA_SIZE + 2 * sample_capacity
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.ftruncate(fd, size)
@@ -81,6 +112,7 @@ class FlightRecorder:
             raise
         rec = cls(path, mm, fd, nslots, sample_capacity)
         rec._write_header()
+        rec.signals_state(SIGNALS_UNSET)
         return rec
 
     def _write_header(self) -> None:
@@ -97,6 +129,7 @@ class FlightRecorder:
             self._current,
             self._lens[0],
             self._lens[1],
+            self._signal_offset,
         )
 
     def task_started(self, key: str, start: float | None = None) -> int:
@@ -132,6 +165,27 @@ class FlightRecorder:
         self._write_header()
         return True
 
+    def signals_state(self, state: int) -> None:
+        """Say whether the senders of this worker's signals are recorded (SIGNALS_*)."""
+        _SIG_AREA.pack_into(self._mm, self._signal_offset, state, SIG_SLOTS, SIG_SLOT_SIZE, 0)
+
+    def write_signal(self, record: dict[str, Any]) -> bool:
+        """Keep one received signal (`senders.record`); the oldest of 8 is overwritten.
+        Written by one thread only (the signal waiter)."""
+        data = msgpack.packb(record, use_bin_type=True)
+        if len(data) > SIG_SLOT_SIZE - _SIG_SLOT.size:
+            return False
+        seq = self._signals + 1
+        off = self._signal_offset + _SIG_AREA.size + (seq - 1) % SIG_SLOTS * SIG_SLOT_SIZE
+        # Sequence 0 first and last the new one: a slot torn mid-write reads as empty or
+        # fails its CRC, never as another record's bytes.
+        _SIG_SLOT.pack_into(self._mm, off, 0, 0, 0)
+        self._mm[off + _SIG_SLOT.size : off + _SIG_SLOT.size + len(data)] = data
+        _SIG_SLOT.pack_into(self._mm, off, 0, len(data), zlib.crc32(data))
+        _SIG_SLOT.pack_into(self._mm, off, seq, len(data), zlib.crc32(data))
+        self._signals = seq
+        return True
+
     def close(self, *, remove: bool = False) -> None:
         try:
             self._mm.close()
@@ -148,13 +202,15 @@ def read_flight_record(path: str) -> dict[str, Any]:
     """Read a flight record left by a (dead) worker process. Never raises.
 
     Returns ``{"pid", "created", "executing": [{"key", "start"}], "sample": dict | None,
-    "missing": [str]}``; what could not be read is named in ``missing``.
+    "signals": [dict] (oldest first, `senders.KEYS`), "missing": [str]}``; what could not
+    be read is named in ``missing``.
     """
     out: dict[str, Any] = {
         "pid": None,
         "created": None,
         "executing": [],
         "sample": None,
+        "signals": [],
         "missing": [],
     }
     try:
@@ -166,13 +222,9 @@ def read_flight_record(path: str) -> dict[str, Any]:
     if len(data) < HEADER_SIZE or data[:8] != MAGIC:
         out["missing"].append("flight record: not a flight record (bad header)")
         return out
-    try:
-        (_, pid, created, nslots, slot_size, s_off, cap, current, l0, l1) = _HEADER.unpack_from(
-            data, 0
-        )
-    except struct.error:
-        out["missing"].append("flight record: truncated header")
-        return out
+    (_, pid, created, nslots, slot_size, s_off, cap, current, l0, l1, g_off) = _HEADER.unpack_from(
+        data, 0
+    )
     out["pid"], out["created"] = pid, created
     if slot_size != SLOT_SIZE or HEADER_SIZE + nslots * slot_size > len(data):
         out["missing"].append("flight record: slot table truncated")
@@ -184,21 +236,64 @@ def read_flight_record(path: str) -> dict[str, Any]:
             continue
         key = data[off + _SLOT.size : off + _SLOT.size + min(keylen, KEY_MAX)]
         out["executing"].append({"key": key.decode("utf-8", "replace"), "start": start})
-    length = (l0, l1)[current] if current in (0, 1) else 0
+    out["sample"] = _read_sample(data, s_off, cap, (l0, l1), current, out["missing"])
+    _read_signals(data, g_off, out)
+    return out
+
+
+def _read_sample(data: bytes, s_off, cap, lens, current, missing: list[str]) -> dict | None:
+    """The current sample buffer, None (and why in missing) when there is none."""
+    length = lens[current] if current in (0, 1) else 0
     if length == 0:
-        out["missing"].append("flight record: no stack sample was taken before the death")
-        return out
+        missing.append("flight record: no stack sample was taken before the death")
+        return None
     start = s_off + current * cap
     if length > cap or start + length > len(data):
-        out["missing"].append("flight record: sample truncated")
-        return out
+        missing.append("flight record: sample truncated")
+        return None
     try:
         sample = msgpack.unpackb(data[start : start + length], raw=False)
     except Exception as e:  # corrupt bytes from a dying process
-        out["missing"].append(f"flight record: sample unreadable ({type(e).__name__})")
-        return out
+        missing.append(f"flight record: sample unreadable ({type(e).__name__})")
+        return None
     if isinstance(sample, dict):
-        out["sample"] = sample
-    else:
-        out["missing"].append("flight record: sample is not a mapping")
-    return out
+        return sample
+    missing.append("flight record: sample is not a mapping")
+    return None
+
+
+def _read_signals(data: bytes, offset: int, out: dict[str, Any]) -> None:
+    """The signal area into out["signals"] (oldest first); what is wrong into missing."""
+    missing = out["missing"]
+    if offset < HEADER_SIZE or offset + SIG_AREA_SIZE > len(data):
+        missing.append("flight record: signal area truncated")
+        return
+    state, nslots, slot_size, _ = _SIG_AREA.unpack_from(data, offset)
+    if nslots != SIG_SLOTS or slot_size != SIG_SLOT_SIZE:
+        missing.append("flight record: signal area unreadable (bad layout)")
+        return
+    if state != SIGNALS_RECORDING:
+        why = _NOT_RECORDED.get(state, f"unknown state {state}")
+        missing.append(f"signal senders: not recorded ({why})")
+        return
+    found, bad = [], 0
+    for i in range(nslots):
+        off = offset + _SIG_AREA.size + i * slot_size
+        seq, length, crc = _SIG_SLOT.unpack_from(data, off)
+        if seq == 0:
+            continue  # never written, or torn before its record was complete
+        body = data[off + _SIG_SLOT.size : off + _SIG_SLOT.size + length]
+        entry = None
+        if length <= slot_size - _SIG_SLOT.size and zlib.crc32(body) == crc:
+            try:
+                entry = _senders.validate(msgpack.unpackb(body, raw=False))
+            except Exception:  # corrupt bytes from a dying process
+                entry = None
+        if entry is None:
+            bad += 1
+        else:
+            found.append((seq, entry))
+    found.sort(key=lambda se: se[0])
+    out["signals"] = [entry for _, entry in found[-SIG_SLOTS:]]
+    if bad:
+        missing.append(f"signal senders: {bad} unreadable signal record(s) dropped")

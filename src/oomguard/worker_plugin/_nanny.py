@@ -41,6 +41,7 @@ from .._protocol import NANNY_PLUGIN, STARTUP_TOPIC
 from ._life import _Life, _Reading
 from ._placement import PlacementMixin, _Placement
 from ._reporting import ReportingMixin, remove_files
+from ._signals import can_block_spawn, prepare_spawn, spawning_blocked
 from ._worker import OomguardWorkerPlugin
 
 if TYPE_CHECKING:
@@ -66,6 +67,7 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
     cgroup_limit: str | None
     sample_interval: float | None
     max_report_size: int | None
+    signal_senders: bool | None
 
     def __init__(
         self,
@@ -74,12 +76,14 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
         cgroup_limit: str | None = None,
         sample_interval: float | None = None,
         max_report_size: int | None = None,
+        signal_senders: bool | None = None,
     ):
         # None: read oomguard.worker.* from the nanny's Dask config in setup().
         self.crash_dir = crash_dir
         self.cgroup_limit = cgroup_limit
         self.sample_interval = sample_interval
         self.max_report_size = max_report_size
+        self.signal_senders = signal_senders
         self._reset()
 
     def _reset(self) -> None:
@@ -92,6 +96,7 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
         self._start_kills = 0  # workers OOM-killed by their own group's limit while starting
         self._unlimited = False  # set by the first of those: no group limit from then on
         self._closing = False
+        self._block_signals = False  # spawn each worker with the catchable signals blocked
         self._tasks: set[asyncio.Task] = set()
         self._watcher: asyncio.Task | None = None
         self._delegate: OomguardNannyPlugin | None = None
@@ -105,6 +110,7 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
             "cgroup_limit": self.cgroup_limit,
             "sample_interval": self.sample_interval,
             "max_report_size": self.max_report_size,
+            "signal_senders": self.signal_senders,
         }
 
     def __setstate__(self, state):
@@ -123,6 +129,8 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
             self.sample_interval = _config.get_seconds("worker.sample-interval")
         if self.max_report_size is None:
             self.max_report_size = _config.get_bytes("worker.max-report-size")
+        if self.signal_senders is None:
+            self.signal_senders = _config.get_bool("worker.signal-senders")
 
     async def setup(self, nanny: Nanny) -> None:
         follow_dask_logging()
@@ -143,7 +151,11 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
         self._nanny = nanny
         if admission.enabled and admission.startup:
             self._startup = StartupReservations(admission, f"{os.getpid()}-{id(self):x}")
-        worker_plugin = OomguardWorkerPlugin(self.crash_dir, self.sample_interval or 0.5)
+        worker_plugin = OomguardWorkerPlugin(
+            self.crash_dir, self.sample_interval or 0.5, self.signal_senders
+        )
+        if self.signal_senders:
+            self._guard(self._prepare_signals, "setup")
         self._add_worker_plugin(nanny.worker_kwargs, worker_plugin)
         if nanny.process is not None:
             self._add_worker_plugin(nanny.process.worker_kwargs, worker_plugin)
@@ -181,6 +193,14 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
             self._guard(self._on_started, "setup")
         self._watcher = asyncio.ensure_future(self._watch_group())
 
+    def _prepare_signals(self) -> None:
+        ok, why = can_block_spawn()
+        if not ok:
+            logger.info("oomguard: the senders of workers' signals are not recorded (%s)", why)
+            return
+        prepare_spawn()
+        self._block_signals = True
+
     async def _watch_group(self) -> None:
         """Read the worker's group every sample interval (two small cgroupfs reads and a
         /proc look-up on the nanny's loop), so a death is judged against a recent reading."""
@@ -193,6 +213,8 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
 
     async def _instantiate(self, nanny: Nanny, instantiating: Any) -> Any:
         """Dask's `Nanny.instantiate`, with the worker moved into its group at its spawn."""
+        if self._block_signals:
+            instantiating = spawning_blocked(instantiating)
         starting = asyncio.ensure_future(instantiating)
         if nanny.process is None:
             # The first start creates the WorkerProcess in its first step, before it awaits

@@ -97,6 +97,8 @@ class ReportingMixin:
             nanny_memory_kill=memory_kill,
             kernel_log_victim=kernel_victim,
             requested_close=requested,
+            signals=flight.get("signals"),
+            nanny_pid=os.getpid(),
             missing=missing,
             max_bytes=self.max_report_size or _wire.MAX_REPORT_BYTES,
         )

@@ -16,12 +16,17 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from .. import _config
 from .._evidence import cgroup as _cgroup
-from .._evidence.flight import FlightRecorder
+from .._evidence.flight import (
+    SIGNALS_DISABLED,
+    SIGNALS_NOT_BLOCKED,
+    FlightRecorder,
+)
 from .._evidence.growth import GrowthSplit, thread_system_time
 from .._evidence.paths import configured_crash_dir, crash_path, flight_path
 from .._guard import Guard
 from .._log import follow_dask_logging
 from .._protocol import WORKER_PLUGIN
+from . import _signals
 from ._admission import install_admission
 
 if TYPE_CHECKING:
@@ -39,6 +44,8 @@ class OomguardWorkerPlugin(WorkerPlugin):
     Dumps every thread's stack to a crash file on SIGSEGV/SIGABRT/SIGBUS/SIGFPE/SIGILL and
     SIGTERM, and keeps a flight record of the executing tasks and their last sampled stacks,
     which the nanny reads when the process dies (even by SIGKILL, when nothing can run).
+    Where its nanny started it with the catchable signals blocked, records who sent each one
+    (`_signals.SignalWaiter`).
 
     `crash_dir` and `sample_interval` left None are read in `setup`, from the worker's own
     config (`oomguard.worker.crash-dir`, `.sample-interval`), as its nanny reads them: so the
@@ -53,10 +60,18 @@ class OomguardWorkerPlugin(WorkerPlugin):
 
     crash_dir: str | None
     sample_interval: float | None
+    signal_senders: bool | None
 
-    def __init__(self, crash_dir: str | None = None, sample_interval: float | None = None):
+    def __init__(
+        self,
+        crash_dir: str | None = None,
+        sample_interval: float | None = None,
+        signal_senders: bool | None = None,
+    ):
         self.crash_dir = crash_dir
         self.sample_interval = sample_interval
+        self.signal_senders = signal_senders  # None: oomguard.worker.signal-senders
+        self._signals: _signals.SignalWaiter | None = None
         self._worker: Worker | None = None
         self._recorder: FlightRecorder | None = None
         self._crash_file: Any = None
@@ -71,7 +86,11 @@ class OomguardWorkerPlugin(WorkerPlugin):
         self._admission = None  # host-wide memory admission
 
     def __getstate__(self):
-        return {"crash_dir": self.crash_dir, "sample_interval": self.sample_interval}
+        return {
+            "crash_dir": self.crash_dir,
+            "sample_interval": self.sample_interval,
+            "signal_senders": self.signal_senders,
+        }
 
     def __setstate__(self, state):
         self.__init__(**state)
@@ -89,6 +108,7 @@ class OomguardWorkerPlugin(WorkerPlugin):
         faulthandler.enable(file=self._crash_file, all_threads=True)
         faulthandler.register(signal.SIGTERM, file=self._crash_file, all_threads=True, chain=True)
         self._recorder = FlightRecorder.create(flight_path(self.crash_dir, pid))
+        self._wait_for_signals(self._recorder)
         try:  # host-wide memory leases (oomguard.memory, learned peaks)
             self._admission = install_admission(worker, self.crash_dir)
         except Exception:
@@ -102,7 +122,28 @@ class OomguardWorkerPlugin(WorkerPlugin):
         )
         self._thread.start()
 
+    def _wait_for_signals(self, recorder: FlightRecorder) -> None:
+        """Record the senders of the catchable signals, where the nanny blocked them."""
+        if _signals.started_blocked():
+            # Blocked in every thread: the waiter must run, whatever the setting says, or
+            # they would stay pending for ever.
+            self._signals = _signals.SignalWaiter(recorder, self._internal_error)
+            self._signals.start()
+            return
+        enabled = self.signal_senders
+        if enabled is None:
+            try:
+                enabled = _config.get_bool("worker.signal-senders")
+            except Exception:  # its nanny read the same setting and refused a bad one
+                enabled = True
+        recorder.signals_state(SIGNALS_NOT_BLOCKED if enabled else SIGNALS_DISABLED)
+
     def teardown(self, worker: Worker) -> None:
+        if self._signals is not None:
+            # First: from here on a signal reaches the event loop's thread as without
+            # oomguard (one pending now is delivered at once, faulthandler still set).
+            self._signals.stop()
+            self._signals = None
         self._stop.set()
         if self._admission is not None:  # host-wide memory admission
             self._admission.uninstall(worker)
