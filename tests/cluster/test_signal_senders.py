@@ -34,6 +34,21 @@ def sleepy_task(seconds):
     return seconds
 
 
+def sleep_in_spawned_process(path, how):
+    """A child started the way multiprocessing's spawn does (Dask's workers are daemonic,
+    so a task cannot use multiprocessing.Process itself), or with os.posix_spawn."""
+    import multiprocessing.util
+
+    argv = ["sleep", "60"]
+    if how == "spawnv_passfds":
+        pid = multiprocessing.util.spawnv_passfds(b"/bin/sleep", argv, [])
+    else:
+        pid = os.posix_spawn("/bin/sleep", argv, dict(os.environ))
+    with open(path, "w") as f:
+        f.write(str(pid))
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
 def sleep_in_subprocess(path):
     proc = subprocess.Popen(["sleep", "30"])
     with open(path, "w") as f:
@@ -206,22 +221,23 @@ def test_installed_at_runtime_records_nothing_and_the_worker_dies_as_before(spy)
         fut.cancel()
 
 
-def test_a_task_subprocess_inherits_the_blocked_signals(spy, tmp_path):
-    """What happens (docs/configuration.md, oomguard.worker.signal-senders): a process the
-    task starts with subprocess keeps SIGTERM blocked, so a SIGTERM to it stays pending and
-    it runs on; SIGKILL still ends it."""
+@pytest.mark.parametrize("start", ["subprocess", "spawnv_passfds", "posix_spawn"])
+def test_a_task_child_gets_the_workers_own_mask(spy, tmp_path, start):
+    """A process the task starts (subprocess, multiprocessing's spawn path, posix_spawn)
+    does not inherit the blocked signals: a SIGTERM ends it as without oomguard, so
+    `Popen.terminate()` and `Pool.terminate()` work (docs/configuration.md,
+    oomguard.worker.signal-senders)."""
     with _cluster(spy) as (cluster, client):
         client.wait_for_workers(1, timeout=60)
         path = tmp_path / "child.pid"
-        fut = client.submit(sleep_in_subprocess, str(path), pure=False)
-        child = int(wait_for(lambda: path.exists() and path.read_text(), "no child", 30))
-        os.kill(child, signal.SIGTERM)
-        time.sleep(1.0)
+        if start == "subprocess":
+            fut = client.submit(sleep_in_subprocess, str(path), pure=False)
+        else:
+            fut = client.submit(sleep_in_spawned_process, str(path), start, pure=False)
+        child = int(wait_for(lambda: path.exists() and path.read_text(), "no child", 60))
         status = open(f"/proc/{child}/status").read()
         blocked = int(status.split("SigBlk:")[1].split()[0], 16)
-        pending = int(status.split("ShdPnd:")[1].split()[0], 16)
-        assert blocked >> 14 & 1 and pending >> 14 & 1  # SIGTERM (15): blocked, pending
-        assert fut.status == "pending"
-        os.kill(child, signal.SIGKILL)
-        assert fut.result(timeout=30) == -signal.SIGKILL
+        assert not blocked >> 14 & 1  # SIGTERM (15) is not blocked in the child
+        os.kill(child, signal.SIGTERM)
+        assert fut.result(timeout=30) == -signal.SIGTERM
         assert spy.reports == []

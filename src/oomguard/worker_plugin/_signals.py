@@ -17,12 +17,13 @@ their creator's mask, the child of a fork the forking thread's:
   to itself with it unblocked in that thread only: the installed handler (faulthandler's
   chained SIGTERM dump, Python's handler, or the default action) runs as it would have.
 
-Processes that task code starts with `subprocess` (fork and exec without a Python hook)
-inherit the blocked mask: docs/configuration.md, `oomguard.worker.signal-senders`.
+Processes that task code starts get the worker's own mask back (`_unmask_children`), except
+those that C code forks by itself: docs/configuration.md, `oomguard.worker.signal-senders`.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -147,6 +148,47 @@ async def spawning_blocked(coro: Coroutine) -> Any:
 # --- the worker -----------------------------------------------------------------------
 
 
+def _unmask_children() -> None:
+    """Children that task code starts get the mask the worker was started with, not the
+    blocked one: Python's fork-and-exec paths (`subprocess`, `multiprocessing`'s spawn and
+    forkserver, `os.posix_spawn`; asyncio's subprocesses go through `subprocess`) run with
+    `SIGNALS` unblocked in the calling thread, which the child inherits. Without this a
+    child's SIGTERM stayed pending for good: `Popen.terminate()` did nothing, and
+    `multiprocessing.Pool.terminate()` (what `with Pool() as p:` ends with) hung.
+    While the call runs, a signal to the worker may be handled on that thread as without
+    oomguard, its sender unrecorded. C code that forks by itself (`os.system`, a library's
+    own fork) still passes the blocked mask on: docs/configuration.md."""
+    import _posixsubprocess
+    import subprocess
+
+    for owner, name in (
+        (subprocess, "_fork_exec"),  # subprocess.Popen
+        (_posixsubprocess, "fork_exec"),  # multiprocessing.util.spawnv_passfds
+        (os, "posix_spawn"),
+        (os, "posix_spawnp"),
+    ):
+        fn = getattr(owner, name, None)
+        if callable(fn) and not getattr(fn, "_oomguard_unmasked", False):
+            setattr(owner, name, _unmasked(fn))
+
+
+def _unmasked(fn: Callable) -> Callable:
+    """`fn`, called with `SIGNALS` unblocked in the calling thread while a waiter runs."""
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if not _waiting:
+            return fn(*args, **kwargs)
+        old = signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+    call._oomguard_unmasked = True  # type: ignore[attr-defined]
+    return call
+
+
 def _unblock_in_child() -> None:
     # A child forked by task code (os.fork, multiprocessing's fork) has no waiter thread.
     if _waiting:
@@ -171,6 +213,7 @@ class SignalWaiter:
         global _waiting, _hooked
         if not _hooked:
             os.register_at_fork(after_in_child=_unblock_in_child)
+            _unmask_children()
             _hooked = True
         _waiting = True
         self._recorder.signals_state(SIGNALS_RECORDING)
