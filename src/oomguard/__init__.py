@@ -5,7 +5,7 @@ The public surface; everything else is private (`oomguard._*`).
 
 from . import _config  # noqa: F401  (registers oomguard's Dask config defaults)
 from ._admission.needs import memory
-from ._causes import Cause, Kind
+from ._causes import Cause, Confidence, Killer, Kind, Known
 from ._client.api import Failures, install, uninstall
 from ._exceptions import (
     AdmissionTimeout,
@@ -26,10 +26,13 @@ __all__ = [
     "AdmissionTimeout",
     "Cause",
     "CgroupError",
+    "Confidence",
     "ConfigError",
     "FailureEvent",
     "Failures",
+    "Killer",
     "Kind",
+    "Known",
     "OomguardError",
     "PipelineAborted",
     "PipelineStatus",

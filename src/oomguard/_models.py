@@ -90,11 +90,13 @@ class FailureEvent(_Record):
     killer_summary: str = ""
 
     def __repr__(self) -> str:
-        """<FailureEvent 2026-05-01 14:03:07 oom_kill shard=('load', 17) attempt=2
-        pipeline=etl worker=tcp://10.0.3.11:40211>, one line; attempt only past the first."""
+        """<FailureEvent 2026-05-01 14:03:07 oom_kill killer=kernel shard=('load', 17)
+        attempt=2 pipeline=etl worker=tcp://10.0.3.11:40211>, one line; the killer only for
+        a death, attempt only past the first."""
         attempt = f" attempt={self.attempt}" if self.attempt != 1 else ""
+        killer = f" killer={shorten(self.killer, 16)}" if self.killer else ""
         return (
-            f"<FailureEvent {clock(self.time)} {shorten(self.cause, 20)} "
+            f"<FailureEvent {clock(self.time)} {shorten(self.cause, 20)}{killer} "
             f"shard={_short(self.shard, 48)}{attempt} pipeline={_short(self.pipeline, 24)} "
             f"worker={_short(self.worker, 32)}>"
         )

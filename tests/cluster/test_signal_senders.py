@@ -181,6 +181,16 @@ def test_sigterm_from_a_named_process_names_it(spy):
         assert sig["name"] == "chaos-monkey"
         assert sig["cmdline"].endswith("--chaos") and "\n" not in sig["cmdline"]
         assert sent_at - 1 <= sig["time"] <= time.time()
+        # The report names the killer from the signal's sender.
+        assert report["killer"] == {
+            "name": "process",
+            "how": "signal sender",
+            "confidence": "confirmed",
+            "summary": f"SIGTERM from chaos-monkey (pid {send.pid}, uid {os.getuid()})",
+            "memory": False,
+        }
+        assert report["evidence"]["sender_name"] == "chaos-monkey"
+        assert report["evidence"]["sender_cmdline"].endswith("--chaos")
         # As before: exit -15 and faulthandler's SIGTERM dump, with the task's frame in it.
         assert report["cause"] == "sigterm" and report["exitcode"] == -15
         text = (report["crash"] or {}).get("text", "")

@@ -171,6 +171,16 @@ def test_sigkill_from_outside(cluster):
     report = _the_report(new, pid)
     assert report["cause"] == "sigkill"
     assert report["exitcode"] == -9
+    # Nothing names the sender of a SIGKILL: what was excluded, with the host's memory.
+    killer = report["killer"]
+    assert (killer["name"], killer["how"], killer["confidence"]) == (
+        "unknown",
+        "inferred",
+        "likely",
+    ), killer
+    assert killer["summary"].startswith("SIGKILL from an unknown sender: not the kernel")
+    assert "MemAvailable" in killer["summary"]
+    assert report["evidence"]["memavailable_bytes"] > 0
     entry = _executing_entry(report, key)
     assert "sleepy_task" in _stack_functions(entry)
 
@@ -184,6 +194,11 @@ def test_external_sigterm(cluster):
     # faulthandler is registered for SIGTERM: the dump names the task function.
     assert "sleepy_task" in (report["crash"] or {}).get("text", "")
     assert report["evidence"].get("host_available_bytes") is not None
+    # The sender is this test, which runs the LocalCluster's nannies in its own process.
+    assert (
+        report["killer"]["name"] == "process" and report["evidence"]["sender_pid"] == os.getpid()
+    )
+    assert report["killer"]["summary"].startswith("SIGTERM from the nanny's own process")
 
 
 def test_segfault(cluster):
@@ -195,6 +210,7 @@ def test_segfault(cluster):
     assert "Segmentation fault" in report["crash"]["text"]
     assert "segfault_task" in report["crash"]["text"]
     _executing_entry(report, key)
+    assert (report["killer"]["name"], report["killer"]["how"]) == ("task", "exit status")
 
 
 def test_abort(cluster):
@@ -204,6 +220,7 @@ def test_abort(cluster):
     assert report["cause"] == "native_crash"
     assert report["crash"]["signal"] == "SIGABRT"
     assert "abort_task" in report["crash"]["text"]
+    assert report["killer"]["name"] == "task"
 
 
 def test_exit_status(cluster):
@@ -212,6 +229,7 @@ def test_exit_status(cluster):
     report = _the_report(new, pid)
     assert report["cause"] == "exit"
     assert report["exitcode"] == 3
+    assert report["killer"]["summary"] == "the worker's own code: it exited with status 3"
     _executing_entry(report, key)
 
 
@@ -220,6 +238,7 @@ def test_kernel_oom_kill_in_per_worker_cgroup(cluster):
     pid, key, new = _kill_via(cl, client, reports, oom_task, LIMIT)
     report = _the_report(new, pid)
     assert report["cause"] == "oom_kill", report["evidence"]
+    assert report["killer"]["name"] == "kernel" and report["killer"]["confidence"] == "confirmed"
     before, after = report["cgroup"]["before"], report["cgroup"]["after"]
     assert after["oom_kill"] == before["oom_kill"] + 1
     assert report["cgroup"]["path"].rstrip("/").endswith(f"oomguard-worker-{pid}")
@@ -278,6 +297,9 @@ def test_nanny_memory_termination():
     assert report["cause"] == "memory_terminate", report["evidence"]
     assert report["exitcode"] == -signal.SIGTERM
     assert report["evidence"]["nanny_memory_kill"] is True
+    killer = report["killer"]
+    assert (killer["name"], killer["how"], killer["memory"]) == ("dask-nanny", "nanny event", True)
+    assert killer["summary"].startswith("SIGTERM from Dask's nanny: memory terminate at RSS")
     assert report["evidence"]["rss_sampled_bytes"] > 0.5 * LIMIT
     entry = _executing_entry(report, key)
     assert "creep_task" in _stack_functions(entry)

@@ -739,3 +739,45 @@ def test_close_waits_for_reads_running_on_other_threads(tmp_path):
         t.join(10)
         assert outcome and "closed" in outcome[0], outcome
         assert s._reads == 0
+
+
+def test_a_store_of_schema_2_gets_killers_unknown_for_deaths_and_empty_for_exceptions(tmp_path):
+    """Issue 26's migration: deaths stored before say 'unknown' (inferred), a task's
+    exception has no killer; new events keep theirs, and the killer filters."""
+    path = tmp_path / "v2.sqlite3"
+    conn = sqlite3.connect(path, isolation_level=None)
+    for migration in MIGRATIONS[:2]:
+        for statement in migration:
+            conn.execute(statement)
+    conn.execute("PRAGMA user_version = 2")
+    insert = "INSERT INTO events (time, kind, cause, shard, pipeline, worker, host, "
+    insert += "signature_id, signature_title, evidence, attempt, grouping_version) "
+    insert += "VALUES (?, ?, ?, 's', 'p', 'w', 'h', 'sig', 't', '{}', 1, 1)"
+    conn.execute(insert, (T0, "infra", "sigterm"))
+    conn.execute(insert, (T0 + 1, "user", "exception"))
+    conn.close()
+
+    s = FailureStore(str(path), batch_interval=0.01)
+    s.start()
+    try:
+        assert user_version(path) == N
+        old_death, old_exception = sorted(s.events(), key=lambda e: e.time)
+        assert (old_death.killer, old_death.killer_how, old_death.killer_confidence) == (
+            "unknown",
+            "inferred",
+            "likely",
+        )
+        assert (old_exception.killer, old_exception.killer_summary) == ("", "")
+        new = ev(
+            3,
+            cause="sigterm",
+            killer="earlyoom",
+            killer_how="signal sender",
+            killer_confidence="confirmed",
+            killer_summary="SIGTERM from earlyoom (pid 812, uid 0) at MemAvailable 4.1 %",
+        )
+        fill(s, [new])
+        assert [e.killer_summary for e in s.events(killer="earlyoom")] == [new.killer_summary]
+        assert [e.time for e in s.events(killer="unknown")] == [T0]
+    finally:
+        s.close()

@@ -30,7 +30,7 @@ import sys
 from typing import Any
 
 from .._admission import peaks as _peaks
-from .._causes import Cause, Kind
+from .._causes import Cause, Killer, Kind
 from .._client import filters as _filters
 from .._display import one_line
 from .._exceptions import ReportFailed
@@ -60,7 +60,7 @@ examples:
   oomguard report --scheduler tcp://scheduler:8786 --peaks
   oomguard report --ledger /tmp/oomguard-1000/memory-ledger.json
 
-Filters narrow each section they apply to (never the peaks): --kind, --cause and --since the events (and
+Filters narrow each section they apply to (never the peaks): --kind, --cause, --killer and --since the events (and
 --cause, --since the signatures); --pipeline all three; --shard and --signature the events,
 and the signatures and pipelines to those the shown events name. --shard alone prints the
 shard's whole history oldest first, with evidence; with other filters or --limit, its
@@ -202,6 +202,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--kind", choices=[k.value for k in Kind], help="infra or user")
     causes = [c.value for c in Cause]
     p.add_argument("--cause", choices=causes, metavar="CAUSE", help=", ".join(causes))
+    killers = [k.value for k in Killer]
+    p.add_argument(
+        "--killer",
+        choices=killers,
+        metavar="KILLER",
+        help="who ended the worker: " + ", ".join(killers),
+    )
     p.add_argument("--pipeline", metavar="NAME")
     p.add_argument(
         "--shard",
@@ -317,7 +324,8 @@ def run(args: argparse.Namespace) -> int:
 def _empty(what: str, args: argparse.Namespace, width: int | None) -> list[str]:
     """Why a section has no rows, in words: never a bare "none"."""
     narrowed = any(
-        v is not None for v in (args.kind, args.cause, args.pipeline, args.signature, args.since)
+        v is not None
+        for v in (args.kind, args.cause, args.killer, args.pipeline, args.signature, args.since)
     )
     if args.shard is not None:
         prefix = "  with these filters, no" if narrowed else "  no"

@@ -206,7 +206,15 @@ def _check_sqlite(path: str, known: int) -> tuple[str | None, bool]:
 
 def shard_history(args: argparse.Namespace) -> bool:
     """`--shard` alone: the whole history of the shard, oldest first (`Failures.shard`)."""
-    narrowing = (args.kind, args.cause, args.pipeline, args.signature, args.since, args.limit)
+    narrowing = (
+        args.kind,
+        args.cause,
+        args.killer,
+        args.pipeline,
+        args.signature,
+        args.since,
+        args.limit,
+    )
     return args.shard is not None and all(v is None for v in narrowing)
 
 
@@ -222,6 +230,7 @@ def collect(source: Any, args: argparse.Namespace, sections: tuple[str, ...]) ->
             events = source.events(
                 kind=args.kind,
                 cause=args.cause,
+                killer=args.killer,
                 pipeline=args.pipeline,
                 shard=args.shard,
                 signature=args.signature,

@@ -149,10 +149,12 @@ class Failures:
         signature: str | None = None,
         since: float | str | datetime.datetime | datetime.timedelta | None = None,
         limit: int | None = _EVENTS_LIMIT,
+        killer: str | None = None,
     ) -> EventList:
         """Failure events, newest first, matching every filter given.
 
-        ``kind`` "infra" or "user"; ``cause`` one of `oomguard.Cause`; ``shard`` a task key
+        ``kind`` "infra" or "user"; ``cause`` one of `oomguard.Cause`; ``killer`` who ended
+        the worker, one of `oomguard.Killer` ("earlyoom", "kernel", ...); ``shard`` a task key
         (or its str); ``since`` seconds since the epoch, a datetime (naive: local), a
         timedelta back from now, or text as ``oomguard report --since`` takes it ("1h",
         "2026-05-01T14:00"); ``limit`` a positive number, or None for every event.
@@ -168,6 +170,7 @@ class Failures:
             signature=_filters.text(signature, "signature", "a signature id"),
             since=_filters.since(since),
             limit=_filters.limit(limit),
+            killer=_filters.killer(killer),
         )
         return EventList((FailureEvent.from_dict(r) for r in rows), "newest first")
 

@@ -19,12 +19,13 @@ import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .._causes import Cause, Kind
+from .._causes import Cause, Killer, Kind
 
 T = TypeVar("T")
 
 KINDS: tuple[str, ...] = tuple(k.value for k in Kind)
 CAUSES: tuple[str, ...] = tuple(c.value for c in Cause)
+KILLERS: tuple[str, ...] = tuple(k.value for k in Killer)
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d|w)$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -78,6 +79,17 @@ native_crash, sigterm, sigkill, exit, worker_lost, memory_error, exception \
 (did you mean 'oom_kill'?)
     """
     return _choice(value, CAUSES, "a cause", name)
+
+
+def killer(value: Any, name: str | None = "killer") -> str | None:
+    """A killer of `oomguard.Killer`, as its string (None: no filter).
+
+    >>> killer("earlyom")
+    Traceback (most recent call last):
+    ValueError: killer='earlyom' is not a killer; expected one of kernel, dask-nanny, \
+earlyoom, systemd-oomd, kubelet, slurm, process, task, dask, unknown (did you mean 'earlyoom'?)
+    """
+    return _choice(value, KILLERS, "a killer", name)
 
 
 def limit(value: Any, name: str | None = "limit", *, allow_none: bool = True) -> int | None:

@@ -14,8 +14,8 @@ K1     cause oom_kill (kernel counter or kernel log, see classify R5)       kern
 K2     cause memory_terminate (the nanny's worker-restart-memory event)     dask-nanny
 K3     cause native_crash or exit (the process crashed or exited itself)    task
 K4     SIGTERM, and the worker saw its sender (si_pid, si_uid, /proc):      the sender:
-       earlyoom, systemd-oomd, slurmstepd, kubelet, the nanny, the          confirmed,
-       worker itself, any other process (named); pid 0 is a sender          signal sender
+       earlyoom, systemd-oomd, slurmstepd, kubelet, the worker itself,      confirmed,
+       any other process (named, the nanny's own too); pid 0 is a sender    signal sender
        outside the worker's PID namespace (a container runtime, the
        kubelet): unknown unless the pod status says more
 K5     SIGKILL and systemd-oomd's user.oomd_kill moved on the worker's      systemd-oomd,
@@ -215,7 +215,15 @@ def _by_sender(s: dict, r: Mapping[str, Any], host: dict) -> Attribution:
         else f"pid {pid} (uid {uid}; it exited before it was named)"
     )
     if pid == _int(r.get("nanny_pid")):
-        return _sent(Killer.DASK_NANNY, f"SIGTERM from Dask's nanny {who}", facts)
+        # Not Dask's memory terminate (K2) nor a requested stop (no death): other code in
+        # the nanny's process, as a LocalCluster's client in the same process.
+        facts["sender_is_nanny_process"] = True
+        return _sent(
+            Killer.PROCESS,
+            f"SIGTERM from the nanny's own process {who}, neither its memory terminate nor "
+            "a requested stop",
+            facts,
+        )
     if pid == _int(r.get("pid")):
         return _sent(Killer.TASK, f"SIGTERM from the worker itself ({who})", facts)
     killer = SENDER_NAMES.get(name or "", Killer.PROCESS)

@@ -90,6 +90,7 @@ class ReaderMixin:
         signature: str | None = None,
         since: float | None = None,
         limit: int | None = 1000,
+        killer: str | None = None,
     ) -> list[FailureEvent]:
         """Stored events, newest first (by event time), matching every filter given.
 
@@ -103,6 +104,7 @@ class ReaderMixin:
             ("pipeline", pipeline),
             ("shard", shard),
             ("signature_id", signature),
+            ("killer", killer),
         ):
             if value is not None:
                 where.append(f"{column} = ?")
