@@ -264,6 +264,10 @@ def build_report(
     max_bytes: int = MAX_REPORT_BYTES,
     cgroup_placement: dict | None = None,
     cgroup_reading: dict | None = None,
+    host_reading: dict | None = None,  # issue 26: the lead's attribution reads these
+    killers: list[dict] | None = None,
+    oomd: dict | None = None,
+    environment: dict | None = None,
 ) -> dict[str, Any]:
     """Classify one death and build its schema-v1 report, capped to `max_bytes` encoded.
 

@@ -1,5 +1,5 @@
 """A worker process's life as its nanny sees it: what is known of it from its start, and
-the latest reading of its memory group, against which its death is judged.
+the latest reading of its memory group and of the host, against which its death is judged.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._evidence import cgroup as _cgroup
+from .._evidence.host import HostMeter, OomdXattrs
 
 
 @dataclass
@@ -29,6 +30,10 @@ class _Life:
     missing: list[str] = field(default_factory=list)
     started_monotonic: float = field(default_factory=time.monotonic)
     reading: _Reading | None = None  # the group's last reading while the worker ran
+    host: dict | None = None  # HostMeter.read() at the last reading while it ran
+    oomd_watch: OomdXattrs | None = None  # systemd-oomd's xattrs on its group, ancestors
+    oomd: dict | None = None  # their sums at the last reading while it ran
+    environment: dict | None = None  # slurm_environment(pid), read at its start
 
 
 @dataclass(frozen=True)
@@ -64,3 +69,26 @@ class _Reading:
             "others": len(self.others),
             "others_gone": len(gone),
         }
+
+
+def take_readings(life: _Life, meter: HostMeter | None) -> None:
+    """The nanny's reading every sample interval: the group (`_Reading`), the host's memory
+    and pressure, and systemd-oomd's xattrs; kept only while the worker still runs (read
+    first, then checked, so a count that includes its own kill is never kept)."""
+    oom_kill = None
+    pids: list[int] = []
+    if life.cgroup_path is not None and life.cgroup_version is not None:
+        oom_kill = _cgroup.read_oom_kill(life.cgroup_path, life.cgroup_version)
+        pids = _cgroup.group_pids(life.cgroup_path)
+    host = meter.read() if meter is not None else None
+    oomd = life.oomd_watch.read() if life.oomd_watch is not None else None
+    if not _cgroup.process_running(life.pid):
+        return
+    now = time.time()
+    if oom_kill is not None:
+        me = os.getpid()
+        life.reading = _Reading(now, oom_kill, tuple(p for p in pids if p not in (life.pid, me)))
+    if host is not None:
+        life.host = host
+    if oomd is not None:
+        life.oomd = oomd
