@@ -273,6 +273,8 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
         if self._meter is not None:
             self._meter.close()
         life, self._life = self._life, None
+        if life is not None:
+            life.close()
         placed, self._placed = self._placed, None
         for group in (life.group if life else None, placed.group if placed else None):
             if group is not None:
@@ -390,6 +392,7 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
         life = self._life if self._life is not None and self._life.pid == pid else None
         if life is not None:
             self._life = None
+            life.close()
         if self._placed is not None and self._placed.pid == pid:
             # Died before it was up: the report reads its group's counters all the same.
             placed, self._placed = self._placed, None
