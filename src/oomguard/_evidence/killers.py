@@ -175,7 +175,7 @@ def find_killers(total_bytes: int | None, root: str = "/") -> list[dict[str, Any
         killer: dict[str, Any] = {"name": name, "pid": int(entry), "cmdline": clean_cmdline(raw)}
         if name in ("earlyoom", "systemd-oomd", "nohang", "oomd"):
             killer.update(term_bytes=None, kill_bytes=None, term_percent=None, kill_percent=None)
-        if name == "earlyoom":
+        if name == "earlyoom" and raw:  # unreadable: its thresholds stay unknown
             argv = [a.decode("utf-8", "replace") for a in raw.split(b"\0")]
             if argv and argv[-1] == "":
                 argv.pop()
