@@ -147,12 +147,17 @@ def _killed_by_earlyoom(client, tmp_path, *, escalate: bool):
         failures = oomguard.Failures(client)
         cause = "sigkill" if escalate else "sigterm"
         events = wait_for(
-            lambda: failures.events(cause=cause), lambda: f"no {cause} event: {failures.events()}", 60
+            lambda: failures.events(cause=cause), lambda: _no_event(client, cause, eo), 60
         )
         return events[0], eo.proc.pid, term, kill, sent
     finally:
         eo.close()
         future.cancel()
+
+
+def _no_event(client, cause: str, eo: _Earlyoom) -> str:
+    events = {t: [m for _, m in ms][-3:] for t, ms in client.get_events().items()}
+    return f"no {cause} event; earlyoom:\n{eo.output()}\nscheduler events: {events}"
 
 
 def test_earlyoom_sigterm_is_named_from_the_signal_sender(cluster, tmp_path):
