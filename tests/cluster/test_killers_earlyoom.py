@@ -8,7 +8,8 @@ hundred MiB, until MemAvailable is past the threshold.
 
 earlyoom is held (SIGSTOP) while the task allocates and let go (SIGCONT) once the nanny has
 read the host's memory low, as it would for a leak that grows over seconds; the moment its
-output says "sending SIG... to process", it is stopped again (and killed after): it can never
+output says "sending SIG... to process" and the worker has that signal, it is stopped again
+(and killed after): it can never
 pick a second process. Its kill line must name the worker's pid.
 """
 
@@ -60,6 +61,23 @@ def victim_task(marks: str, target: int, cap: int) -> int:
     return len(held)
 
 
+def _wait_signalled(pid: int, signo: int, timeout: float = 3.0) -> None:
+    """Until `pid` has `signo` pending, or is a zombie or gone (or `timeout` passed)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                status = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            return
+        if status.get("State", "").split()[:1] in (["Z"], ["X"]):
+            return
+        pending = int(status.get("ShdPnd", "0"), 16) | int(status.get("SigPnd", "0"), 16)
+        if pending & (1 << (signo - 1)):
+            return
+        time.sleep(0.001)
+
+
 class _Earlyoom:
     """A real earlyoom, its merged output read line by line on a thread; stopped (SIGSTOP)
     the moment it says it sends a signal."""
@@ -78,6 +96,9 @@ class _Earlyoom:
         for line in self.proc.stdout:
             m = _KILL_LINE.search(line)
             if m and self.kill is None:
+                # earlyoom prints this line, then sends the signal, then waits for its
+                # victim to exit (kill.c kill_wait) before it would look for another one.
+                _wait_signalled(int(m.group(2)), getattr(signal, m.group(1)))
                 self.proc.send_signal(signal.SIGSTOP)  # never a second victim
                 self.kill = (m.group(1), int(m.group(2)))
             self.lines.append(line.rstrip())
