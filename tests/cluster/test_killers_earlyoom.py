@@ -9,8 +9,8 @@ hundred MiB, until MemAvailable is past the threshold.
 earlyoom is held (SIGSTOP) while the task allocates and let go (SIGCONT) once the nanny has
 read the host's memory low, as it would for a leak that grows over seconds; the moment its
 output says "sending SIG... to process" and the worker has that signal, it is stopped again
-(and killed after): it can never
-pick a second process. Its kill line must name the worker's pid.
+(and killed after): it can never pick a second process. Its kill line must name the worker's
+pid.
 """
 
 from __future__ import annotations
