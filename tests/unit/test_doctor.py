@@ -29,9 +29,9 @@ from oomguard._cli.doctor.checks import (
     Check,
     check_crash_dir,
     check_kernel_log,
-    check_oom_killers,
     diagnose,
 )
+from oomguard._cli.doctor.killers import check_killer_evidence, check_oom_killers
 from oomguard._cli.doctor.text import FIX, KILLERS, LAYOUTS
 from oomguard._evidence import (
     cgroup as _cgroup,
@@ -318,11 +318,18 @@ def test_oom_killers_found_by_comm(tmp_path):
     ]:
         (tmp_path / f"proc/{pid}").mkdir(parents=True)
         (tmp_path / f"proc/{pid}/comm").write_text(comm + "\n")
+    (tmp_path / "proc/812/cmdline").write_bytes(b"earlyoom\0-m\0008,2\0-r\0003600\0")
+    (tmp_path / "proc/meminfo").write_text("MemTotal: 16777216 kB\nMemAvailable: 8 kB\n")
     checks = check_oom_killers(str(tmp_path))
     assert [(c.name, c.status, c.detail.split(":")[0]) for c in checks] == [
         ("oom-killer.nohang", "warn", "nohang is running (pid 77)"),
         ("oom-killer.oomd", "warn", "oomd is running (pid 78)"),
-        ("oom-killer.earlyoom", "warn", "earlyoom is running (pid 812, 901)"),
+        (
+            "oom-killer.earlyoom",
+            "warn",
+            "earlyoom is running (pid 812, 901), SIGTERM at MemAvailable <= 8 % (1.28 GiB), "
+            "SIGKILL <= 2 % (328 MiB)",
+        ),
         ("oom-killer.systemd-oomd", "warn", "systemd-oomd is running (pid 900)"),
     ]
     by_name = {c.name: c for c in checks}
@@ -337,8 +344,44 @@ def test_oom_killers_found_by_comm(tmp_path):
 
 def test_no_oom_killer_in_a_container():
     assert check_oom_killers(str(FIXTURES / "v2-k8s-oomgroup")) == [
-        Check("oom-killer", "ok", "none running (earlyoom, systemd-oomd, oomd, nohang)")
+        Check(
+            "oom-killer",
+            "ok",
+            "none running (earlyoom, systemd-oomd, oomd, nohang, kubelet, slurmd)",
+        )
     ]
+
+
+def test_kubelet_and_slurmd_are_named(tmp_path):
+    for pid, comm in [(5, "kubelet"), (6, "slurmd")]:
+        (tmp_path / f"proc/{pid}").mkdir(parents=True)
+        (tmp_path / f"proc/{pid}/comm").write_text(comm + "\n")
+    checks = {c.name: c for c in check_oom_killers(str(tmp_path))}
+    assert "Evicted" in checks["oom-killer.kubelet"].detail
+    assert "SLURM_JOB_ID" in checks["oom-killer.slurmd"].detail
+    assert "scontrol show job" in checks["oom-killer.slurmd"].fix
+
+
+def test_killer_evidence_on_a_fixture_host(tmp_path):
+    (tmp_path / "proc/self").mkdir(parents=True)
+    (tmp_path / "proc/self/mountinfo").write_text(
+        "22 1 0:5 / /proc rw,nosuid - proc proc rw,hidepid=invisible\n"
+    )
+    checks = {c.name: c for c in check_killer_evidence(str(tmp_path), str(tmp_path / "none"))}
+    assert checks["killer-evidence.psi"].status == "warn"
+    assert checks["killer-evidence.psi"].fix == FIX["psi"]
+    assert checks["killer-evidence.xattrs"].status == "warn"
+    assert "hidepid=invisible" in checks["killer-evidence.proc"].detail
+    assert checks["killer-evidence.proc"].fix == FIX["hidepid"]
+
+
+def test_killer_evidence_on_this_host():
+    info = _cgroup.detect()
+    checks = {c.name: c for c in check_killer_evidence("/", info.path)}
+    psi = os.path.exists("/proc/pressure/memory")
+    assert checks["killer-evidence.psi"].status == ("ok" if psi else "warn")
+    if info.path is not None and os.geteuid() == 0:
+        assert checks["killer-evidence.xattrs"].status == "ok"
 
 
 # ------------------------------------------------------------------------- crash directory

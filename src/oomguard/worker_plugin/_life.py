@@ -1,5 +1,5 @@
 """A worker process's life as its nanny sees it: what is known of it from its start, and
-the latest reading of its memory group, against which its death is judged.
+the latest reading of its memory group and of the host, against which its death is judged.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._evidence import cgroup as _cgroup
+from .._evidence.host import HostMeter, OomdXattrs
 
 
 @dataclass
@@ -29,6 +30,15 @@ class _Life:
     missing: list[str] = field(default_factory=list)
     started_monotonic: float = field(default_factory=time.monotonic)
     reading: _Reading | None = None  # the group's last reading while the worker ran
+    host: dict | None = None  # HostMeter.read() at the last reading while it ran
+    oomd_watch: OomdXattrs | None = None  # systemd-oomd's xattrs on its group, ancestors
+    oomd: dict | None = None  # their sums at the last reading while it ran
+    environment: dict | None = None  # slurm_environment(pid), read at its start
+    files: _Files | None = None  # kept open for take_readings; closed by close()
+
+    def close(self) -> None:
+        if self.files is not None:
+            self.files.close()
 
 
 @dataclass(frozen=True)
@@ -64,3 +74,73 @@ class _Reading:
             "others": len(self.others),
             "others_gone": len(gone),
         }
+
+
+def take_readings(life: _Life, meter: HostMeter | None) -> None:
+    """The nanny's reading every sample interval: the group (`_Reading`), the host's memory
+    and pressure, and systemd-oomd's xattrs; kept only while the worker still runs (read
+    first, then checked, so a count that includes its own kill is never kept)."""
+    files = life.files
+    if files is None:
+        files = life.files = _Files(life)
+    oom_kill = None
+    pids: list[int] = []
+    if life.cgroup_path is not None and life.cgroup_version is not None:
+        text = files.read(files.oom_kill)
+        oom_kill = _cgroup.parse_oom_kill(text.decode("ascii", "replace") if text else None)
+        pids = _cgroup.group_pids(life.cgroup_path)  # reopened: v1 caches an open list
+    host = meter.read() if meter is not None else None
+    oomd = life.oomd_watch.read() if life.oomd_watch is not None else None
+    stat = files.read(files.stat)
+    if stat is None or not _cgroup.stat_running(stat):
+        return
+    now = time.time()
+    if oom_kill is not None:
+        me = os.getpid()
+        life.reading = _Reading(now, oom_kill, tuple(p for p in pids if p not in (life.pid, me)))
+    if host is not None:
+        life.host = host
+    if oomd is not None:
+        life.oomd = oomd
+
+
+class _Files:
+    """The files `take_readings` reads each time, kept open: a pread costs a few µs where
+    an open() costs ~15 (benchmarks/bench_group_reading.py). The open /proc/PID/stat stays
+    the worker's own: once it is reaped a read fails (ESRCH), a recycled PID never answers.
+    """
+
+    def __init__(self, life: _Life) -> None:
+        self.stat = _open(f"/proc/{int(life.pid)}/stat")
+        self.oom_kill = None
+        if life.cgroup_path is not None and life.cgroup_version is not None:
+            name = _cgroup.oom_kill_file(life.cgroup_version)
+            self.oom_kill = _open(os.path.join(life.cgroup_path, name))
+
+    @staticmethod
+    def read(fd: int | None) -> bytes | None:
+        if fd is None:
+            return None
+        try:
+            return os.pread(fd, 4096, 0)
+        except OSError:
+            return None
+
+    def close(self) -> None:
+        for fd in (self.stat, self.oom_kill):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.stat = self.oom_kill = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def _open(path: str) -> int | None:
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None

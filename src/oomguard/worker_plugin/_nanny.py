@@ -34,11 +34,13 @@ from .. import _compat, _config
 from .._admission.config import AdmissionConfig
 from .._admission.startup import Start, StartupReservations, startup_peak
 from .._evidence import cgroup as _cgroup
+from .._evidence.host import HostMeter, OomdXattrs, slurm_environment
+from .._evidence.killers import find_killers
 from .._evidence.paths import configured_crash_dir
 from .._guard import Guard
 from .._log import follow_dask_logging
 from .._protocol import NANNY_PLUGIN, STARTUP_TOPIC
-from ._life import _Life, _Reading
+from ._life import _Life, take_readings
 from ._placement import PlacementMixin, _Placement
 from ._reporting import ReportingMixin, remove_files
 from ._signals import can_block_spawn, prepare_spawn, spawning_blocked
@@ -48,6 +50,8 @@ if TYPE_CHECKING:
     from distributed import Nanny
 
 logger = logging.getLogger("oomguard.nanny")
+
+KILLERS_REFRESH = 60.0  # seconds between two scans of /proc for userspace killers
 
 
 _CLOSING = (Status.closing, Status.closed, Status.closing_gracefully, Status.failed)
@@ -101,6 +105,9 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
         self._watcher: asyncio.Task | None = None
         self._delegate: OomguardNannyPlugin | None = None
         self._startup: StartupReservations | None = None
+        self._meter: HostMeter | None = None  # the host's memory, read at each reading
+        self._killers: list[dict] | None = None  # find_killers() at the last scan
+        self._killers_at = float("-inf")  # time.monotonic() of that scan
         self.reports_sent = 0
         self.guard = Guard(None, logger)  # never take the nanny down
 
@@ -149,6 +156,7 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
             return
         nanny._oomguard_nanny_plugin = self
         self._nanny = nanny
+        self._meter = HostMeter()
         if admission.enabled and admission.startup:
             self._startup = StartupReservations(admission, f"{os.getpid()}-{id(self):x}")
         worker_plugin = OomguardWorkerPlugin(
@@ -202,14 +210,23 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
         self._block_signals = True
 
     async def _watch_group(self) -> None:
-        """Read the worker's group every sample interval (two small cgroupfs reads and a
-        /proc look-up on the nanny's loop), so a death is judged against a recent reading."""
+        """Read the worker's group and the host every sample interval (small cgroupfs and
+        /proc reads on the nanny's loop), so a death is judged against a recent reading;
+        look for userspace killers on the host now and then, off the loop."""
         while not self._closing:
+            if time.monotonic() - self._killers_at >= KILLERS_REFRESH:
+                with self.guard("killers"):
+                    self._killers_at = time.monotonic()
+                    self._killers = await asyncio.to_thread(self._find_killers)
             await asyncio.sleep(self.sample_interval or 0.5)
             life = self._life
             if life is not None:
                 with self.guard("reading"):
-                    life.reading = _Reading.take(life) or life.reading
+                    take_readings(life, self._meter)
+
+    def _find_killers(self) -> list[dict]:
+        total = self._meter.read()["total"] if self._meter is not None else None
+        return find_killers(total)
 
     async def _instantiate(self, nanny: Nanny, instantiating: Any) -> Any:
         """Dask's `Nanny.instantiate`, with the worker moved into its group at its spawn."""
@@ -275,7 +292,11 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
                 pass
         if self._startup is not None:
             self._guard(self._startup.close, "startup")
+        if self._meter is not None:
+            self._meter.close()
         life, self._life = self._life, None
+        if life is not None:
+            life.close()
         placed, self._placed = self._placed, None
         for group in (life.group if life else None, placed.group if placed else None):
             if group is not None:
@@ -352,7 +373,9 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
             counters = _cgroup.read_memory_counters(life.cgroup_path, life.cgroup_version)
             life.cgroup_before = counters.to_dict()
             life.missing.extend(f"cgroup at worker start: {m}" for m in counters.missing)
-            life.reading = _Reading.take(life)
+            life.oomd_watch = OomdXattrs(life.cgroup_path)
+        life.environment = slurm_environment(pid)
+        take_readings(life, self._meter)
         self._life = life
 
     def _wrap_mark_stopped(self, wp: Any) -> None:
@@ -391,6 +414,7 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
         life = self._life if self._life is not None and self._life.pid == pid else None
         if life is not None:
             self._life = None
+            life.close()
         if self._placed is not None and self._placed.pid == pid:
             # Died before it was up: the report reads its group's counters all the same.
             placed, self._placed = self._placed, None

@@ -17,6 +17,8 @@ from .._evidence import cgroup as _cgroup
 from .._evidence import wire as _wire
 from .._evidence.build import build_report
 from .._evidence.flight import read_flight_record
+from .._evidence.host import oomd_xattrs
+from .._evidence.killers import find_killers, merge_killers
 from .._evidence.paths import crash_path, flight_path
 from .._protocol import CLEAN_EXIT_HANDLER, DEATH_TOPIC, REPORT_HANDLER
 
@@ -34,6 +36,7 @@ class ReportingMixin:
     max_report_size: int | None
     _nanny: Nanny | None
     _memory_kills: dict[int, dict]  # the nanny's own memory kills, by PID, until reported
+    _killers: list[dict] | None  # the userspace killers at the nanny's last scan
     reports_sent: int
     _internal_error: Any  # OomguardNannyPlugin._internal_error(where)
 
@@ -73,6 +76,13 @@ class ReportingMixin:
             kernel_victim = _cgroup.kernel_oom_victims(log).get(pid)
         reading = life.reading.facts(death_time) if life and life.reading else None
         memory_kill = self._memory_kills.pop(pid, None)
+        host_memory = _cgroup.host_memory()
+        # Killers now, and those of the last scan that are gone since (stopped after a kill).
+        killers = merge_killers(self._killers, find_killers(host_memory.get("total")))
+        oomd = None
+        if life is not None and life.cgroup_path is not None:
+            after = oomd_xattrs(life.cgroup_path)  # before the group is removed, below
+            oomd = {"reading": life.oomd, "after": after, "path": life.cgroup_path}
         report = build_report(
             worker=address or (life.address if life else "") or "",
             nanny=nanny.address if nanny is not None else "",
@@ -93,7 +103,7 @@ class ReportingMixin:
             cgroup_reading=reading,
             rss_sampled=sample.get("rss"),
             rss_time=sample.get("time"),
-            host_memory=_cgroup.host_memory(),
+            host_memory=host_memory,
             nanny_memory_kill=memory_kill,
             kernel_log_victim=kernel_victim,
             requested_close=requested,
@@ -101,6 +111,10 @@ class ReportingMixin:
             nanny_pid=os.getpid(),
             missing=missing,
             max_bytes=self.max_report_size or _wire.MAX_REPORT_BYTES,
+            host_reading=life.host if life else None,
+            killers=killers,
+            oomd=oomd,
+            environment=life.environment if life else None,
         )
         remove_files(self.crash_dir, pid)
         if life is not None and life.group is not None:

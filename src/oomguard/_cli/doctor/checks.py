@@ -3,8 +3,8 @@
 Each check reads a filesystem root (`root="/"`; a fixture tree in tests) and returns
 `Check`s: `ok` (collected), `warn` (collected with a caveat, or something else may kill
 workers), `no` (not collected). Every `warn` and `no` carries a fix. `diagnose()` runs all:
-the cgroup checks (`_doctor_cgroup`), then the kernel log, user-space OOM killers and the
-crash directory (here). The wording of layouts and fixes is in `_doctor_text`.
+the cgroup checks (`cgroup`), then the kernel log (here), the userspace killers and the
+evidence that names them (`killers`), and the crash directory (here). The wording of layouts and fixes is in `_doctor_text`.
 
 >>> layout_label(2, usable=True, per_worker=False)
 'v2-shared'
@@ -27,7 +27,7 @@ from ..._evidence import cgroup as _cgroup
 from ..._evidence.cgroup.files import join_root, read_text
 from ..._evidence.cgroup.info import CgroupInfo
 from ..._evidence.cgroup.kmsg import KMSG_RECORD
-from .text import FIX, KILLERS
+from .text import FIX
 
 
 @dataclass(frozen=True)
@@ -111,30 +111,6 @@ def check_kernel_log(root: str = "/") -> Check:
     )
 
 
-def check_oom_killers(root: str = "/") -> list[Check]:
-    """One `warn` per user-space OOM killer running (from /proc/*/comm), else one `ok`."""
-    found: dict[str, list[int]] = {}
-    try:
-        entries = os.listdir(join_root(root, "proc"))
-    except OSError:
-        entries = []
-    for pid in sorted(int(e) for e in entries if e.isdigit()):
-        text, _ = read_text(join_root(root, f"proc/{pid}/comm"))
-        if text and text.strip() in KILLERS:
-            found.setdefault(text.strip(), []).append(pid)
-    if not found:
-        return [Check("oom-killer", "ok", f"none running ({', '.join(KILLERS)})")]
-    return [
-        Check(
-            f"oom-killer.{name}",
-            "warn",
-            f"{name} is running (pid {', '.join(map(str, pids))}): {KILLERS[name][0]}",
-            KILLERS[name][1],
-        )
-        for name, pids in found.items()
-    ]
-
-
 def check_crash_dir(path: str, configured: bool) -> Check:
     """Can a file be made in the crash directory? Created (as the nanny would) if missing,
     then the probe file and the directories made for it are removed."""
@@ -198,10 +174,12 @@ def diagnose(
     from ..._evidence.paths import default_crash_dir
     from ..._exceptions import ConfigError
     from .cgroup import check_cgroup, host_path
+    from .killers import check_killer_evidence, check_oom_killers
 
     info = _cgroup.detect(root=root)
     layout, checks = check_cgroup(root, info=info, probe=probe)
     checks += [check_kernel_log(root), *check_oom_killers(root)]
+    checks += check_killer_evidence(root, info.path)
     try:
         configured = crash_dir or _config.get_optional_path("worker.crash-dir")
         checks.append(check_crash_dir(configured or default_crash_dir(), bool(configured)))

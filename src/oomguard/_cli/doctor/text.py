@@ -27,6 +27,15 @@ _ONE_WORKER = (
 
 #: The fix for each finding that is not ok, by key.
 FIX = {
+    "psi": "Boot the kernel with psi=1 (Linux 4.20+; some distributions build it with "
+    "CONFIG_PSI_DEFAULT_DISABLED): the memory pressure beside MemAvailable tells a host "
+    "that was thrashing from one that was merely full.",
+    "xattrs": "Run the nanny as the owner of its cgroup (or root) on a cgroupfs that keeps "
+    "user.* xattrs (Linux 5.7+ on cgroup v2): without them a systemd-oomd kill looks like "
+    "any other SIGKILL.",
+    "hidepid": "Mount /proc with gid=GROUP (a group the Dask user is in) beside hidepid=, or "
+    "run the nanny as root: then it can read the name and command line of the process that "
+    "sent a worker's signal and find the killers that root runs.",
     "cgroup": "Run the nanny on Linux with the memory cgroup controller (cgroup v2, or v1 with "
     "the memory hierarchy mounted): its counters are what prove a kernel OOM kill.",
     "memory": "Enable the memory controller for this group: `+memory` in each ancestor's "
@@ -92,5 +101,20 @@ KILLERS = {
         "Lower the workers' badness in nohang.conf (`@BADNESS_ADJ_RE_NAME` or "
         "`@BADNESS_ADJ_RE_CMDLINE`), or keep the workers' combined --memory-limit below its "
         "thresholds. Its log names its victims.",
+    ),
+    "kubelet": (
+        "it evicts pods when the node runs low on memory (--eviction-hard, default "
+        "memory.available<100Mi): SIGTERM from outside the container, then SIGKILL after the "
+        "grace period; oomguard names it from the pod's status (Evicted)",
+        "Give the worker pods memory requests equal to their limits (Guaranteed QoS) and a "
+        "worker --memory-limit below the container limit; `kubectl describe pod` shows the "
+        "eviction message.",
+    ),
+    "slurmd": (
+        "SLURM's step daemon (slurmstepd) SIGTERMs a job at its time limit, scancel or "
+        "preemption, and its cgroup kills a step past --mem; oomguard names the job from "
+        "SLURM_JOB_ID in the worker's environment",
+        "Ask for a --time and --mem that fit the run (dask-jobqueue: walltime=, memory=), and "
+        "keep the workers' --memory-limit below --mem. `scontrol show job ID` says why it ended.",
     ),
 }

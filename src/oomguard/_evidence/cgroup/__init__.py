@@ -44,13 +44,15 @@ from .child import ChildGroup, can_create_child, cleanup_stale
 from .counters import (
     MemoryCounters,
     group_pids,
+    oom_kill_file,
+    parse_oom_kill,
     read_memory_counters,
     read_oom_kill,
 )
 from .files import join_root, read_text
 from .info import CgroupInfo, detect, unescape_mount
 from .kmsg import KMSG_RECORD, kernel_oom_victims, read_kernel_log
-from .proc import host_memory, process_rss, process_running
+from .proc import host_memory, process_rss, process_running, stat_running
 
 __all__ = [
     "KMSG_RECORD",
@@ -62,6 +64,8 @@ __all__ = [
     "detect",
     "group_pids",
     "host_memory",
+    "oom_kill_file",
+    "parse_oom_kill",
     "join_root",
     "kernel_oom_victims",
     "process_rss",
@@ -70,5 +74,6 @@ __all__ = [
     "read_memory_counters",
     "read_oom_kill",
     "read_text",
+    "stat_running",
     "unescape_mount",
 ]

@@ -145,8 +145,17 @@ def read_oom_kill(path: str, version: int) -> int | None:
     >>> read_oom_kill("/nonexistent", 2) is None
     True
     """
-    name = "memory.oom_control" if version == 1 else "memory.events"
-    text, _ = read_text(os.path.join(path, name))
+    text, _ = read_text(os.path.join(path, oom_kill_file(version)))
+    return parse_oom_kill(text)
+
+
+def oom_kill_file(version: int) -> str:
+    """The file that holds a group's ``oom_kill`` count."""
+    return "memory.oom_control" if version == 1 else "memory.events"
+
+
+def parse_oom_kill(text: str | None) -> int | None:
+    """The ``oom_kill`` line of `oom_kill_file`'s text."""
     for line in (text or "").splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[0] == "oom_kill" and parts[1].isdigit():

@@ -26,6 +26,12 @@ def process_running(pid: int, root: str = "/") -> bool:
             stat = f.read()
     except OSError:
         return False
+    return stat_running(stat)
+
+
+def stat_running(stat: bytes) -> bool:
+    """`process_running` on the text of /proc/PID/stat (the nanny reads it through an
+    open file: see worker_plugin/_life.py)."""
     fields = stat.rpartition(b")")[2].split()  # the comm may hold ")" and spaces
     # fields[0] is field 3 (state), fields[6] field 9 (flags), fields[28] field 31 (signal).
     if len(fields) < 29 or fields[0] in (b"Z", b"X"):
