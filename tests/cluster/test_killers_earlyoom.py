@@ -121,6 +121,9 @@ def cluster(tmp_path):
         dask.config.set(
             {
                 "oomguard.worker.sample-interval": "100ms",
+                # Preloaded: the nanny starts the worker with the signals it records the
+                # senders of blocked (oomguard installed at runtime cannot).
+                "distributed.nanny.preload": ["oomguard.worker_plugin"],
                 "distributed.worker.memory.terminate": False,
                 "distributed.deploy.lost-worker-timeout": "1h",
             }
@@ -186,17 +189,18 @@ def test_earlyoom_sigterm_is_named_from_the_signal_sender(cluster, tmp_path):
     assert sent == "SIGTERM"
     assert event.kind == "infra" and event.evidence["signal"] == "SIGTERM"
     assert event.evidence["exitcode"] == -signal.SIGTERM
-    # Named by the lead's attribution (issue 26), from the signal's sender:
+    # Named from the signal's sender, with the host's memory at the nanny's last reading:
     assert event.killer == "earlyoom"
     assert event.killer_how == "signal sender"
     assert event.killer_confidence == "confirmed"
     assert event.evidence["sender_pid"] == eo_pid
-    assert event.evidence["host_available_bytes"] > 0
-    assert "earlyoom" in event.killer_summary
+    assert event.evidence["memavailable_bytes"] <= term  # the nanny's last reading
+    assert event.killer_summary.startswith(f"SIGTERM from earlyoom (pid {eo_pid}, uid 0) at ")
+    assert "MemAvailable" in event.killer_summary
 
 
 def test_earlyoom_sigkill_is_likely_earlyoom_with_the_numbers(cluster, tmp_path):
-    event, _, term, kill, sent = _killed_by_earlyoom(cluster, tmp_path, escalate=True)
+    event, eo_pid, term, kill, sent = _killed_by_earlyoom(cluster, tmp_path, escalate=True)
     assert sent == "SIGKILL"
     assert event.kind == "infra" and event.evidence["signal"] == "SIGKILL"
     assert event.evidence["exitcode"] == -signal.SIGKILL
@@ -204,8 +208,11 @@ def test_earlyoom_sigkill_is_likely_earlyoom_with_the_numbers(cluster, tmp_path)
     # Named by the lead's attribution (issue 26): the victim never sees a SIGKILL's sender.
     assert event.killer == "earlyoom"
     assert event.killer_confidence == "likely"
-    available = event.evidence["host_available_bytes"]
+    available = event.evidence["memavailable_bytes"]
     assert 0 < available <= term  # the nanny's last reading, memory low
-    threshold = event.evidence.get("killer_kill_bytes", event.evidence.get("killer_term_bytes"))
+    assert event.evidence["killer_threshold_signal"] == "SIGKILL"
+    threshold = event.evidence["killer_threshold_bytes"]
     assert abs(threshold - term) <= 4096  # earlyoom's own, from its -M
+    assert event.evidence["killer_pid"] == eo_pid
+    assert "SIGKILL threshold" in event.killer_summary, event.killer_summary
     assert "MemAvailable" in event.killer_summary
