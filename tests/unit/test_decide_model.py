@@ -21,6 +21,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from oomguard._causes import Killer
 from oomguard._decide import (
     DecisionCore,
     Forgive,
@@ -37,7 +38,18 @@ ALLOWED = 2
 GRACE = 5.0
 KEYS = [f"k-{i}" for i in range(4)] + ["pre-0"]  # pre-*: submitted before install
 WORKERS = [f"tcp://w{i}:1" for i in range(3)]
-CAUSES = ["sigkill", "oom_kill", "native_crash", "memory_terminate"]
+CAUSES = ["sigkill", "oom_kill", "native_crash", "memory_terminate", "sigterm"]
+#: What the nanny said of the killer (issue 26): none (an older nanny), a userspace OOM
+#: killer whose victim was the host's largest process (a memory death for blame) or not,
+#: another process (external).
+KILLERS = [
+    None,
+    ("earlyoom", "signal sender", True),
+    ("earlyoom", "signal sender", False),
+    ("systemd-oomd", "cgroup xattr", True),
+    ("process", "signal sender", False),
+]
+VOCABULARY = {k.value for k in Killer}
 
 
 class CoreModel(RuleBasedStateMachine):
@@ -64,6 +76,7 @@ class CoreModel(RuleBasedStateMachine):
         self.forged = 0
         self.death_records = 0
         self.forged_addresses: set = set()
+        self.killer_of: dict = {}  # (worker, time) -> the killer its report named
         for w in WORKERS:
             self.apply(self.core.worker_added(w, self.limits[w]))
 
@@ -88,6 +101,15 @@ class CoreModel(RuleBasedStateMachine):
             elif isinstance(d, Record):
                 if d.death and d.amends is None:
                     self.death_records += 1
+                e = d.event
+                if e.kind == "infra" and e.cause not in ("memory_error",):
+                    # Every death names a killer from the vocabulary, and how it is known.
+                    assert e.killer in VOCABULARY, e.killer
+                    assert e.killer_confidence in ("confirmed", "likely"), e
+                    assert e.killer_how and e.killer_summary, e
+                    said = self.killer_of.get((e.worker, e.time))
+                    if said is not None and e.cause != "worker_lost":  # lost: no report yet
+                        assert e.killer == said, (e.killer, said)
             else:
                 assert isinstance(d, Forgive | Restrict | Widen)
 
@@ -186,10 +208,12 @@ class CoreModel(RuleBasedStateMachine):
         report=st.sampled_from(["before", "after", "never"]),
         guess=st.booleans(),
         stale=st.booleans(),
+        killer=st.sampled_from(KILLERS),
     )
-    def kill(self, worker, cause, report, guess, stale=False):
+    def kill(self, worker, cause, report, guess, stale=False, killer=None):
         if worker not in self.alive:
             return None
+        self.now += 0.001  # each death its own time: its events are found by (worker, time)
         tasks = self.running[worker]
         executing = [k for k, ex in tasks.items() if ex]
         for k in executing:
@@ -208,6 +232,18 @@ class CoreModel(RuleBasedStateMachine):
             "evidence": {},
             "executing": [{"key": k, "prefix": k.split("-")[0], "stack": None} for k in executing],
         }
+        if killer is not None and cause in ("sigterm", "sigkill"):
+            name, how, memory = killer
+            rep["killer"] = {
+                "name": name,
+                "how": how,
+                "confidence": "confirmed",
+                "summary": f"{cause.upper()} from {name}",
+                "memory": memory,
+            }
+            rep["evidence"] = {"killer_memory": memory}
+            if not stale:
+                self.killer_of[(worker, self.now)] = name
         removal = Removal(
             worker=worker,
             host="h",
