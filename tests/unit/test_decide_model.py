@@ -277,6 +277,7 @@ class CoreModel(RuleBasedStateMachine):
         removed it unexpectedly. A lost notice leaves a removal to decide as worker_lost."""
         if worker not in self.alive:
             return
+        self.now += 0.001  # each death its own time (see kill)
         tasks = self.running[worker]
         executing = [k for k, ex in tasks.items() if ex]
         death = not (requested and notice != "never")
