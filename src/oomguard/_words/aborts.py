@@ -100,6 +100,8 @@ def _killed_by(event: FailureEvent, said: str) -> str:
     killer = getattr(event, "killer", "")
     if not killer or killer == "unknown" and not event.killer_summary:
         return ""
+    if event.cause in ("oom_kill", "memory_terminate", "native_crash", "exit"):
+        return ""  # the cause's words already say who: the kernel, the nanny, the task
     how = ", ".join(x for x in (event.killer_how, event.killer_confidence) if x)
     out = f"; killed by {killer}" + (f" ({how})" if how else "")
     summary = event.killer_summary
