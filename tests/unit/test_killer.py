@@ -370,3 +370,43 @@ def test_same_signature_on_two_workers_aborts_only_for_a_memory_killer(name, mem
         message = str(stops[0].exception)
         assert "killed by earlyoom (signal sender, confirmed)" in message, message
         assert "SIGTERM from earlyoom (pid 812, uid 0)" in message
+
+
+# --- a SIGTERM to the nanny itself ---------------------------------------------------
+
+
+def test_a_nanny_closed_on_a_signal_names_it_and_only_then(tmp_path):
+    from oomguard.worker_plugin._reporting import stopped_by
+
+    assert stopped_by("signal-15", None, None) == {"signal": "SIGTERM", "executing": []}
+    assert stopped_by("signal-2", str(tmp_path), 4242)["signal"] == "SIGINT"
+    for reason in ("nanny-close", "signal-", "signal-x", "", "worker-close"):
+        assert stopped_by(reason, str(tmp_path), 4242) is None
+
+
+@pytest.mark.parametrize(
+    "value, field",
+    [
+        ("SIGTERM", "stopped_by"),
+        ({"signal": "SIGTERM"}, "stopped_by"),
+        ({"signal": "", "executing": []}, "stopped_by.signal"),
+        ({"signal": "SIGTERM", "executing": ["k"] * 17}, "stopped_by.executing"),
+        ({"signal": "SIGTERM", "executing": [3]}, "stopped_by.executing"),
+    ],
+)
+def test_the_scheduler_checks_a_stopped_nanny_as_a_report(value, field):
+    from oomguard import ReportError
+    from oomguard.scheduler_plugin._handlers import _stopped_by
+
+    with pytest.raises(ReportError) as e:
+        _stopped_by(value)
+    assert e.value.field == field
+
+
+def test_a_stopped_nannys_event_is_external_and_signed():
+    from oomguard._decide import nanny_stop_record
+
+    r = nanny_stop_record("tcp://w:1", "h", "('load', 3)", "etl", 100.0)
+    assert (r.event.cause, r.event.kind, r.death) == ("sigterm", "infra", False)
+    assert r.event.evidence["external"] is True and r.event.signature_id
+    assert r.event.killer == "unknown" and r.event.killer_confidence == "likely"

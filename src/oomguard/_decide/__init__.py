@@ -9,6 +9,7 @@ plugin applies to Dask.
 from .core import DecisionCore
 from .deaths import Death, DeathPairing, Removal
 from .decisions import Decision, Forgive, Hold, Record, Release, Restrict, Stop, Widen
+from .evidence import nanny_stop_record
 from .runs import ANNOTATION, Run, Runs
 
 __all__ = [
@@ -27,4 +28,5 @@ __all__ = [
     "Runs",
     "Stop",
     "Widen",
+    "nanny_stop_record",
 ]

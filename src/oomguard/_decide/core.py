@@ -435,6 +435,11 @@ class DecisionCore:
             out += self._abort(d, key)
         return out, exception_text.startswith("MemoryError") and d is None
 
+    def pipeline_of(self, shard: ShardKey) -> str:
+        """The pipeline (run name) of a task key as str, "" when none is known."""
+        key = self.runs.key(shard)
+        return self._pipeline(shard, self.runs.of(key) if key is not None else None)
+
     def _pipeline(self, shard: ShardKey, run: Run | None) -> str:
         if run is not None:
             return run.name

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._causes import Cause, Kind, kind_of, memory_death
+from .._causes import Cause, Confidence, Killer, Kind, Known, kind_of, memory_death
 from .._evidence.killer import Attribution, for_cause
 from .._models import FailureEvent
 from .._signature import Signature, scrub
@@ -27,7 +27,7 @@ from .decisions import Record
 from .runs import ShardKey
 from .signatures import death_signature, exception_class, task_signature, trace_example
 
-__all__ = ["DeathEvidence", "death_cause", "task_record"]
+__all__ = ["DeathEvidence", "death_cause", "nanny_stop_record", "task_record"]
 
 
 def death_cause(death: Death) -> Cause:
@@ -214,6 +214,42 @@ def task_record(
         time=time,
     )
     return Record(event, sig.grouping_version, scrub(f"{traceback_text}\n{exception_text}"))
+
+
+def nanny_stop_record(
+    worker: str, host: str, shard: ShardKey, pipeline: str, when: float
+) -> Record:
+    """The event of a task whose worker's nanny was stopped by SIGTERM (its own signal: an
+    eviction, a container stop): external, never a death counted nor blamed (Dask moves
+    the task elsewhere, as for any requested stop). Who sent it is not known (Dask's handler
+    gets no siginfo); the pod lookup may name the kubelet."""
+    sig = death_signature(Cause.SIGTERM, None, None, shard)
+    event = FailureEvent(
+        kind=Kind.INFRA.value,
+        cause=Cause.SIGTERM.value,
+        shard=shard,
+        pipeline=pipeline,
+        worker=worker,
+        host=host,
+        signature_id=sig.id,
+        signature_title=sig.title,
+        evidence={
+            "source": "the nanny: `dask worker` closed on SIGTERM (Nanny.close reason)",
+            "nanny_stopped": True,
+            "external": True,
+            "blame": "none: a requested stop, the task moved without a count",
+            "summary": "the nanny itself got SIGTERM while its worker ran this task",
+        },
+        time=when,
+        killer=Killer.UNKNOWN.value,
+        killer_how=Known.INFERRED.value,
+        killer_confidence=Confidence.LIKELY.value,
+        killer_summary=(
+            "SIGTERM to the nanny itself, its sender not seen (Dask's handler gets none): "
+            "in a container, from its runtime or the kubelet"
+        ),
+    )
+    return Record(event, sig.grouping_version, "")
 
 
 def _evidence(death: Death, cause: Cause, source: str, n: int, killer: Attribution) -> dict:

@@ -9,7 +9,7 @@ import pickle
 import time
 from typing import TYPE_CHECKING, Any
 
-from .._decide import Forgive, Hold, Record, Release, Restrict, Stop, Widen
+from .._decide import Forgive, Hold, Record, Release, Restrict, Stop, Widen, nanny_stop_record
 from .._words import death_line
 
 #: What a pod lookup says of the killer: event fields, not evidence (see kubernetes._killer).
@@ -105,6 +105,49 @@ class DaskActions:
                     dataclasses.replace(event, cause=str(cause), evidence=evidence, **killer),
                     lost_at=event.time,
                 )
+
+    def nanny_stopped(self, worker: str, signal: str, keys: list[str], pipeline_of) -> None:
+        """The nanny of `worker` was stopped by `signal` (its own: `dask worker` closed on
+        it) while its worker executed `keys`: a requested stop for Dask and for blame (the
+        tasks move without a count), and one log line. A SIGTERM also leaves a trace, so an
+        eviction is not silent: one external event per task (no death counted), with the
+        pod's verdict where the pod lookup is on (the kubelet, for an eviction)."""
+        ws = self.scheduler.workers.get(worker)
+        host = ws.host if ws is not None else worker
+        logger.warning(
+            "oomguard: the nanny of %s was stopped by %s (its own signal: an eviction, a "
+            "container stop or a person) while its worker ran %d task(s)%s",
+            worker,
+            signal,
+            len(keys),
+            f": {', '.join(keys[:5])}" if keys else "",
+        )
+        if signal != "SIGTERM":
+            return
+        now = time.time()
+        records = [
+            nanny_stop_record(worker, host, key, pipeline_of(key) if key else "", now)
+            for key in keys or [""]
+        ]
+        if self._pods is None:
+            for r in records:
+                self._record(r)
+            return
+        task = asyncio.create_task(self._with_pod_verdict(records))
+        self._lookups.add(task)
+        task.add_done_callback(self._lookups.discard)
+
+    async def _with_pod_verdict(self, records: list) -> None:
+        """Record a stopped nanny's events with what Kubernetes says of its pod."""
+        extra: dict = {}
+        with self.guard("pod_lookup"):
+            e = records[0].event
+            found = await asyncio.to_thread(self._pods.evidence, e.host, since=e.time)
+            extra = {k: v for k, v in found[1].items() if _scalar(v)} if found else {}
+        killer = {k: extra.pop(k) for k in _KILLER_FIELDS if k in extra}
+        for r in records:
+            event = dataclasses.replace(r.event, evidence={**r.event.evidence, **extra}, **killer)
+            self._record(dataclasses.replace(r, event=event))
 
     def _hold(self, keys) -> None:
         tasks = self.scheduler.tasks

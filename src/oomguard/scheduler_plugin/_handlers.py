@@ -173,9 +173,22 @@ class Handlers:
         if pid is not None and (type(pid) is not int or pid <= 0):
             self.reject(ReportError("pid", "expected a positive integer", "wrong_type"))
             return {"status": "rejected", "field": "pid"}
+        stopped = extra.get("stopped_by")
+        if stopped is not None:
+            try:
+                stopped = _stopped_by(stopped)
+            except ReportError as e:
+                self.reject(e)
+                return {"status": "rejected", "field": e.field}
         if not self.trusted(getattr(comm, "peer_address", None), worker):
             return {"status": "rejected", "field": "worker"}
         with self.plugin.guard("report"):
+            if stopped is not None and requested:
+                # The nanny itself got a signal (an eviction, a container stop): its tasks
+                # are moved without a count, as for any requested stop, and leave a trace.
+                self.plugin.actions.nanny_stopped(
+                    worker, stopped["signal"], stopped["executing"], self.plugin.core.pipeline_of
+                )
             # A removal that waited for this is decided now (its held tasks go back to Dask).
             core = self.plugin.core
             self.plugin.apply(core.clean_exit(worker, time.monotonic(), requested, pid))
@@ -320,6 +333,20 @@ class Handlers:
         if isinstance(rows, list):
             return [r.to_dict() for r in rows]
         return rows.to_dict()
+
+
+def _stopped_by(v: Any) -> dict:
+    """A nanny's `stopped_by` ({signal, executing}), checked as a report's fields are."""
+    if not isinstance(v, dict) or set(v) != {"signal", "executing"}:
+        raise ReportError("stopped_by", "expected {signal, executing}", "wrong_type")
+    sig, keys = v["signal"], v["executing"]
+    if not isinstance(sig, str) or not 0 < len(sig) <= 16:
+        raise ReportError("stopped_by.signal", "expected a signal name", "wrong_type")
+    if not isinstance(keys, (list, tuple)) or len(keys) > 16:
+        raise ReportError("stopped_by.executing", "expected at most 16 task keys", "too_large")
+    if not all(isinstance(k, str) and len(k) <= 1024 for k in keys):
+        raise ReportError("stopped_by.executing", "expected task keys as str", "wrong_type")
+    return {"signal": sig, "executing": list(keys)}
 
 
 def _refusal(before: dict[str, int], after: dict[str, int]) -> str | None:

@@ -42,7 +42,7 @@ from .._log import follow_dask_logging
 from .._protocol import NANNY_PLUGIN, STARTUP_TOPIC
 from ._life import _Life, take_readings
 from ._placement import PlacementMixin, _Placement
-from ._reporting import ReportingMixin, remove_files
+from ._reporting import ReportingMixin, remove_files, stopped_by
 from ._signals import can_block_spawn, prepare_spawn, spawning_blocked
 from ._worker import OomguardWorkerPlugin
 
@@ -100,6 +100,7 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
         self._start_kills = 0  # workers OOM-killed by their own group's limit while starting
         self._unlimited = False  # set by the first of those: no group limit from then on
         self._closing = False
+        self._close_reason = ""  # Nanny.close's reason, e.g. "signal-15"
         self._block_signals = False  # spawn each worker with the catchable signals blocked
         self._tasks: set[asyncio.Task] = set()
         self._watcher: asyncio.Task | None = None
@@ -192,8 +193,18 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
                 self._guard(self._on_memory_kill, "log_event", msg)
             return original_log_event(topic, msg)
 
+        original_close = nanny.close
+
+        async def close(*args, **kwargs):
+            # Why the nanny closes: "signal-15" when `dask worker` got SIGTERM (a kubelet
+            # eviction, a container stop, a person): teardown tells the scheduler so.
+            reason = kwargs.get("reason", args[1] if len(args) > 1 else "")
+            self._close_reason = reason if isinstance(reason, str) else ""
+            return await original_close(*args, **kwargs)
+
         nanny.instantiate = instantiate  # type: ignore[method-assign]
         nanny.log_event = log_event  # type: ignore[method-assign]
+        nanny.close = close  # type: ignore[method-assign]
         if nanny.process is not None:
             self._guard(self._wrap_wait_until_connected, "setup", nanny.process)
         if nanny.process is not None and nanny.process.pid is not None:
@@ -274,12 +285,12 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
         if nanny.process is not None and nanny.process.worker_address:
             # Nanny.close kills the worker right after this: tell the scheduler first.
             process = getattr(nanny.process, "process", None)
-            await self._send_clean_exit(
-                nanny.process.worker_address, True, getattr(process, "pid", None)
-            )
+            pid = getattr(process, "pid", None)
+            stopped = self._guard(stopped_by, "teardown", self._close_reason, self.crash_dir, pid)
+            await self._send_clean_exit(nanny.process.worker_address, True, pid, stopped)
         if getattr(nanny, "_oomguard_nanny_plugin", None) is self:
             # Back to Dask's own methods (the wraps live on the instance only).
-            for attr in ("instantiate", "log_event"):
+            for attr in ("instantiate", "log_event", "close"):
                 nanny.__dict__.pop(attr, None)
             if nanny.process is not None and "_oomguard_placing" in vars(nanny.process):
                 for attr in ("_wait_until_connected", "_oomguard_placing"):

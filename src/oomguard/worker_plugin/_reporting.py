@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import socket
 from typing import TYPE_CHECKING, Any
 
@@ -142,25 +143,50 @@ class ReportingMixin:
         self.reports_sent += 1
 
     async def _send_clean_exit(
-        self, address: str | None, requested: bool, pid: int | None
+        self, address: str | None, requested: bool, pid: int | None, stopped: dict | None = None
     ) -> None:
         """No report: the worker (process `pid`) ended with status 0 or its stop was
         `requested` (the scheduler decides its removal at once, not after the grace
-        timeout)."""
+        timeout). `stopped`: the nanny itself was stopped by a signal (`stopped_by`)."""
         nanny = self._nanny
         if nanny is None or not address:
             return
+        extra = {} if stopped is None else {"stopped_by": stopped}
         try:
             await asyncio.wait_for(
                 getattr(nanny.scheduler, CLEAN_EXIT_HANDLER)(
                     worker=address,
                     requested=bool(requested),
                     pid=pid if isinstance(pid, int) and pid > 0 else None,
+                    **extra,
                 ),
                 2,
             )
         except Exception:
             pass  # no scheduler plugin, or the scheduler is gone: nothing to correct
+
+
+#: The most executing tasks a nanny's stop names (the scheduler refuses more).
+STOPPED_TASKS_MAX = 16
+
+
+def stopped_by(reason: str, crash_dir: str | None, pid: int | None) -> dict | None:
+    """When `dask worker` closes its nanny on a signal (Nanny.close's reason "signal-15"):
+    that signal and the tasks its worker was executing (its flight record, read before the
+    worker is killed), for the scheduler. None for any other close. Who sent the nanny's
+    signal is not known here: Dask's handler gets no siginfo (in a container, a SIGTERM to
+    its main process comes from the runtime or the kubelet)."""
+    if not reason.startswith("signal-") or not reason[7:].isdigit():
+        return None
+    try:
+        name = signal.Signals(int(reason[7:])).name
+    except ValueError:
+        name = f"signal {reason[7:]}"
+    keys: list[str] = []
+    if crash_dir is not None and isinstance(pid, int):
+        flight = read_flight_record(flight_path(crash_dir, pid))
+        keys = [e["key"][:1024] for e in flight["executing"][:STOPPED_TASKS_MAX]]
+    return {"signal": name, "executing": keys}
 
 
 def remove_files(crash_dir: str, pid: int) -> None:
