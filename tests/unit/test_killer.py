@@ -223,6 +223,22 @@ def test_xattrs_not_available_are_no_evidence_either_way():
         assert attribute({"cause": "sigkill", "oomd": oomd}).killer == "unknown"
 
 
+def test_slurmstepd_names_the_job():
+    a = attribute(
+        {
+            "cause": "sigterm",
+            "signals": [sigterm_from(99, "slurmstepd")],
+            "environment": {"slurm_job_id": "42", "slurm_step_id": "0"},
+        }
+    )
+    assert (a.killer, a.confidence) == ("slurm", "confirmed")
+    assert a.summary == (
+        "SIGTERM from slurmstepd (pid 99, uid 0) in SLURM job 42: its time limit, scancel "
+        "or preemption"
+    )
+    assert (a.facts["slurm_job_id"], a.facts["slurm_step_id"]) == ("42", "0")
+
+
 def test_slurm_job_without_a_sender_is_likely_slurm():
     a = attribute(
         {"cause": "sigterm", "environment": {"slurm_job_id": "42", "slurm_step_id": "0"}}

@@ -228,6 +228,9 @@ def _by_sender(s: dict, r: Mapping[str, Any], host: dict) -> Attribution:
         return _sent(Killer.TASK, f"SIGTERM from the worker itself ({who})", facts)
     killer = SENDER_NAMES.get(name or "", Killer.PROCESS)
     summary = f"SIGTERM from {who}"
+    job = _slurm_facts(r).get("slurm_job_id")
+    if killer is Killer.SLURM and job:
+        summary += f" in SLURM job {job}: its time limit, scancel or preemption"
     if killer in MEMORY_KILLERS:
         summary += _memory_phrase(host, _threshold(r, killer, pid, "term"))
     return _sent(killer, summary, facts)
