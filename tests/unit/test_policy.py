@@ -672,3 +672,23 @@ def test_at_most_one_decision_per_pipeline_and_only_when_deserved(evs, limit, fa
         assert cause != "exception"
         assert d.count >= limit or (fast and d.count >= 2 and len(d.workers) >= 2)
         assert d.count <= limit
+
+
+def test_the_summary_names_the_killers_of_the_deaths():
+    import dataclasses
+
+    policy = make()
+    policy.record(
+        dataclasses.replace(ev("sigterm", "w1", shard="s3", time=10.0), killer="earlyoom")
+    )
+    policy.record(
+        dataclasses.replace(ev("oom_kill", "w2", shard="s4", time=11.0), killer="kernel")
+    )
+    policy.record(
+        dataclasses.replace(ev("sigterm", "w3", shard="s5", time=12.0), killer="earlyoom")
+    )
+    finish(policy, [f"s{i}" for i in range(40)])
+    assert policy.status("p").summary == (
+        "all 40 shards finished, after 3 worker deaths (2 sigterm, 1 oom_kill; killed by "
+        "earlyoom x2, kernel) that oomguard retried without using task retries."
+    )
