@@ -181,6 +181,17 @@ def test_sigkill_with_low_memory_is_likely_earlyoom_with_the_numbers():
     )
 
 
+def test_an_earlyoom_in_dryrun_is_never_the_likely_killer():
+    a = attribute(
+        {
+            "cause": "sigkill",
+            "host_reading": host(GIB // 4, total=8 * GIB),
+            "killers": [{**EARLYOOM, "dryrun": True}],
+        }
+    )
+    assert a.killer == "unknown"
+
+
 def test_sigkill_with_plenty_of_memory_is_unknown_with_what_was_excluded():
     a = attribute(
         {

@@ -274,7 +274,7 @@ def _inferred(
             )
     for k in _killers(r.get("killers")):
         killer = SENDER_NAMES.get(k["name"])
-        if killer not in MEMORY_KILLERS:
+        if killer not in MEMORY_KILLERS or k.get("dryrun") is True:  # --dryrun kills nothing
             continue
         avail = host.get("memavailable_bytes")
         for level in ("kill", "term"):
