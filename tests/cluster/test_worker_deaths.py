@@ -77,6 +77,7 @@ def cluster():
             "distributed.nanny.preload": ["oomguard.worker_plugin"],
             "oomguard.worker.cgroup-limit": "true",
             "oomguard.worker.sample-interval": "100ms",
+            "oomguard.worker.signal-senders": True,  # the SIGTERM test names its sender
             "distributed.scheduler.allowed-failures": 100,
             # The kernel, not the nanny, must stop the OOM task; the nanny's own memory
             # kill has its own cluster below.

@@ -195,6 +195,9 @@ def api_server():
                     if ip == "status.podIP=10.42.1.23"
                     else "podlist-empty.json"
                 )
+                if ip == "status.podIP=10.42.3.4":  # the evicted pod, as a list
+                    pod = json.loads(recorded("pod-evicted.json"))
+                    body = json.dumps({"kind": "PodList", "apiVersion": "v1", "items": [pod]})
             elif url.path == "/api/v1/namespaces/data/pods/etl-oomguard-worker-7c9f6d8b5d-m8zfr":
                 code, body = 200, recorded("pod-running.json")
             self.send_response(code)
@@ -249,3 +252,49 @@ def test_missing_client_is_one_line_with_the_install_command(monkeypatch):
     assert message == INSTALL_HINT
     assert "\n" not in message and 'pip install "dask-oomguard[kubernetes]"' in message
     assert _kubernetes.INSTALL_HINT.endswith('pip install "dask-oomguard[kubernetes]"')
+
+
+@pytest.mark.parametrize("host, stored", [("10.42.3.4", True), ("10.42.9.9", False)])
+def test_a_nanny_stopped_by_sigterm_is_an_event_only_when_evicted(
+    api_server, tmp_path, host, stored
+):
+    """`dask worker` closed on SIGTERM: where the pod's status says the kubelet evicted it,
+    one external event per task the worker ran, named kubelet; a pod with nothing to say
+    (stopped in order, or gone) stores nothing."""
+    import asyncio
+    import logging
+
+    from oomguard._decide import nanny_stop_record
+    from oomguard._guard import Guard
+    from oomguard._metrics import OomguardMetrics
+    from oomguard._store import FailureStore
+    from oomguard.scheduler_plugin._actions import DaskActions
+
+    api, _ = api_server
+    store = FailureStore(str(tmp_path / "s.sqlite3"), batch_interval=0.01)
+    store.start()
+    try:
+        guard = Guard(None, logging.getLogger("test"))
+        actions = DaskActions(None, store, OomguardMetrics(), guard, PodLookup("data", api))
+        records = [
+            nanny_stop_record(f"tcp://{host}:4000", host, k, "etl", 1_790_000_000.0)
+            for k in ("('load', 1)", "('load', 2)")
+        ]
+        asyncio.run(actions._if_evicted(records))
+        assert store.flush() and guard.count == 0
+        events = store.events()
+        if not stored:
+            assert events == []
+            return
+        assert sorted(e.shard for e in events) == ["('load', 1)", "('load', 2)"]
+        e = events[0]
+        assert (e.cause, e.killer, e.killer_how, e.killer_confidence) == (
+            "sigterm",
+            "kubelet",
+            "pod status",
+            "confirmed",
+        )
+        assert e.evidence["external"] is True and e.evidence["reason"] == "Evicted"
+        assert e.evidence["offender_container"] == "worker"
+    finally:
+        store.close()

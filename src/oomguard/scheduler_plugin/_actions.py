@@ -109,45 +109,44 @@ class DaskActions:
     def nanny_stopped(self, worker: str, signal: str, keys: list[str], pipeline_of) -> None:
         """The nanny of `worker` was stopped by `signal` (its own: `dask worker` closed on
         it) while its worker executed `keys`: a requested stop for Dask and for blame (the
-        tasks move without a count), and one log line. A SIGTERM also leaves a trace, so an
-        eviction is not silent: one external event per task (no death counted), with the
-        pod's verdict where the pod lookup is on (the kubelet, for an eviction)."""
-        ws = self.scheduler.workers.get(worker)
-        host = ws.host if ws is not None else worker
-        logger.warning(
-            "oomguard: the nanny of %s was stopped by %s (its own signal: an eviction, a "
-            "container stop or a person) while its worker ran %d task(s)%s",
+        tasks move without a count), and one log line. A stop in order (a scale-down, a
+        service stop) is no failure; an eviction is one: where the pod lookup is on and the
+        pod's status names its killer (the kubelet), one external event per task is stored
+        with that verdict, so an eviction is never silent."""
+        logger.info(
+            "oomguard: the nanny of %s was stopped by %s (its own signal: a stop, an "
+            "eviction, a person) while its worker ran %d task(s)%s",
             worker,
             signal,
             len(keys),
             f": {', '.join(keys[:5])}" if keys else "",
         )
-        if signal != "SIGTERM":
+        if signal != "SIGTERM" or self._pods is None:
             return
+        ws = self.scheduler.workers.get(worker)
+        host = ws.host if ws is not None else worker
         now = time.time()
         records = [
             nanny_stop_record(worker, host, key, pipeline_of(key) if key else "", now)
             for key in keys or [""]
         ]
-        if self._pods is None:
-            for r in records:
-                self._record(r)
-            return
-        task = asyncio.create_task(self._with_pod_verdict(records))
+        task = asyncio.create_task(self._if_evicted(records))
         self._lookups.add(task)
         task.add_done_callback(self._lookups.discard)
 
-    async def _with_pod_verdict(self, records: list) -> None:
-        """Record a stopped nanny's events with what Kubernetes says of its pod."""
-        extra: dict = {}
+    async def _if_evicted(self, records: list) -> None:
+        """Store a stopped nanny's events when the pod's status names a killer."""
         with self.guard("pod_lookup"):
             e = records[0].event
             found = await asyncio.to_thread(self._pods.evidence, e.host, since=e.time)
             extra = {k: v for k, v in found[1].items() if _scalar(v)} if found else {}
-        killer = {k: extra.pop(k) for k in _KILLER_FIELDS if k in extra}
-        for r in records:
-            event = dataclasses.replace(r.event, evidence={**r.event.evidence, **extra}, **killer)
-            self._record(dataclasses.replace(r, event=event))
+            killer = {k: extra.pop(k) for k in _KILLER_FIELDS if k in extra}
+            if not killer:
+                return  # stopped in order (or deleted): no failure
+            for r in records:
+                evidence = {**r.event.evidence, **extra}
+                event = dataclasses.replace(r.event, evidence=evidence, **killer)
+                self._record(dataclasses.replace(r, event=event))
 
     def _hold(self, keys) -> None:
         tasks = self.scheduler.tasks
