@@ -206,3 +206,46 @@ def test_waiter_records_the_sender_and_replays_the_signal(tmp_path):
         assert (s["pid"], s["uid"], s["name"], s["cmdline"]) == (os.getpid(), os.getuid(), *me)
         assert s["code"] == 0  # SI_USER: sent by kill(2)
     assert "most recent call first" in open(crash).read()
+
+
+_STOPPING = """
+import os, signal, sys, threading, time
+signal.pthread_sigmask(signal.SIG_BLOCK, {{1, 2, 3, 10, 12, 14, 15}})
+from oomguard._evidence.flight import FlightRecorder
+from oomguard.worker_plugin import _signals
+_signals._POLL = 3.0  # a long wait: stop() must not sit it out
+signal.signal(signal.SIGUSR1, lambda *a: print("usr1 handled", flush=True))
+waiter = _signals.SignalWaiter(FlightRecorder.create({path!r}), print)
+waiter.start()
+time.sleep(0.2)  # the waiter is in its sigtimedwait now
+t0 = time.monotonic()
+waiter.stop()
+print(f"stopped {{time.monotonic() - t0:.3f}}", flush=True)
+print("waiters", sum(t.name == "oomguard-signals" for t in threading.enumerate()), flush=True)
+print("ready", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_stopping_the_waiter_is_prompt_and_hands_signals_back(tmp_path):
+    """`stop()` runs on the worker's event loop (the plugin's teardown, also when Dask
+    replaces the nanny's plugin with the scheduler's right after the worker registered):
+    it must not block that loop for the waiter's poll. Blocked 0.25 s there, the worker's
+    "running" status reached the scheduler late, and tasks submitted meanwhile went to
+    another worker (the multi-host lab, tests/hosts/test_host_loss.py)."""
+    code = textwrap.dedent(_STOPPING.format(path=str(tmp_path / "w.flight")))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        word, seconds = proc.stdout.readline().split()
+        assert word == "stopped" and float(seconds) < 1.0, seconds
+        assert proc.stdout.readline().strip() == "waiters 0"
+        assert proc.stdout.readline().strip() == "ready"
+        os.kill(proc.pid, signal.SIGUSR1)  # no waiter: the main thread's handler runs
+        assert proc.stdout.readline().strip() == "usr1 handled"
+    finally:
+        proc.kill()
+        proc.wait()

@@ -16,6 +16,10 @@ their creator's mask, the child of a fork the forking thread's:
   from /proc at once, `_evidence.senders`) into the flight record, then REPLAYS the signal
   to itself with it unblocked in that thread only: the installed handler (faulthandler's
   chained SIGTERM dump, Python's handler, or the default action) runs as it would have.
+  Its `stop()` runs on the worker's event loop (the plugin's teardown, also when Dask
+  replaces the nanny's plugin by the scheduler's as the worker registers) and wakes it at
+  once with `_WAKE`, a signal sent to that thread alone: sitting out the wait's poll there
+  held the worker's "running" status back from the scheduler, whose tasks went elsewhere.
 
 Processes that task code starts get the worker's own mask back (`_unmask_children`), except
 those that C code forks by itself: docs/configuration.md, `oomguard.worker.signal-senders`.
@@ -50,6 +54,11 @@ SIGNALS = frozenset(
     }
 )
 _POLL = 0.25  # how often the waiter looks at its stop flag (seconds)
+#: What `SignalWaiter.stop` wakes the waiter with: sent to that thread only (pthread_kill),
+#: blocked there and in no other thread, never replayed. A real-time signal nothing of
+#: Dask's uses; one sent to the process goes to a thread that does not block it.
+_WAKE = signal.SIGRTMAX
+_WAITED = SIGNALS | {_WAKE}
 _waiting = False  # a waiter runs in this process: forked children unblock (at-fork hook)
 _hooked = False
 _inherited: bool | None = None  # this process started with SIGNALS blocked (first setup)
@@ -207,6 +216,8 @@ class SignalWaiter:
         self._on_error = on_error
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # held to wake the thread, and by it as it ends
+        self._wakeable = False  # the thread runs and may be sent _WAKE
         self.received = 0
 
     def start(self) -> None:
@@ -225,20 +236,40 @@ class SignalWaiter:
         loop, its main thread): one pending there now is delivered as without oomguard."""
         global _waiting
         _waiting = False
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2 * _POLL + 1)
+        thread = self._thread
+        with self._lock:
+            self._stop.set()
+            if self._wakeable and thread is not None and thread.ident is not None:
+                # Alive until it clears _wakeable under this lock: the thread id is valid.
+                try:
+                    signal.pthread_kill(thread.ident, _WAKE)
+                except Exception:
+                    self._on_error("signals")  # it ends at its next poll all the same
+        if thread is not None:
+            thread.join(timeout=2 * _POLL + 1)
             self._thread = None
         signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
 
     def _run(self) -> None:
+        # _WAKE blocked here only: one sent by stop() waits for the sigtimedwait below (or
+        # is dropped with the thread), whatever this thread is doing when it comes.
+        signal.pthread_sigmask(signal.SIG_BLOCK, _WAITED)
+        with self._lock:
+            self._wakeable = True
+        try:
+            self._wait()
+        finally:
+            with self._lock:
+                self._wakeable = False
+
+    def _wait(self) -> None:
         while not self._stop.is_set():
             try:
-                info = signal.sigtimedwait(SIGNALS, _POLL)
+                info = signal.sigtimedwait(_WAITED, _POLL)
             except Exception:
                 self._on_error("signals")
                 continue
-            if info is None:
+            if info is None or info.si_signo == _WAKE:
                 continue
             self.received += 1
             try:
