@@ -124,7 +124,7 @@ def cluster(tmp_path):
                 # Preloaded: the nanny starts the worker with the signals it records the
                 # senders of blocked (oomguard installed at runtime cannot).
                 "distributed.nanny.preload": ["oomguard.worker_plugin"],
-                "oomguard.worker.signal-senders": True,  # off by default
+                "oomguard.worker.signal-senders": True,  # the default, said here
                 "distributed.worker.memory.terminate": False,
                 "distributed.deploy.lost-worker-timeout": "1h",
             }

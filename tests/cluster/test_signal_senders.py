@@ -117,7 +117,7 @@ def _cluster(seen: _Seen, preload: bool = True):
     config = {
         "oomguard.worker.cgroup-limit": "false",
         "oomguard.worker.sample-interval": "100ms",
-        "oomguard.worker.signal-senders": True,  # off by default (docs/configuration.md)
+        "oomguard.worker.signal-senders": True,  # the default, said here
         "distributed.scheduler.allowed-failures": 100,
         "distributed.deploy.lost-worker-timeout": "1h",
     }
