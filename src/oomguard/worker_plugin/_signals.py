@@ -56,9 +56,10 @@ SIGNALS = frozenset(
 _POLL = 0.25  # how often the waiter looks at its stop flag (seconds)
 #: What `SignalWaiter.stop` wakes the waiter with: sent to that thread only (pthread_kill),
 #: blocked there and in no other thread, never replayed. A real-time signal nothing of
-#: Dask's uses; one sent to the process goes to a thread that does not block it.
-_WAKE = signal.SIGRTMAX
-_WAITED = SIGNALS | {_WAKE}
+#: Dask's uses; one sent to the process goes to a thread that does not block it. Linux has
+#: them (elsewhere, where a client imports this module, there is no waiter to wake).
+_WAKE: int | None = getattr(signal, "SIGRTMAX", None)
+_WAITED = SIGNALS if _WAKE is None else SIGNALS | {_WAKE}
 _waiting = False  # a waiter runs in this process: forked children unblock (at-fork hook)
 _hooked = False
 _inherited: bool | None = None  # this process started with SIGNALS blocked (first setup)
@@ -239,7 +240,7 @@ class SignalWaiter:
         thread = self._thread
         with self._lock:
             self._stop.set()
-            if self._wakeable and thread is not None and thread.ident is not None:
+            if self._wakeable and _WAKE is not None and thread is not None and thread.ident:
                 # Alive until it clears _wakeable under this lock: the thread id is valid.
                 try:
                     signal.pthread_kill(thread.ident, _WAKE)
