@@ -14,6 +14,7 @@ import sys
 import time
 
 import dask
+import distributed
 import pytest
 from distributed import Client, LocalCluster
 
@@ -82,3 +83,71 @@ def test_sigterm_to_the_nanny_is_a_logged_stop_with_its_tasks(tmp_path, caplog):
             == 0
         )
         fut.cancel()
+
+
+def _dask_worker(address: str, env: dict, nthreads: int) -> subprocess.Popen:
+    dask_cli = os.path.join(os.path.dirname(sys.executable), "dask")
+    return subprocess.Popen(
+        [
+            dask_cli,
+            "worker",
+            address,
+            "--nworkers",
+            "1",
+            "--nthreads",
+            str(nthreads),
+            "--no-dashboard",
+            "--preload-nanny",
+            "oomguard.worker_plugin",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def test_shards_moved_off_a_stopped_worker_are_said_as_they_were(tmp_path, caplog):
+    """Issue 27: SIGTERM to a `dask worker --nthreads 2` while it executed 2 tasks and had
+    more queued. The run's summary said "3 queued shards were moved
+    off dead workers"; 2 of them were executing, and the worker was stopped, not dead."""
+    caplog.set_level(logging.INFO, logger="oomguard.scheduler")
+    with (
+        dask.config.set({"distributed.deploy.lost-worker-timeout": "1h"}),
+        LocalCluster(n_workers=0, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
+        oomguard.install(client, store=str(tmp_path / "s.sqlite3"))
+        env = {**os.environ, "DASK_OOMGUARD__WORKER__CRASH_DIR": str(tmp_path / "crash")}
+        first = _dask_worker(cluster.scheduler_address, env, nthreads=2)
+        second = None
+        try:
+            client.wait_for_workers(1, timeout=60)
+            addr = next(iter(client.scheduler_info()["workers"]))
+            with distributed.span("moved"):
+                keys = [f"moved-{i}" for i in range(6)]
+                futs = client.map(time.sleep, [3.0] * 6, key=keys, pure=False)
+            wait_for(
+                lambda: len(client.processing()[addr]) >= 3,
+                "more tasks than threads never reached the worker",
+                30,
+            )
+            time.sleep(1.0)  # two executing, in the flight record; the others queued
+            on_first = client.processing()[addr]
+            first.send_signal(signal.SIGTERM)  # to the nanny's process: `dask worker`
+            first.wait(60)
+            second = _dask_worker(cluster.scheduler_address, env, nthreads=2)
+            client.gather(futs)  # the rest ran on the second worker
+            line = next(r.message for r in caplog.records if "stopped by SIGTERM" in r.message)
+            status = oomguard.Failures(client).pipeline("moved")
+        finally:
+            for p in (first, second):
+                if p is not None and p.poll() is None:
+                    p.kill()
+                    p.wait(10)
+    assert "while its worker ran 2 task(s)" in line, line
+    assert status.status == "succeeded", status
+    moved = len(on_first)
+    assert status.summary.endswith(
+        f"; {moved} shards were moved off workers that died or stopped, without counting "
+        f"against them (2 executing, {moved - 2} queued)."
+    ), status.summary

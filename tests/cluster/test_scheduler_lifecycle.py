@@ -139,3 +139,108 @@ def test_graceful_closes_are_not_failures(cluster):
     )
     assert stats["deaths"] == 0
     assert stats["internal_errors"] == 0
+
+
+def _kill_at_a_blind_moment(pgid: int):
+    """Runs on the scheduler's event loop (nothing moves between the look and the kill):
+    when its only worker has two tasks (one running, one queued behind it by Dask's
+    saturation) and its last heartbeat, a moment ago, saw neither executing, SIGKILL the
+    `dask worker` process group (nanny and worker: no report). The keys, or None."""
+
+    def probe(dask_scheduler):
+        [ws] = dask_scheduler.workers.values()
+        processing = {ts.key for ts in ws.processing}
+        seen = {ts.key for ts in ws.executing} & processing
+        # The running task started after that heartbeat, so it cannot end before the kill
+        # (it has >= 0.15 s to go) and the next heartbeat is >= 0.35 s away.
+        if len(processing) == 2 and not seen and time.time() - ws.last_seen < 0.15:
+            os.killpg(pgid, signal.SIGKILL)
+            return sorted(processing)
+        return None
+
+    return probe
+
+
+def test_a_host_lost_while_a_task_waited_behind_the_running_one_is_one_death(tmp_path):
+    """Issue 27: a `dask worker --nthreads 1` lost with its nanny during a pipeline of
+    0.3 s tasks. Dask keeps a second task queued behind the running one; with no report and
+    no heartbeat to say which ran, both are suspects. It was two worker_lost events (one per
+    task, each "blame: every task on the worker") and an infra failure of the queued shard's
+    own. It is one event naming both; neither shard's own history moves; both still count
+    against Dask's bound."""
+    with dask.config.set({"oomguard.scheduler.report-grace-timeout": "2s"}):
+        with (
+            LocalCluster(n_workers=0, processes=True, dashboard_address=":0") as cl,
+            Client(cl) as client,
+        ):
+            oomguard.install(client, store=str(tmp_path / "s.sqlite3"))
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "distributed.cli.dask_worker",
+                    cl.scheduler_address,
+                    "--nworkers",
+                    "1",
+                    "--nthreads",
+                    "1",
+                    "--preload-nanny",
+                    "oomguard.worker_plugin",
+                    "--no-dashboard",
+                ],
+                start_new_session=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            try:
+                client.wait_for_workers(1, timeout=60)
+                with distributed.span("naps"):
+                    keys = [f"nap-{i}" for i in range(300)]
+                    futs = client.map(time.sleep, [0.3] * len(keys), key=keys, pure=False)
+                probe = _kill_at_a_blind_moment(proc.pid)
+                suspects = wait_for(
+                    lambda: client.run_on_scheduler(probe),
+                    "no moment with a running and a queued task unseen by a heartbeat",
+                    timeout=60,
+                    interval=0.01,
+                )
+                proc.wait(10)
+                failures = oomguard.Failures(client)
+                wait_for(
+                    lambda: failures.events(cause="worker_lost"), "no worker_lost", timeout=30
+                )
+                time.sleep(3)  # past the grace timeout: a second event would be here
+                events = failures.events()
+                status = failures.pipeline("naps")
+                budget = client.run_on_scheduler(
+                    lambda dask_scheduler: {
+                        k: dask_scheduler.plugins["oomguard"].core.budget.deaths(k)
+                        for k in suspects
+                    }
+                )
+                stats = failures._query("stats")
+                own = {s: failures.shard(s) for s in suspects}
+                found = {s: [e.id for e in failures.events(shard=s)] for s in suspects}
+                members = [r.shards for r in failures.signatures()]
+            finally:
+                os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
+                proc.wait(10)
+            client.cancel(futs)
+    assert len(events) == 1, events  # one death, one event
+    [event] = events
+    assert (event.cause, event.kind, event.pipeline, event.shard) == (
+        "worker_lost",
+        "infra",
+        "naps",
+        "",
+    ), event
+    assert list(event.evidence["suspects"]) == suspects, (event.evidence, suspects)
+    summary = event.evidence["summary"]
+    assert f"one of {suspects[0]!r}, {suspects[1]!r} was running; 1 thread" in summary, summary
+    # Neither suspect carries an infra failure of its own; a filter on either finds the death.
+    assert own == {s: [] for s in suspects}, own
+    assert found == {s: [event.id] for s in suspects}, found
+    assert members == [[]], members
+    assert status.infra_failures == 1 and "after 1 worker death (1 worker_lost)" in status.summary
+    assert stats["deaths"] == 1, stats
+    assert budget == {s: 1 for s in suspects}  # both still count against Dask's bound

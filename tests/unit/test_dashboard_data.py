@@ -37,6 +37,22 @@ def test_no_events_no_bins():
     assert cols["time"] == [] and set(cols) == {"time", "width", *CAUSES}
 
 
+def test_a_worker_death_counts_once_whatever_the_shards_it_names():
+    """Issue 27: deaths on the dashboard are deaths of workers: the events of one death
+    (same worker, time and cause: the tasks it was executing) are one; a task's exceptions
+    are each their own."""
+    events = [
+        event("oom_kill", 100, shard="a"),
+        event("oom_kill", 100, shard="b"),  # the same death, another executing task
+        event("oom_kill", 100, shard="a", worker="tcp://w2"),  # another worker's
+        event("oom_kill", 50, shard="a"),  # the same worker, later: another death
+        event("exception", 30, shard="a"),
+        event("exception", 30, shard="b"),
+    ]
+    cols = failure_columns(events, NOW)
+    assert (sum(cols["oom_kill"]), sum(cols["exception"])) == (3, 2)
+
+
 @pytest.mark.parametrize(
     ("ages", "width"),
     [([10, 20], 1), ([50, 3000], 60), ([3599], 60), ([7200], 300), ([86399], 1800)],
@@ -55,7 +71,7 @@ def test_bin_width_keeps_at_most_max_bins(ages, width):
 def test_counts_by_cause_and_unknown_cause_is_other():
     events = [
         event("oom_kill", 100),
-        event("oom_kill", 100),
+        event("oom_kill", 100, worker="tcp://w2"),
         event("exception", 30),
         event("martian", 30),
         event("sigterm", -500),

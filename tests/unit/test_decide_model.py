@@ -77,6 +77,10 @@ class CoreModel(RuleBasedStateMachine):
         self.death_records = 0
         self.forged_addresses: set = set()
         self.killer_of: dict = {}  # (worker, time) -> the killer its report named
+        # (worker, time) of each death -> (its tasks, the heartbeat's guess), and the events
+        # recorded for deaths without a report (issue 27: one each, naming its suspects)
+        self.on_dead: dict = {}
+        self.unreported: dict = {}
         for w in WORKERS:
             self.apply(self.core.worker_added(w, self.limits[w]))
 
@@ -102,6 +106,8 @@ class CoreModel(RuleBasedStateMachine):
                 if d.death and d.amends is None:
                     self.death_records += 1
                 e = d.event
+                if d.amends is None and e.cause in ("worker_lost", "exit"):
+                    self.no_report_event(e)
                 if e.kind == "infra" and e.cause not in ("memory_error",):
                     # Every death names a killer from the vocabulary, and how it is known.
                     assert e.killer in VOCABULARY, e.killer
@@ -112,6 +118,22 @@ class CoreModel(RuleBasedStateMachine):
                         assert e.killer == said, (e.killer, said)
             else:
                 assert isinstance(d, Forgive | Restrict | Widen)
+
+    def no_report_event(self, e):
+        """A death no report described is one event: it names a shard only when that shard
+        was the only task there or the only one the last heartbeat saw executing; else it
+        lists every task there as a suspect."""
+        death = (e.worker, e.time)
+        self.unreported[death] = self.unreported.get(death, 0) + 1
+        assert self.unreported[death] == 1, f"death {death} recorded twice"
+        tasks, guess = self.on_dead[death]
+        if e.shard:
+            assert [e.shard] in (list(tasks), list(guess)), (e.shard, tasks, guess)
+            assert "suspects" not in e.evidence
+        elif len(tasks) > 1 and len(guess) != 1:
+            assert sorted(e.evidence["suspects"]) == sorted(guess or tasks), e.evidence
+        else:
+            assert not tasks, (tasks, guess)
 
     def on_worker(self, key):
         return next((w for w in WORKERS if key in self.running[w]), None)
@@ -255,6 +277,7 @@ class CoreModel(RuleBasedStateMachine):
             memory_limit=self.limits[worker] or None,
             nanny=f"{worker}-nanny",
         )
+        self.on_dead[(worker, self.now)] = (dict(tasks), removal.executing_guess)
         if report == "before":
             self.apply(self.core.reported(rep, self.now))
         self.apply(self.core.removed(removal, self.now))
@@ -296,6 +319,7 @@ class CoreModel(RuleBasedStateMachine):
             memory_limit=self.limits[worker] or None,
             nanny=f"{worker}-nanny",
         )
+        self.on_dead[(worker, self.now)] = (dict(tasks), removal.executing_guess)
         pid = self.pid[worker]
         if notice == "before":
             self.apply(self.core.clean_exit(worker, self.now, requested, pid))
@@ -381,6 +405,7 @@ class CoreModel(RuleBasedStateMachine):
         self.tick(GRACE + 1)
         # Each removal and each distinct unmatched report is exactly one decided death.
         assert self.death_records == self.removals + len(self.forged_addresses)
+        assert self.core.deaths == self.death_records
         for w in WORKERS:
             self.running[w] = {}
         for k in KEYS:

@@ -430,3 +430,181 @@ def test_workers_killed_again_before_they_registered_are_each_one_death():
     assert second.report["pid"] == 8
     [third] = pairing.expired(now=6.0)
     assert third.report["pid"] == 9 and len(pairing) == 0
+
+
+# --- issue 27: a death without a report is one event; moved shards said as they were ---
+
+
+def _naps(c, keys, pipeline="naps"):
+    c.submitted(keys, keys, {runs.ANNOTATION: {k: pipeline for k in keys}}, now=0.0)
+
+
+def _lost(c, worker, processing, now, **kw):
+    """A worker lost with its nanny (no report): removed, then decided after the grace."""
+    out = c.removed(removal(worker, {k: k for k in processing}, **kw), now=now)
+    return out + c.tick(now + 10.0)
+
+
+def test_a_death_without_a_report_is_one_event_naming_its_suspects():
+    """A `dask worker --nthreads 1` lost with its nanny while it ran one short task and had
+    the next queued behind it (Dask's saturation): two worker_lost events came, one per
+    task, and the queued one got an infra failure it never had."""
+    from oomguard._decide import DecisionCore, Record
+
+    c = DecisionCore(allowed_failures=3, grace=5.0)
+    _naps(c, ["nap-28", "nap-31"])
+    out = _lost(c, "tcp://w:1", ["nap-28", "nap-31"], now=1.0, nthreads=1)
+    [record] = [d for d in out if isinstance(d, Record)]
+    e = record.event
+    assert record.death and (e.cause, e.kind, e.pipeline) == ("worker_lost", "infra", "naps")
+    assert e.shard == ""  # nobody's own failure
+    assert e.evidence["suspects"] == ["nap-28", "nap-31"]
+    assert e.evidence["suspects_total"] == 2
+    assert "one of 'nap-28', 'nap-31' was running; 1 thread" in e.evidence["summary"]
+    assert "executing_tasks" not in e.evidence
+    assert e.signature_title == "worker_lost in nap"
+    # Neither shard carries a failure of its own; the run counts one death.
+    assert c.policy.attempt("nap-28") == c.policy.attempt("nap-31") == 1
+    assert c.policy.tracked_shards() == 0
+    status = c.policy.status(c.runs.of("nap-28").label)
+    assert status.infra_failures == 1 and c.deaths == 1
+    assert "after 1 worker death (1 worker_lost)" in status.summary
+    # Both still count against Dask's bound.
+    assert c.budget.deaths("nap-28") == c.budget.deaths("nap-31") == 1
+
+
+def test_a_sole_suspect_is_named_and_counted():
+    """One task on the worker, or a heartbeat that saw exactly one of them executing: the
+    death is that shard's own failure, as before."""
+    from oomguard._decide import DecisionCore, Record
+
+    c = DecisionCore(allowed_failures=3, grace=5.0)
+    _naps(c, ["nap-1", "nap-2", "nap-3"])
+    [alone] = [d for d in _lost(c, "tcp://w:1", ["nap-1"], now=1.0) if isinstance(d, Record)]
+    assert alone.event.shard == "nap-1" and "suspects" not in alone.event.evidence
+    out = _lost(c, "tcp://w:2", ["nap-2", "nap-3"], now=20.0, executing_guess={"nap-3": "nap-3"})
+    [guessed] = [d for d in out if isinstance(d, Record)]
+    assert guessed.event.shard == "nap-3" and guessed.event.evidence["blame"] == "last heartbeat"
+    assert (c.policy.attempt("nap-1"), c.policy.attempt("nap-2"), c.policy.attempt("nap-3")) == (
+        2,
+        1,
+        2,
+    )
+
+
+def test_suspects_of_two_pipelines_name_both_and_each_run_counts_the_death():
+    from oomguard._decide import DecisionCore, Record
+
+    c = DecisionCore(allowed_failures=3, grace=5.0)
+    _naps(c, ["nap-1"], "naps")
+    _naps(c, ["load-1"], "etl")
+    out = _lost(c, "tcp://w:1", ["nap-1", "load-1"], now=1.0, nthreads=1)
+    [record] = [d for d in out if isinstance(d, Record)]
+    e = record.event
+    assert (e.shard, e.pipeline) == ("", "")
+    assert e.evidence["suspect_pipelines"] == ["naps", "etl"]
+    assert e.signature_title == "worker_lost in one of load, nap"
+    for k in ("nap-1", "load-1"):
+        assert c.policy.status(c.runs.of(k).label).infra_failures == 1
+
+
+def test_many_suspects_are_bounded_in_the_evidence():
+    from oomguard._decide import DecisionCore, Record
+
+    keys = [f"nap-{i}" for i in range(100)]
+    c = DecisionCore(allowed_failures=3, grace=5.0)
+    _naps(c, keys)
+    [record] = [
+        d for d in _lost(c, "tcp://w:1", keys, now=1.0, nthreads=8) if isinstance(d, Record)
+    ]
+    ev = record.event.evidence
+    assert len(ev["suspects"]) == 20 and ev["suspects_total"] == 100
+    assert "and 95 more" in ev["summary"] and "8 threads" in ev["summary"]
+    assert len(ev["summary"]) < 300
+
+
+def test_a_killer_queued_behind_a_healthy_task_is_still_stopped_within_dasks_bound():
+    """No report ever names the killer: each time it is one of two suspects, so its own
+    count never moves. Dask's bound still stops it: allowed + 1 deaths, never more; the
+    healthy tasks it shared the worker with are never stopped."""
+    from oomguard._decide import DecisionCore, Record, Stop
+
+    allowed = 2
+    c = DecisionCore(allowed_failures=allowed, grace=5.0)
+    _naps(c, ["kill-1"], "killer")
+    records, stops = [], []
+    for i in range(allowed + 1):
+        calm = f"calm-{i}"
+        _naps(c, [calm], "calm")
+        out = _lost(c, f"tcp://w:{i}", [calm, "kill-1"], now=100.0 * i, nthreads=1)
+        records += [d for d in out if isinstance(d, Record)]
+        stops += [d for d in out if isinstance(d, Stop)]
+    assert len(records) == allowed + 1  # one event per death
+    assert all(r.event.shard == "" for r in records)
+    [stop] = stops
+    assert stop.keys == ("kill-1",) and stop.exception.shard == "kill-1"
+    assert f"was on {allowed + 1} " in stop.exception.message
+    assert c.policy.attempt("kill-1") == 1  # its own count never moved
+    assert c.deaths == allowed + 1
+
+
+def test_a_late_report_replaces_the_one_event_of_its_death():
+    from oomguard._decide import DecisionCore, Record
+
+    c = DecisionCore(allowed_failures=3, grace=5.0)
+    _naps(c, ["nap-1", "nap-2"])
+    out = _lost(c, "tcp://w:1", ["nap-1", "nap-2"], now=1.0, pid=7, nthreads=1)
+    [lost] = [d for d in out if isinstance(d, Record)]
+    late = c.reported(
+        {
+            **_sigkill("tcp://w:1", ["nap-2"], {"nap-2": None}),
+            "pid": 7,
+            "time": 1.0,
+        },
+        now=30.0,
+    )
+    [amend] = [d for d in late if isinstance(d, Record)]
+    assert amend.amends == lost.event.time and amend.event.shard == "nap-2"
+
+
+@pytest.mark.parametrize("said", [True, False])
+def test_shards_moved_off_a_stopped_worker_are_said_as_executing_or_queued(said):
+    """SIGTERM to `dask worker` while two of its three tasks ran: the summary said "3
+    queued shards were moved off dead workers". The nanny's notice names what ran."""
+    from oomguard._decide import DecisionCore
+
+    c = DecisionCore(allowed_failures=3, grace=5.0)
+    keys = ["nap-1", "nap-2", "nap-3"]
+    _naps(c, keys)
+    c.removed(removal("tcp://w:1", {k: k for k in keys}, pid=7, nthreads=2), now=1.0)
+    executing = ["nap-1", "nap-2"] if said else None
+    c.clean_exit("tcp://w:1", now=1.1, requested=True, pid=7, executing=executing)
+    for k in keys:
+        c.transition(k, "processing", "memory")
+    summary = c.policy.status(c.runs.of("nap-1").label).summary
+    assert "queued shards" not in summary, summary
+    if said:
+        assert summary.endswith(
+            "3 shards were moved off workers that died or stopped, without counting against "
+            "them (2 executing, 1 queued)."
+        ), summary
+    else:
+        assert summary.endswith(
+            "3 shards were moved off workers that died or stopped, without counting against them."
+        ), summary
+
+
+def test_shards_a_report_shows_queued_are_said_queued():
+    from oomguard._decide import DecisionCore
+
+    c = DecisionCore(allowed_failures=3, grace=5.0)
+    keys = ["nap-1", "nap-2"]
+    _naps(c, keys)
+    c.removed(removal("tcp://w:1", {k: k for k in keys}, nthreads=1), now=1.0)
+    c.reported(_sigkill("tcp://w:1", ["nap-1"], {"nap-1": None}), now=1.1)
+    for k in keys:
+        c.transition(k, "processing", "memory")
+    summary = c.policy.status(c.runs.of("nap-1").label).summary
+    assert summary.endswith(
+        "1 queued shard was moved off workers that died or stopped, without counting against it."
+    ), summary

@@ -395,7 +395,7 @@ def test_displaced_and_cancelled_shards_are_said():
     assert s.status == "succeeded"
     assert s.summary == (
         "38 of 40 shards finished and 2 were released or cancelled without a result; "
-        "1 queued shard was moved off dead workers without counting against them."
+        "1 shard was moved off workers that died or stopped, without counting against it."
     )
 
 

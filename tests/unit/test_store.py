@@ -102,6 +102,44 @@ def test_event_filters(store, query, expected):
     assert [e.evidence["n"] for e in store.events(**query)] == expected
 
 
+def test_a_death_of_several_suspects_is_found_by_each_and_is_no_shards_own(store):
+    """Issue 27: a death without a report that named no shard is stored once, under shard
+    '' (pipeline '' when its suspects ran in several); a filter on a suspect or on one of
+    their pipelines finds it, a shard's own history does not list it."""
+    lost = dict(kind="infra", cause="worker_lost", shard="")
+    fill(
+        store,
+        [
+            ev(0, **lost, evidence={"n": 0, "suspects": ["nap-1", "nap-2"]}),
+            ev(
+                1,
+                **lost,
+                pipeline="",
+                evidence={
+                    "n": 1,
+                    "suspects": ["nap-3", "load-1"],
+                    "suspect_pipelines": ["naps", "etl"],
+                },
+            ),
+            ev(2, shard="nap-2", pipeline="naps"),
+            ev(3, shard="", evidence={"n": 3, "suspects": ["nap-9"]}, pipeline="naps"),
+        ],
+    )
+    n = lambda **q: [e.evidence["n"] for e in store.events(**q)]  # noqa: E731
+    assert n(shard="nap-2") == [2, 0] and n(shard="load-1") == [1] and n(shard="x") == []
+    assert n(pipeline="etl") == [1] and n(pipeline="naps") == [3, 2, 1]
+    assert n(shard="nap-1", pipeline="nightly") == [0]
+    assert store.shard("nap-1") == [] and [e.evidence["n"] for e in store.shard("nap-2")] == [2]
+    plan = " ".join(
+        str(r)
+        for r in store._reader().execute(
+            "EXPLAIN QUERY PLAN SELECT id FROM events WHERE (shard = 'a' OR (shard = '' AND "
+            "EXISTS (SELECT 1 FROM json_each(evidence, '$.suspects') WHERE value = 'a')))"
+        )
+    )
+    assert "events_shard" in plan and "SCAN events" not in plan.replace("SCAN events_", ""), plan
+
+
 def test_shard_history_is_oldest_first(store):
     fill(store, [ev(1, attempt=a, time=T0 + 10 * a, shard="s") for a in (3, 1, 2)] + [ev(9)])
     assert [e.attempt for e in store.shard("s")] == [1, 2, 3]

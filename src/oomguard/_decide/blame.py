@@ -3,8 +3,14 @@
 The nanny's flight record names the tasks that were executing when the worker died: they
 are blamed, everything else Dask had sent the worker was only queued there (displaced).
 Without a report (the nanny died too) the scheduler's last heartbeat says what was
-executing; failing that, every task on the worker is blamed, as Dask itself would, so a
-killer that took its nanny with it is never "nobody".
+executing; failing that, every task on the worker is a suspect, as Dask itself would count
+them, so a killer that took its nanny with it is never "nobody".
+
+A death without a report is one event. When it leaves one suspect (one task there, or one
+the last heartbeat saw executing and still there) that shard is named: the event is its
+own failure, as a report's is. When it leaves several, none is named (`Blame.suspected`):
+the one event lists them, each still counts against Dask's death budget, but no shard's
+own failure count or place in a signature moves.
 """
 
 from __future__ import annotations
@@ -37,6 +43,11 @@ class Blame:
     def certain(self) -> bool:
         return self.source == FLIGHT_RECORD
 
+    @property
+    def suspected(self) -> bool:
+        """No report, several suspects: the death names none of them (see the module)."""
+        return not self.certain and len(self.executing) > 1
+
 
 def blame(death: Death) -> Blame:
     """>>> from .deaths import Removal
@@ -44,6 +55,9 @@ def blame(death: Death) -> Blame:
     >>> b = blame(Death("tcp://a:1", r, {"executing": [{"key": "x"}]}))
     >>> sorted(b.executing), sorted(b.displaced), b.certain
     (['x'], ['y'], True)
+    >>> b = blame(Death("tcp://a:1", r, None))
+    >>> sorted(b.executing), b.source, b.suspected
+    (['x', 'y'], 'every task on the worker (nothing said what was executing)', True)
     """
     processing = death.removal.processing if death.removal is not None else {}
     if death.report is not None:

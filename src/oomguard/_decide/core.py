@@ -13,7 +13,8 @@ decisions; nothing here touches Dask.
 Invariants (tests/unit/test_decide_model.py checks them over random interleavings):
 - a key is charged at most one death per removal, and stops (`Stop`) no later than the
   death that takes it past `allowed_failures`, exactly Dask's own bound;
-- every removal is decided exactly once (a late report amends it);
+- every removal is decided exactly once (a late report amends it); a death without a
+  report is one event, of the shard it names or (several suspects) of none (`blame`);
 - a key that may have killed a worker is held until that death is decided, so an abort
   decided from it comes before the key can run again;
 - a stopped key never runs again; a run is stopped at most once;
@@ -41,6 +42,9 @@ from .resize import LargerRetry, Resized
 from .runs import Run, RunLabel, Runs, ShardKey, collection_name
 
 _RUNNABLE = ("waiting", "processing", "queued", "no-worker")
+#: A nanny's stop notice lists at most this many executing keys (`_handlers._stopped_by`):
+#: a full list may have left some out, so the others are then not known to be queued.
+_SAID_AT_MOST = 16
 #: Pipeline names of forgotten keys kept for deaths they cause later (~100 bytes each).
 _FORGOTTEN_NAMES = 10_000
 
@@ -217,13 +221,20 @@ class DecisionCore:
         return self._decide(death) if death is not None else []
 
     def clean_exit(
-        self, worker: str, now: float, requested: bool, pid: int | None = None
+        self,
+        worker: str,
+        now: float,
+        requested: bool,
+        pid: int | None = None,
+        executing: Iterable[ShardKey] | None = None,
     ) -> list[Decision]:
         """The worker's nanny says it ended with status 0: `requested` (a stopped `dask
         worker`, a closed nanny, a restart) is no death, before or after its removal; unasked
-        (a task called `os._exit(0)`) is a death of cause `exit`, as Dask counts it."""
+        (a task called `os._exit(0)`) is a death of cause `exit`, as Dask counts it.
+        `executing`: the keys the nanny said its worker was executing when stopped."""
         self._now = now
-        death = self.pairing.clean(worker, now, requested, pid)
+        said = tuple(executing) if executing is not None else None
+        death = self.pairing.clean(worker, now, requested, pid, said)
         return self._decide(death) if death is not None else []
 
     def tick(self, now: float, limit: int | None = None) -> list[Decision]:
@@ -254,7 +265,7 @@ class DecisionCore:
         if death.late:
             return self._amend(death)
         if death.clean:
-            return self._not_a_death(death.removal)
+            return self._not_a_death(death)
         self.deaths += 1
         report, removal = death.report, death.removal
         cause = death_cause(death)
@@ -275,7 +286,10 @@ class DecisionCore:
                 self.budget.settle(key, blamed=True)
         told = DeathEvidence.of(death, cause, b, keys)
         decisions: list[tuple[AbortDecision, Any]] = []
-        for s, key in (keys or {"": None}).items():
+        named = {} if told.suspects else keys or {"": None}  # the shards with events
+        if told.suspects:
+            out.append(told.record(self._suspected(told, keys)))
+        for s, key in named.items():
             run = self.runs.of(key) if key is not None else None
             event = told.event(s, self._pipeline(s, run), self.policy.attempt(s) if s else 1)
             out.append(told.record(event))
@@ -298,8 +312,9 @@ class DecisionCore:
                     decisions.append((d, key))
             if self.budget.over(key) and key not in self.stopped:
                 decisions.append((self._over_budget(key, run, event), key))
-        for key in charged - set(keys.values()):
-            # Charged without blame (no report said what ran): Dask's bound still holds.
+        for key in charged - set(named.values()):
+            # Charged, not named (no report said what ran; or several suspects): Dask's
+            # bound still holds.
             if self.budget.over(key) and key not in self.stopped:
                 run = self.runs.of(key)
                 event = told.unblamed_event(str(key), run.name if run else "")
@@ -313,26 +328,56 @@ class DecisionCore:
         out += self._release_decided(removal)
         return out + self.isolation.next()
 
-    def _not_a_death(self, removal: Removal) -> list[Decision]:
+    def _suspected(self, told: DeathEvidence, keys: Mapping[ShardKey, Any]) -> FailureEvent:
+        """The one event of a death that names none of its suspects: each suspect's run
+        counts the death once; no shard's own count moves (Dask's budget still charges
+        every one of them)."""
+        labels: dict[RunLabel, None] = {}
+        names: dict[str, None] = {}
+        for s, key in keys.items():
+            run = self.runs.of(key) if key is not None else None
+            if name := self._pipeline(s, run):
+                names[name] = None
+            if run is not None and key not in self.stopped:
+                labels[run.label] = None
+        event = told.suspects_event(list(names))
+        for label in labels:
+            self.policy.death_suspected(label, event)
+        return event
+
+    def _not_a_death(self, death: Death) -> list[Decision]:
         """A removal that was a requested stop: its tasks were only displaced.
         Take back Dask's count and ours, and let them run elsewhere (held until now, as the
-        tasks of every removal are until it is decided)."""
+        tasks of every removal are until it is decided). Each is counted as it was there:
+        executing or queued where its nanny said what ran (or, failing that, the last
+        heartbeat saw it executing), else not known."""
+        removal = death.removal
+        assert removal is not None
+        said = death.executing
+        if said is not None and len(said) < _SAID_AT_MOST:
+            executing = {s: s in said for s in removal.processing}
+        else:
+            executing = dict.fromkeys([*(said or ()), *removal.executing_guess], True)
         # Stopped keys were never charged nor held at the removal.
         forgiven = self._displace(
-            {s: k for s, k in removal.processing.items() if k not in self.stopped}
+            {s: k for s, k in removal.processing.items() if k not in self.stopped}, executing
         )
         self.isolation.displaced(forgiven)
         out: list[Decision] = [Forgive(tuple(forgiven))] if forgiven else []
         return out + self._release_decided(removal) + self.isolation.next()
 
-    def _displace(self, tasks: dict[ShardKey, Any]) -> list:
+    def _displace(
+        self, tasks: dict[ShardKey, Any], executing: Mapping[ShardKey, bool] | None = None
+    ) -> list:
         """{str: key} of tasks that were on a dead worker but are not to blame: take back
-        their charge and count them displaced. The keys, in order."""
+        their charge and count them displaced, `executing` (str -> bool) or not (absent: not
+        known; None: all queued). The keys, in order."""
         for s, key in tasks.items():
             self.displaced += 1
             self.budget.settle(key, blamed=False)
             if (run := self.runs.of(key)) is not None:
-                self.policy.displaced(run.label, s)
+                ran = executing.get(s) if executing is not None else False
+                self.policy.displaced(run.label, s, ran)
         return list(tasks.values())
 
     def _release_decided(self, removal: Removal | None) -> list[Decision]:

@@ -58,7 +58,9 @@ class PipelineCounts:
     erred: int = 0
     aborted: int = 0
     forgotten: int = 0
-    displaced: int = 0
+    displaced: int = 0  # shards moved off workers that died or stopped, never counted
+    displaced_executing: int = 0  # of them, known to have been executing there
+    displaced_queued: int = 0  # known to have been only queued there
     isolated: int = 0  # shards retried alone after a memory kill of a worker running several
     infra: int = 0
     user: int = 0

@@ -55,6 +55,9 @@ class Death:
     lost_at: float | None = None  # with `late`: the time of the worker_lost decision it amends
     clean: bool = False
     exited: bool = False
+    # with `clean`: what its nanny said the worker was executing when it was stopped
+    # (the flight record's keys, at most 16); None when it did not say
+    executing: tuple[ShardKey, ...] | None = None
 
 
 class DeathPairing:
@@ -73,8 +76,9 @@ class DeathPairing:
         self.remember = remember
         self._removals: OrderedDict[str, tuple[float, Removal]] = OrderedDict()
         self._reports: OrderedDict[str, tuple[float, dict]] = OrderedDict()
-        # worker -> (when, requested, pid) of nannies' exit notices waiting for a removal
-        self._clean: OrderedDict[str, tuple[float, bool, int | None]] = OrderedDict()
+        # worker -> (when, requested, pid, executing) of nannies' exit notices waiting for
+        # a removal
+        self._clean: OrderedDict[str, tuple[float, bool, int | None, tuple | None]] = OrderedDict()
         # worker -> {pid: [had a report, removal time]} of its decided deaths (a worker
         # restarted under the same address dies again; an unknown pid gets a key of its
         # own): a later report of that process amends its death (decided worker_lost) or
@@ -111,20 +115,26 @@ class DeathPairing:
         return death
 
     def clean(
-        self, worker: str, now: float, requested: bool, pid: int | None = None
+        self,
+        worker: str,
+        now: float,
+        requested: bool,
+        pid: int | None = None,
+        executing: tuple[ShardKey, ...] | None = None,
     ) -> Death | None:
         """The worker's nanny says its worker (process `pid`) ended with status 0 or was
         stopped by request. Its removal, before or after this, is then decided at once: not a
         death when the stop was `requested` (a closed nanny, a restart, SIGTERM to `dask
         worker`), else a death without a report (`exited`: the process ended itself; Dask
         counts that too, so a task that keeps doing it stays bounded). A removal of another
-        process at the same address (one that died before a restart) is not this one's."""
+        process at the same address (one that died before a restart) is not this one's.
+        `executing`: the keys its nanny said the worker was executing when stopped."""
         waiting = self._removals.get(worker)
         if waiting is not None and _same(waiting[1].pid, pid):
             del self._removals[worker]
-            return self._exit(Death(worker, waiting[1], None), requested)
+            return self._exit(Death(worker, waiting[1], None, executing=executing), requested)
         self._clean.pop(worker, None)
-        self._clean[worker] = (now, requested, pid)
+        self._clean[worker] = (now, requested, pid, executing)
         while len(self._clean) > self.max_reports:
             self._clean.popitem(last=False)
         return None
@@ -139,7 +149,8 @@ class DeathPairing:
         notice = self._clean.get(removal.worker)
         if notice is not None and _same(notice[2], removal.pid):
             del self._clean[removal.worker]
-            return self._exit(Death(removal.worker, removal, None), notice[1])
+            death = Death(removal.worker, removal, None, executing=notice[3])
+            return self._exit(death, notice[1])
         waiting = self._reports.pop(removal.worker, None)
         if waiting is not None:
             return self._done(Death(removal.worker, removal, waiting[1]))

@@ -20,14 +20,24 @@ from .._words import (
     UNASKED_EXIT_SOURCE,
     UNASKED_EXIT_SUMMARY,
     evidence_summary,
+    suspects_line,
 )
 from .blame import FLIGHT_RECORD, Blame, Culprit, culprit
 from .deaths import Death
 from .decisions import Record
 from .runs import ShardKey
-from .signatures import death_signature, exception_class, task_signature, trace_example
+from .signatures import (
+    death_signature,
+    exception_class,
+    suspects_signature,
+    task_signature,
+    trace_example,
+)
 
 __all__ = ["DeathEvidence", "death_cause", "nanny_stop_record", "task_record"]
+
+#: Suspects (and their pipelines) a death's evidence lists; `suspects_total` counts them all.
+SUSPECTS_KEPT = 20
 
 
 def death_cause(death: Death) -> Cause:
@@ -53,7 +63,9 @@ class DeathEvidence:
 
     `shared`: a memory kill of a worker executing several blamed tasks, which proves no
     single one too big; `likely` the one that grew most, when the samples say so. `first`
-    is the shard whose stack signs the death (`signature`, `example`).
+    is the shard whose stack signs the death (`signature`, `example`). `suspects`: a death
+    without a report that names no shard (`Blame.suspected`), its tasks in key order; it
+    is one event (`suspects_event`), and `first` is "".
     """
 
     death: Death
@@ -67,6 +79,7 @@ class DeathEvidence:
     when: float
     host: str
     killer: Attribution
+    suspects: tuple[ShardKey, ...] = ()
 
     @classmethod
     def of(
@@ -75,7 +88,17 @@ class DeathEvidence:
         """A death decided now: `keys` is {str: key} of what `b` blames (None: unknown)."""
         report, removal = death.report, death.removal
         killer = death_killer(death, cause)
-        evidence = _evidence(death, cause, b.source, len(keys), killer)
+        suspects = tuple(sorted(keys)) if b.suspected else ()
+        evidence = _evidence(death, cause, b.source, 0 if suspects else len(keys), killer)
+        if suspects:
+            nthreads = removal.nthreads if removal is not None else 1
+            evidence.update(
+                suspects=list(suspects[:SUSPECTS_KEPT]),
+                suspects_total=len(suspects),
+                nthreads=nthreads,
+            )
+            line = suspects_line(suspects, len(suspects), nthreads)
+            evidence["summary"] = f"{evidence['summary']}; {line}"
         # A memory death (not a task's MemoryError) can be shared: several tasks growing
         # together on one worker.
         shared = (
@@ -96,10 +119,26 @@ class DeathEvidence:
         entries = {e["key"]: e for e in report["executing"]} if report is not None else {}
         # One death, one crash, one signature for all its events: from the likely
         # culprit's stack when one is named, else from the first executing task's.
-        first = likely.shard if likely is not None else next(iter(keys), "")
-        sig = death_signature(cause, report, entries.get(first), first)
-        example = trace_example(report, entries.get(first), first)
-        return cls(death, cause, evidence, shared, likely, first, sig, example, when, host, killer)
+        if suspects:
+            first, sig, example = "", suspects_signature(cause, suspects), ""
+        else:
+            first = likely.shard if likely is not None else next(iter(keys), "")
+            sig = death_signature(cause, report, entries.get(first), first)
+            example = trace_example(report, entries.get(first), first)
+        return cls(
+            death,
+            cause,
+            evidence,
+            shared,
+            likely,
+            first,
+            sig,
+            example,
+            when,
+            host,
+            killer,
+            suspects,
+        )
 
     @classmethod
     def late(cls, death: Death) -> DeathEvidence:
@@ -140,6 +179,27 @@ class DeathEvidence:
             signature_title=self.signature.title,
             evidence=self.evidence,
             attempt=attempt,
+            time=self.when,
+            **self._killer_fields(),
+        )
+
+    def suspects_event(self, pipelines: list[str]) -> FailureEvent:
+        """The one event of a death that names no shard: `pipelines` are its suspects'
+        (distinct, in order). It carries the pipeline they share; of several, none, and the
+        evidence lists them."""
+        evidence = self.evidence
+        if len(pipelines) > 1:
+            evidence = {**evidence, "suspect_pipelines": pipelines[:SUSPECTS_KEPT]}
+        return FailureEvent(
+            kind=Kind.INFRA.value,
+            cause=self.cause.value,
+            shard="",
+            pipeline=pipelines[0] if len(pipelines) == 1 else "",
+            worker=self.death.worker,
+            host=self.host,
+            signature_id=self.signature.id,
+            signature_title=self.signature.title,
+            evidence=evidence,
             time=self.when,
             **self._killer_fields(),
         )

@@ -192,9 +192,26 @@ class FailurePolicy:
         if p.done > 0:
             p.done -= 1
 
-    def displaced(self, pipeline: RunLabel, shard: ShardKey) -> None:
-        """The shard was only queued on a worker that died; it was rescheduled uncounted."""
-        self._pipeline(pipeline).displaced += 1
+    def displaced(
+        self, pipeline: RunLabel, shard: ShardKey, executing: bool | None = None
+    ) -> None:
+        """The shard was on a worker that died (only queued there) or was stopped (a
+        requested stop); it was rescheduled uncounted. `executing`: whether it was running
+        there, None when nothing said."""
+        p = self._pipeline(pipeline)
+        p.displaced += 1
+        if executing is True:
+            p.displaced_executing += 1
+        elif executing is False:
+            p.displaced_queued += 1
+
+    def death_suspected(self, pipeline: RunLabel, event: FailureEvent) -> None:
+        """A worker died under `pipeline` with no report, while several tasks were there
+        (some of this run's): one infra failure of the run, one death, and no shard's own
+        (`event` is the death's one event, of no shard)."""
+        p = self._pipeline(pipeline)
+        p.infra += 1
+        self._count_death(p, Cause(event.cause), event)
 
     def isolated(self, pipeline: RunLabel) -> None:
         """A shard of `pipeline` is retried alone after a memory kill of a worker that was
@@ -277,12 +294,8 @@ class FailurePolicy:
         p.infra += 1
         if cause is Cause.MEMORY_ERROR:
             p.memory_errors += 1
-        elif cause in DEATH_CAUSES:
-            # Events of one death carry the same worker and time; time 0 means "unknown".
-            if not (event.time and p.last_death.get(event.worker) == event.time):
-                p.deaths[cause.value] += 1
-                p.killers[event.killer or Killer.UNKNOWN.value] += 1
-            p.last_death[event.worker] = event.time
+        else:
+            self._count_death(p, cause, event)
         new = ShardFailure(
             cause.value,
             event.worker,
@@ -305,6 +318,17 @@ class FailurePolicy:
             return None
         p.decision = self._decide(event, cause, rec, p, reason, repeat)
         return p.decision
+
+    @staticmethod
+    def _count_death(p: PipelineCounts, cause: Cause, event: FailureEvent) -> None:
+        """A death counts once per run, however many of its shards it took."""
+        if cause not in DEATH_CAUSES:
+            return
+        # Events of one death carry the same worker and time; time 0 means "unknown".
+        if not (event.time and p.last_death.get(event.worker) == event.time):
+            p.deaths[cause.value] += 1
+            p.killers[event.killer or Killer.UNKNOWN.value] += 1
+        p.last_death[event.worker] = event.time
 
     def _repeat_on_other_worker(self, rec: ShardRecord, new: ShardFailure) -> ShardFailure | None:
         if not self.abort_on_repeat_signature or not new.shard_cause:

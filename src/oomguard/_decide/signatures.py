@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections import OrderedDict
+from collections.abc import Iterable
 from typing import Any
 
 from dask.utils import key_split
@@ -16,7 +17,13 @@ from .._causes import Cause
 from .._signature import fingerprint, fingerprint_dask, fingerprint_stack, scrub
 from .._words import sampled_stack
 
-__all__ = ["death_signature", "exception_class", "task_signature", "trace_example"]
+__all__ = [
+    "death_signature",
+    "exception_class",
+    "suspects_signature",
+    "task_signature",
+    "trace_example",
+]
 
 
 def death_signature(cause: Cause, report: dict | None, entry: dict | None, shard: str):
@@ -32,6 +39,22 @@ def death_signature(cause: Cause, report: dict | None, entry: dict | None, shard
     # the task's function (its key prefix) stands in for the stack.
     prefix = entry["prefix"] if entry else (key_split(shard) if shard else "")
     return _prefix_signature(str(cause), prefix or "<no task>")
+
+
+def suspects_signature(cause: Cause, shards: Iterable[str]):
+    """The signature of a death that names no shard, only suspects (no report, several tasks
+    there): their task function when they share one, as a named shard's death would be
+    signed; else the functions together ("worker_lost in one of load, nap"), so no single
+    function is made its culprit."""
+    prefixes = sorted({key_split(s) for s in shards})
+    if len(prefixes) == 1:
+        return _prefix_signature(str(cause), prefixes[0])
+    shown = ", ".join(prefixes[:_PREFIXES_SHOWN])
+    more = " ..." if len(prefixes) > _PREFIXES_SHOWN else ""
+    return _prefix_signature(str(cause), f"one of {shown}{more}")
+
+
+_PREFIXES_SHOWN = 3
 
 
 def exception_class(exception_text: str) -> str:

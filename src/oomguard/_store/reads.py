@@ -16,6 +16,15 @@ _EVENT_COLUMNS = (
     "id, time, kind, cause, shard, pipeline, worker, host, signature_id, "
     "signature_title, evidence, attempt, killer, killer_how, killer_confidence, killer_summary"
 )
+# A death without a report that named no shard is stored under shard '' (and pipeline ''
+# when its suspects ran in several), its suspects in the evidence: a filter on a shard or a
+# pipeline finds it too. Both terms use the column's index: only such rows are parsed.
+_OR_SUSPECT = {
+    "shard": "(shard = ? OR (shard = '' AND EXISTS (SELECT 1 FROM "
+    "json_each(evidence, '$.suspects') WHERE value = ?)))",
+    "pipeline": "(pipeline = ? OR (pipeline = '' AND shard = '' AND EXISTS (SELECT 1 FROM "
+    "json_each(evidence, '$.suspect_pipelines') WHERE value = ?)))",
+}
 # Each member list comes back as one JSON array: one row per signature, not one per member.
 _SELECT_SIGNATURE = (
     "SELECT id, title, grouping_version, count, first_seen, last_seen, example, "
@@ -93,6 +102,8 @@ class ReaderMixin:
         killer: str | None = None,
     ) -> list[FailureEvent]:
         """Stored events, newest first (by event time), matching every filter given.
+        `shard` and `pipeline` also match the one event of a death that named no shard
+        when it lists the value among its (first 20) suspects or their pipelines.
 
         >>> [e.shard for e in store.events(cause="oom_kill", since=time.time() - 3600)]
         ["('load-0a1b', 17)"]
@@ -106,7 +117,12 @@ class ReaderMixin:
             ("signature_id", signature),
             ("killer", killer),
         ):
-            if value is not None:
+            if value is None:
+                continue
+            if column in _OR_SUSPECT:
+                where.append(_OR_SUSPECT[column])
+                args += [value, value]
+            else:
                 where.append(f"{column} = ?")
                 args.append(value)
         if since is not None:
@@ -121,7 +137,8 @@ class ReaderMixin:
 
     @_read
     def shard(self, key: str) -> list[FailureEvent]:
-        """One shard's history, oldest first.
+        """One shard's own history, oldest first: the failures that name it (not a death
+        it was only one suspect of; `events(shard=...)` finds those too).
 
         >>> [(e.attempt, e.cause) for e in store.shard("('load-0a1b', 17)")]
         [(1, 'oom_kill'), (2, 'oom_kill')]

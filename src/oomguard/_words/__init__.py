@@ -16,6 +16,7 @@ from .deaths import (
     death_line,
     evidence_summary,
     sampled_stack,
+    suspects_line,
 )
 from .summaries import pipeline_summary
 
@@ -36,4 +37,5 @@ __all__ = [
     "sampled_stack",
     "shard_name",
     "subject",
+    "suspects_line",
 ]

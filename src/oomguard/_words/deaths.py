@@ -10,6 +10,7 @@ from .._models import evidence_int as _int
 from .._models import evidence_map as _map
 from .._models import evidence_number as _num
 from .._units import NO_LIMIT, format_bytes
+from .causes import plural, shard_name
 
 if TYPE_CHECKING:
     from .._models import FailureEvent
@@ -39,6 +40,33 @@ def culprit_line(certainty: str, shard: str, grew: int, total: int) -> str:
     )
 
 
+#: Suspects a death's summary names; the evidence keeps more (`_decide.evidence`).
+SUSPECTS_SHOWN = 5
+
+
+def suspects_line(shards: Sequence[str], total: int, nthreads: int) -> str:
+    """Who may have been running when a worker died with several tasks there and nothing
+    to say which ran: `shards` the first of them, `total` how many, `nthreads` its threads.
+
+    >>> suspects_line(["nap-28", "nap-31"], 2, 1)
+    "one of 'nap-28', 'nap-31' was running; 1 thread"
+    >>> suspects_line(["a-1", "a-2"], 2, 2)
+    "any of 'a-1', 'a-2' may have been running; 2 threads"
+    >>> suspects_line([f"a-{i}" for i in range(5)], 9, 4)
+    "up to 4 of 'a-0', 'a-1', 'a-2', 'a-3', 'a-4' and 4 more were running; 4 threads"
+    """
+    shown = list(shards[:SUSPECTS_SHOWN])
+    names = ", ".join(shard_name(s) for s in shown)
+    if total > len(shown):
+        names += f" and {total - len(shown)} more"
+    threads = plural(nthreads, "thread")
+    if nthreads <= 1:
+        return f"one of {names} was running; {threads}"
+    if total <= nthreads:
+        return f"any of {names} may have been running; {threads}"
+    return f"up to {nthreads} of {names} were running; {threads}"
+
+
 def sampled_stack(shard: str, frames: Iterable[Sequence[Any]], age: float | None) -> str:
     """The last stack sampled from a shard that was running at a death, `age` seconds
     before it, as a traceback reads (most recent call last).
@@ -61,16 +89,25 @@ def death_line(event: FailureEvent) -> str:
     ...     "w", "3f2a9c01d2e4", "oom_kill in load", {"summary": "kernel oom_kill counted",
     ...     "executing_tasks": 2})))
     worker tcp://w:1 on w died: oom_kill (kernel oom_kill counted); executing shard ('load', 3) and 1 more of pipeline 'etl'; signature 3f2a9c01d2e4
+    >>> print(death_line(FailureEvent("infra", "worker_lost", "", "naps", "tcp://w:1", "w",
+    ...     "", "", {"summary": "one of 'nap-1', 'nap-2' was running; 1 thread",
+    ...     "suspects": ["nap-1", "nap-2"], "suspects_total": 2})))
+    worker tcp://w:1 on w died: worker_lost (one of 'nap-1', 'nap-2' was running; 1 thread); 2 suspects of pipeline 'naps'
     """
     evidence = event.evidence or {}
     summary = evidence.get("summary")
     line = f"worker {event.worker or '?'} on {event.host or '?'} died: {event.cause}"
     if summary:
         line += f" ({summary})"
+    suspects = evidence.get("suspects")
     if event.shard:
         more = (evidence.get("executing_tasks") or 1) - 1
         line += f"; executing shard {event.shard}" + (f" and {more} more" if more > 0 else "")
         line += f" of pipeline {event.pipeline!r}" if event.pipeline else " (no pipeline)"
+    elif suspects and isinstance(suspects, list):
+        # No report and several tasks there: the summary says which may have run.
+        line += f"; {plural(_int(evidence.get('suspects_total')) or len(suspects), 'suspect')}"
+        line += f" of pipeline {event.pipeline!r}" if event.pipeline else ""
     else:
         line += "; no task was executing"
     if event.signature_id:

@@ -123,8 +123,25 @@ def _story(status: str, p: PipelineCounts, shard: str, rec: ShardRecord | None) 
             "memory kill of a worker running several"
         )
     if p.displaced:
-        s += (
-            f"; {plural(p.displaced, 'queued shard')} {was(p.displaced)} moved off dead "
-            "workers without counting against them"
-        )
+        s += f"; {_moved(p)}"
     return s + "."
+
+
+def _moved(p: PipelineCounts) -> str:
+    """Shards moved off workers that died or stopped, each as it was there: executing,
+    queued, or (nothing said) neither named."""
+    n, running, queued = p.displaced, p.displaced_executing, p.displaced_queued
+    them = "it" if n == 1 else "them"
+    if queued == n:
+        what, detail = plural(n, "queued shard"), ""
+    else:
+        what = plural(n, "shard")
+        parts = [f"{running} executing"] if running else []
+        parts += [f"{queued} queued"] if queued else []
+        if parts and n - running - queued:
+            parts.append(f"{n - running - queued} not known")
+        detail = f" ({', '.join(parts)})" if parts else ""
+    return (
+        f"{what} {was(n)} moved off workers that died or stopped, without counting "
+        f"against {them}{detail}"
+    )

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .._causes import Cause
+from .._causes import DEATH_CAUSES, Cause
 
 if TYPE_CHECKING:
     from .._models import FailureEvent, PipelineStatus, SignatureRow
@@ -27,11 +27,13 @@ BIN_STEPS = (1, 5, 10, 30, 60, 300, 600, 1800, 3600, 3 * 3600, 6 * 3600, 86400)
 MAX_BINS = 60
 OTHER = "other"
 CAUSES = tuple(c.value for c in Cause) + (OTHER,)
+_DEATH_CAUSES = frozenset(c.value for c in DEATH_CAUSES)
 
 
 def failure_columns(events: Iterable[FailureEvent], now: float) -> dict[str, list]:
     """Failure counts per time bin and cause, as ColumnDataSource columns: `time` (bin
-    centre, ms since the epoch), `width` (ms) and one column per cause in CAUSES.
+    centre, ms since the epoch), `width` (ms) and one column per cause in CAUSES. A worker
+    death counts once, however many shards its events name (same worker, time and cause).
 
     >>> cols = failure_columns(store.events(since=time.time() - 3600), time.time())
     >>> sum(cols["oom_kill"])
@@ -47,7 +49,12 @@ def failure_columns(events: Iterable[FailureEvent], now: float) -> dict[str, lis
     start = math.floor(oldest / width) * width
     n = min(int((now - start) // width) + 1, MAX_BINS + 1)
     counts = {c: [0] * n for c in CAUSES}
+    deaths: set[tuple[str, float, str]] = set()
     for e in events:
+        if e.cause in _DEATH_CAUSES:
+            if (e.worker, e.time, e.cause) in deaths:
+                continue  # another shard of a death already counted
+            deaths.add((e.worker, e.time, e.cause))
         # A clock ahead of ours (another host) lands in the newest bin, not off the plot.
         i = min(max(int((e.time - start) // width), 0), n - 1)
         counts[e.cause if e.cause in counts else OTHER][i] += 1

@@ -191,7 +191,8 @@ class Handlers:
                 )
             # A removal that waited for this is decided now (its held tasks go back to Dask).
             core = self.plugin.core
-            self.plugin.apply(core.clean_exit(worker, time.monotonic(), requested, pid))
+            said = stopped["executing"] if stopped is not None and requested else None
+            self.plugin.apply(core.clean_exit(worker, time.monotonic(), requested, pid, said))
         return {"status": "ok"}
 
     async def unguarded(self, comm=None, nanny: Any = None, reason: Any = "", **extra: Any):
