@@ -101,7 +101,13 @@ def test_a_dataframe_span_is_one_job_that_saw_its_worker_die(cluster, tmp_path):
         interval=0.2,
     )
     assert len({(e.worker, e.time) for e in deaths}) == 1  # one worker died, once
-    job = failures.pipeline("block")
+    # The last keys are released just after .compute() returns: wait for that.
+    job = wait_for(
+        lambda: (p := failures.pipeline("block")).status != "running" and p,
+        lambda: f"the job is still running: {failures.pipeline('block')!r}",
+        timeout=30,
+        interval=0.2,
+    )
     # The whole block is one job: both computes, and the death during the first.
     assert job.status == "succeeded_after_infra_failures", (job.status, job.summary)
     assert job.infra_failures >= 1
@@ -116,3 +122,45 @@ def test_a_dataframe_span_is_one_job_that_saw_its_worker_die(cluster, tmp_path):
     assert again.started > job.started
     assert again.status == "succeeded", (again.status, again.summary)
     assert len([p for p in failures.pipelines() if p.name == "block"]) == 2
+
+
+def inc(x):
+    return x + 1
+
+
+def double(x):
+    return 2 * x
+
+
+def test_every_kind_of_work_in_one_block_is_one_job(cluster):
+    """dask.array, delayed, client.map and submit, and a dataframe's eager step
+    (set_index's divisions), each its own graph, keys released between them: one job per
+    block; nested spans name theirs outer/inner; the annotation alone, one per client."""
+    client = cluster
+    da = pytest.importorskip("dask.array")
+    df = dask.datasets.timeseries(start="2000-01-01", end="2000-01-03", freq="60s", seed=2)
+    with distributed.span("mixed"):
+        assert da.ones((40, 40), chunks=10).sum().compute() == 1600
+        assert dask.delayed(inc)(1).compute() == 2
+        assert client.gather(client.map(inc, range(5))) == [1, 2, 3, 4, 5]
+        assert client.submit(double, 4).result() == 8
+        assert df.set_index("id").x.count().compute() == len(df)
+        with distributed.span("inner"):
+            assert da.arange(10, chunks=5).sum().compute() == 45
+            assert dask.delayed(double)(3).compute() == 6
+    with dask.annotate(oomguard_pipeline="named"):
+        assert client.compute(dask.delayed(inc)(10)).result() == 11
+        assert client.compute(dask.delayed(double)(10)).result() == 20
+
+    failures = oomguard.Failures(client)
+    runs = {}
+    for p in failures.pipelines():
+        runs.setdefault(p.name, []).append(p)
+    assert {name: len(r) for name, r in runs.items()} == {
+        "mixed": 1,
+        "mixed/inner": 1,
+        "named": 1,
+    }, {n: [(p.status, p.shards_done) for p in r] for n, r in runs.items()}
+    assert all(r[0].status == "succeeded" for r in runs.values())
+    # Every graph's shards are counted in the job: more than the last compute alone.
+    assert failures.pipeline("mixed").shards_done > 4 + 5 + 1

@@ -415,6 +415,8 @@ class CoreModel(RuleBasedStateMachine):
         for run in core.gone:
             core.policy.forget_pipeline(run)
         assert set(core.policy.pipelines()) == kept
+        for run in kept:  # every shard of a kept job ended, whatever it went through
+            assert core.policy.status(run).status != "running", core.policy.status(run)
         for run in kept:
             core.policy.forget_pipeline(run)
         assert core.policy.tracked_shards() == 0

@@ -142,3 +142,21 @@ def _removal(worker, processing):
         memory_limit=None,
         nanny=f"{worker}-nanny",
     )
+
+
+def test_a_shard_that_failed_and_comes_back_in_a_later_compute_is_counted_again():
+    """The same key in two computes of one job (a dataframe's source partitions are), its
+    worker killed in the first: each of its ends counts, so the job ends."""
+    c = DecisionCore(allowed_failures=3, grace=5.0)
+    for i, now in enumerate((0.0, 10.0)):
+        keys = ["part-1", f"agg-{i}"]
+        c.submitted(keys, keys, span(keys), now=now, client="c1")
+        if i == 0:
+            c.removed(_removal("tcp://w:1", {"part-1": "part-1"}), now=1.0)
+            c.tick(7.0)
+        for k in keys:
+            c.transition(k, "processing", "memory")
+            c.forget(k)
+    [label] = c.policy.pipelines()
+    status = c.policy.status(label)
+    assert (status.status, status.shards_done) == ("succeeded_after_infra_failures", 4), status

@@ -135,9 +135,7 @@ class DecisionCore:
         `client`: who submitted it (a run named by annotation is per client)."""
         name = collection_name(prefixes)
         for run, new in self.runs.observe(tasks, keys, annotations, now, name, client).items():
-            self.policy.pipeline_submitted(
-                run.label, range(new), name=run.name, started=run.started
-            )
+            self.policy.pipeline_submitted(run.label, new, name=run.name, started=run.started)
 
     def transition(self, key: Any, start: str, finish: str) -> list[Decision]:
         if finish in ("memory", "erred"):

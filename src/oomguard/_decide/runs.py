@@ -150,8 +150,8 @@ class Runs:
         now: float,
         name: str | None = None,
         client: str = "",
-    ) -> dict[Run, int]:
-        """Assign the new tasks of one graph submission to runs: {run: new keys in it}.
+    ) -> dict[Run, list]:
+        """Assign the new tasks of one graph submission to runs: {run: its new keys}.
         `name`: the submission's name where no annotation or span gives one (see
         `collection_name`); the first output key's prefix without it. `client`: who
         submitted it (an annotation's run is per client)."""
@@ -159,7 +159,7 @@ class Runs:
         spans = annotations.get("span") or {}
         name_hint = name
         default: tuple[str, tuple] | None = None
-        touched: dict[Run, int] = {}
+        touched: dict[Run, list] = {}
         for key in tasks:
             if key in self._of:
                 continue
@@ -189,7 +189,7 @@ class Runs:
             s = str(key)
             self._of[key] = (run, s)
             self._by_str[s] = key
-            touched[run] = touched.get(run, 0) + 1
+            touched.setdefault(run, []).append(key)
         return touched
 
     def _start(self, name: str, identity: tuple, now: float) -> Run:
