@@ -23,6 +23,7 @@ from hypothesis.stateful import (
 
 from oomguard._causes import Killer
 from oomguard._decide import (
+    IDLE_RUNS,
     DecisionCore,
     Forgive,
     Hold,
@@ -81,6 +82,8 @@ class CoreModel(RuleBasedStateMachine):
         # recorded for deaths without a report (issue 27: one each, naming its suspects)
         self.on_dead: dict = {}
         self.unreported: dict = {}
+        self.job_of: dict = {}  # span block -> the run (job) its work goes to
+        self.saw_death: set = set()  # runs a death was recorded for
         for w in WORKERS:
             self.apply(self.core.worker_added(w, self.limits[w]))
 
@@ -103,9 +106,12 @@ class CoreModel(RuleBasedStateMachine):
                     for k in d.keys:
                         self.running[w].pop(k, None)
             elif isinstance(d, Record):
+                e = d.event
                 if d.death and d.amends is None:
                     self.death_records += 1
-                e = d.event
+                    for shard in [e.shard, *e.evidence.get("suspects", ())]:
+                        if (run := self.core.runs.of(self.core.runs.key(shard))) is not None:
+                            self.saw_death.add(run.label)
                 if d.amends is None and e.cause in ("worker_lost", "exit"):
                     self.no_report_event(e)
                 if e.kind == "infra" and e.cause not in ("memory_error",):
@@ -150,6 +156,13 @@ class CoreModel(RuleBasedStateMachine):
         ann = {"span": {k: {"name": (span,), "ids": (f"{span}{block}",)} for k in new}}
         self.core.submitted(new, new, ann, self.now)
         self.submitted.update(new)
+        # One block is one job, however many computes (keys forgotten between them) it
+        # holds, until that job is aborted: later work in the block is then a new run.
+        for k in new:
+            label = self.core.runs.of(k).label
+            job = self.job_of.get(f"{span}{block}")
+            assert job is None or job == label or job in self.stopped_runs, (job, label)
+            self.job_of[f"{span}{block}"] = label
 
     @rule(key=st.sampled_from(KEYS), worker=st.sampled_from(WORKERS), executing=st.booleans())
     def start(self, key, worker, executing):
@@ -394,6 +407,13 @@ class CoreModel(RuleBasedStateMachine):
             assert n == 0 or self.on_worker(k) is None, f"{k} runs with an undecided death"
 
     @invariant()
+    def a_job_that_saw_a_death_never_reads_succeeded(self):
+        policy = self.core.policy
+        for label in self.saw_death:
+            if policy.has(label):
+                assert policy.status(label).status != "succeeded", policy.status(label)
+
+    @invariant()
     def stopped_keys_stay_stopped(self):
         for k in self.stopped:
             assert self.on_worker(k) is None or k not in self.submitted
@@ -415,9 +435,17 @@ class CoreModel(RuleBasedStateMachine):
         assert not core.held and not core.stopped and not core.suspects
         assert core.isolating is None and len(core.budget) == 0 and len(core.runs) == 0
         assert len(core.pairing) == 0 and not core.resized
+        # Left: the jobs kept for more work in their blocks, at most IDLE_RUNS, no keys.
+        kept = {run.label for run in core.runs.idle()}
+        assert len(kept) <= IDLE_RUNS
         for run in core.gone:
             core.policy.forget_pipeline(run)
-        assert core.policy.pipelines() == [] and core.policy.tracked_shards() == 0
+        assert set(core.policy.pipelines()) == kept
+        for run in kept:  # every shard of a kept job ended, whatever it went through
+            assert core.policy.status(run).status != "running", core.policy.status(run)
+        for run in kept:
+            core.policy.forget_pipeline(run)
+        assert core.policy.tracked_shards() == 0
 
 
 TestCoreModel = CoreModel.TestCase

@@ -202,9 +202,10 @@ class Failures:
         )
 
     def pipeline(self, name: str) -> PipelineStatus:
-        """The latest run of the pipeline `name`. KeyError, naming the pipelines there are,
-        when there is none; every run of it: ``[p for p in failures.pipelines() if p.name
-        == name]``.
+        """The latest run of the pipeline `name`: all that one ``with span(name)`` block
+        submitted, every compute in it (docs/getting-started.md, "Name your pipelines").
+        KeyError, naming the pipelines there are, when there is none; every run of it:
+        ``[p for p in failures.pipelines() if p.name == name]``.
 
         >>> failures.pipeline("etl").status                  # doctest: +SKIP
         'aborted'

@@ -10,7 +10,7 @@ from .core import DecisionCore
 from .deaths import Death, DeathPairing, Removal
 from .decisions import Decision, Forgive, Hold, Record, Release, Restrict, Stop, Widen
 from .evidence import nanny_stop_record
-from .runs import ANNOTATION, Run, Runs
+from .runs import ANNOTATION, IDLE_RUNS, Run, Runs
 
 __all__ = [
     "ANNOTATION",
@@ -20,6 +20,7 @@ __all__ = [
     "DecisionCore",
     "Forgive",
     "Hold",
+    "IDLE_RUNS",
     "Record",
     "Release",
     "Removal",

@@ -18,7 +18,8 @@ Invariants (tests/unit/test_decide_model.py checks them over random interleaving
 - a key that may have killed a worker is held until that death is decided, so an abort
   decided from it comes before the key can run again;
 - a stopped key never runs again; a run is stopped at most once;
-- once every key is forgotten and every death decided, nothing is left.
+- once every key is forgotten and every death decided, nothing is left but the span and
+  annotation runs kept for more work in their block (`runs.IDLE_RUNS` at most, no keys).
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class DecisionCore:
         self.isolation = Isolation(self.held, self.stopped, self.budget)
         self.larger = LargerRetry(self.policy, self.runs)  # retries on a larger worker
         self._now = 0.0
-        self.gone: list[RunLabel] = []  # runs whose last key was forgotten: persist, drop
+        self.gone: list[RunLabel] = []  # runs that ended (`Runs.ended`): persist, drop
         self._ended: set = set()  # keys that reached memory or erred
         self._forgotten: OrderedDict[ShardKey, str] = OrderedDict()  # -> pipeline name
         self.deaths = 0
@@ -131,14 +132,14 @@ class DecisionCore:
         annotations: Mapping[str, Mapping[Any, Any]],
         now: float,
         prefixes: Iterable[str] = (),
+        client: str = "",
     ) -> None:
         """A graph submission. `prefixes`: task prefixes from its first output key down to a
-        root, which name it where no annotation or span does (`runs.collection_name`)."""
+        root, which name it where no annotation or span does (`runs.collection_name`);
+        `client`: who submitted it (a run named by annotation is per client)."""
         name = collection_name(prefixes)
-        for run, new in self.runs.observe(tasks, keys, annotations, now, name).items():
-            self.policy.pipeline_submitted(
-                run.label, range(new), name=run.name, started=run.started
-            )
+        for run, new in self.runs.observe(tasks, keys, annotations, now, name, client).items():
+            self.policy.pipeline_submitted(run.label, new, name=run.name, started=run.started)
 
     def transition(self, key: Any, start: str, finish: str) -> list[Decision]:
         if finish in ("memory", "erred"):
@@ -172,8 +173,7 @@ class DecisionCore:
                 self._forgotten.popitem(last=False)
             if key not in self._ended:
                 self.policy.shard_forgotten(run.label, key)
-            if not run.keys:
-                self.gone.append(run.label)
+            self._runs_ended()
         self._ended.discard(key)
         self.budget.forget(key)
         self.stopped.pop(key, None)
@@ -184,6 +184,9 @@ class DecisionCore:
             out.append(Release((key,)))
         self.isolation.discard(key)
         return out
+
+    def _runs_ended(self) -> None:
+        self.gone += [run.label for run in self.runs.take_ended()]
 
     # --- workers ---------------------------------------------------------------------
 
@@ -433,6 +436,7 @@ class DecisionCore:
             stop = Stop((key,), exc)  # of no run
         else:
             self.runs.close(run)
+            self._runs_ended()
             stop = Stop(tuple(run.keys), exc, run.label)
         self.aborts += 1
         for key in stop.keys:

@@ -153,7 +153,14 @@ class FailurePolicy:
         p = self._pipeline(pipeline)
         if not p.name:
             p.name, p.started = name or pipeline, started
-        n = sum(1 for _ in shards)
+        n = 0
+        for shard in shards:
+            n += 1
+            # Submitted again in its run (a later compute of the same job): its next end
+            # counts, its failures so far still do.
+            if self._shards and (rec := self._shards.get(str(shard))) is not None:
+                if rec.pipeline == pipeline:
+                    rec.ended = ""
         p.submitted += n
 
     def shard_done(self, pipeline: RunLabel, shard: ShardKey) -> None:

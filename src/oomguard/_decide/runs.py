@@ -8,17 +8,27 @@ A pipeline is named, in order of precedence, by
    the `-partial`/`-aggregate` phases of one reduction): `random_sample → mean`, or the
    function of a `client.map` (`collection_name`).
 
-A *run* is one execution of a pipeline, judged on its own (its own counters and decision):
-- under a span, one ``with span(...)`` block (Dask gives each block its own span id), so a
-  second block with the same name is a second run;
+A *run* (a *job*: what the user wrapped) is one execution of a pipeline, judged on its own
+(its own counters and decision), however many graphs it arrives in (a dask.dataframe makes
+one per `.compute()` and per eager step such as `set_index`'s divisions):
+- under a span, everything submitted in one ``with span(...)`` block (Dask gives each block
+  its own span id; nested spans: the innermost block is the job, named "outer/inner"), so a
+  second block with the same name is a second run ("etl#2");
+- under the annotation without a span, everything its client submits with that name (the
+  scheduler never sees the ``with`` end); with a span too, the span's block delimits it;
 - otherwise, consecutive submissions with the same name join the live run of that name
-  (``[client.submit(f, x) for x in xs]`` is one run, not one per task) until that run is
-  decided (aborted) or has no live keys left; the next submission then starts a new run.
+  (``[client.submit(f, x) for x in xs]`` is one run, not one per task) until that run has no
+  live keys left; the next submission then starts a new run.
+A run that is decided (aborted) takes no more keys: later submissions with its identity
+start a new run. A span or annotation run is kept once its keys are all forgotten (more
+work in its block may come); the `IDLE_RUNS` most recently emptied are kept, and past that
+the oldest is dropped: work that comes later in its block starts a new run of its name.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NewType
@@ -26,6 +36,10 @@ from typing import Any, NewType
 from dask.utils import key_split
 
 from .._protocol import PIPELINE_ANNOTATION as ANNOTATION
+
+#: Span and annotation runs kept after their keys are all forgotten, most recent last. A run
+#: is a few hundred bytes of counters, plus a record per shard that failed.
+IDLE_RUNS = 1_000
 
 #: A task key as `str(key)`: how reports, events and the policy name a shard.
 ShardKey = NewType("ShardKey", str)
@@ -100,6 +114,11 @@ class Run:
     keys: set = field(default_factory=set)
     closed: bool = False  # decided (aborted): later submissions start a new run
 
+    @property
+    def held_open(self) -> bool:
+        """Kept when empty: a span block or an annotation may submit more to it."""
+        return self.identity[0] != "default"
+
 
 class Runs:
     """key -> run, with a str(key) index so a report's key strings find their keys.
@@ -111,12 +130,17 @@ class Runs:
     'etl'
     """
 
-    def __init__(self) -> None:
+    def __init__(self, idle_runs: int = IDLE_RUNS) -> None:
         self._of: dict[Any, tuple[Run, ShardKey]] = {}  # key -> (its run, str(key))
         self._by_str: dict[ShardKey, Any] = {}
-        self._live: dict[tuple, Run] = {}  # identity -> the open run
+        self._live: dict[tuple, Run] = {}  # identity -> the open run (idle ones too)
+        self._idle: OrderedDict[tuple, Run] = OrderedDict()  # open runs with no key, oldest 1st
+        self._idle_runs = idle_runs
         self._seen: dict[str, int] = {}  # name -> runs started, for labels
         self._ids = itertools.count(1)
+        #: Runs that ended for good (no key left and nothing more can join): the owner
+        #: persists their status, then forgets them (`take_ended`).
+        self.ended: list[Run] = []
 
     def observe(
         self,
@@ -125,28 +149,32 @@ class Runs:
         annotations: Mapping[str, Mapping[Any, Any]],
         now: float,
         name: str | None = None,
-    ) -> dict[Run, int]:
-        """Assign the new tasks of one graph submission to runs: {run: new keys in it}.
+        client: str = "",
+    ) -> dict[Run, list]:
+        """Assign the new tasks of one graph submission to runs: {run: its new keys}.
         `name`: the submission's name where no annotation or span gives one (see
-        `collection_name`); the first output key's prefix without it."""
+        `collection_name`); the first output key's prefix without it. `client`: who
+        submitted it (an annotation's run is per client)."""
         explicit = annotations.get(ANNOTATION) or {}
         spans = annotations.get("span") or {}
         name_hint = name
         default: tuple[str, tuple] | None = None
-        touched: dict[Run, int] = {}
+        touched: dict[Run, list] = {}
         for key in tasks:
             if key in self._of:
                 continue
             name = identity = None
-            if explicit and (value := explicit.get(key)) is not None:
-                name = str(value)
-                identity = ("annotation", name)
-            elif spans and (span := spans.get(key)):
+            block = None
+            if spans and (span := spans.get(key)):
                 parts = tuple(span.get("name") or ())
                 if parts and parts != ("default",):
-                    name = "/".join(str(p) for p in parts)
                     ids = tuple(span.get("ids") or ())
-                    identity = ("span", ids[-1] if ids else name)
+                    name = "/".join(str(p) for p in parts)
+                    block = ids[-1] if ids else name  # the innermost `with` block
+                    identity = ("span", block)
+            if explicit and (value := explicit.get(key)) is not None:
+                name = str(value)
+                identity = ("annotation", name, block if block is not None else client)
             if name is None:
                 if default is None:
                     first = name_hint or key_split(next(iter(keys), key))
@@ -155,11 +183,13 @@ class Runs:
             run = self._live.get(identity)
             if run is None or run.closed:
                 run = self._start(name, identity, now)
+            elif not run.keys:
+                self._idle.pop(identity, None)  # more work in its block
             run.keys.add(key)
             s = str(key)
             self._of[key] = (run, s)
             self._by_str[s] = key
-            touched[run] = touched.get(run, 0) + 1
+            touched.setdefault(run, []).append(key)
         return touched
 
     def _start(self, name: str, identity: tuple, now: float) -> Run:
@@ -186,9 +216,13 @@ class Runs:
         run.closed = True
         if self._live.get(run.identity) is run:
             del self._live[run.identity]
+        if self._idle.get(run.identity) is run:
+            del self._idle[run.identity]
+            self.ended.append(run)
 
     def forget(self, key: Any) -> Run | None:
-        """Drop the key; its run, which is gone too once it holds no key."""
+        """Drop the key; its run. A run left with no key ends (`ended`), unless it is a
+        span or annotation run still open: that one idles, the last `IDLE_RUNS` of them."""
         entry = self._of.pop(key, None)
         if entry is None:
             return None
@@ -196,9 +230,29 @@ class Runs:
         if self._by_str.get(s) == key:  # keys that print alike (1 and "1") keep their own
             del self._by_str[s]
         run.keys.discard(key)
-        if not run.keys and self._live.get(run.identity) is run:
-            del self._live[run.identity]
+        if not run.keys:
+            if self._live.get(run.identity) is not run:
+                self.ended.append(run)  # closed, or replaced by a newer run
+            elif not run.held_open:
+                del self._live[run.identity]
+                self.ended.append(run)
+            else:
+                self._idle[run.identity] = run
+                while len(self._idle) > self._idle_runs:
+                    _, oldest = self._idle.popitem(last=False)
+                    del self._live[oldest.identity]
+                    self.ended.append(oldest)
         return run
+
+    def take_ended(self) -> list[Run]:
+        """The runs that ended since the last call."""
+        ended, self.ended = self.ended, []
+        return ended
+
+    def idle(self) -> list[Run]:
+        """Open span or annotation runs that hold no key now (at most `IDLE_RUNS`), oldest
+        first."""
+        return list(self._idle.values())
 
     def __len__(self) -> int:
         return len(self._of)

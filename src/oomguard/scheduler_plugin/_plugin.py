@@ -259,7 +259,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             return
         with self.guard("update_graph"):
             self.core.submitted(
-                tasks, keys, annotations, time.time(), _prefix_path(scheduler, keys)
+                tasks, keys, annotations, time.time(), _prefix_path(scheduler, keys), client
             )
 
     def transition(self, key, start, finish, *args, stimulus_id, **kwargs):
