@@ -242,3 +242,37 @@ def test_the_report_of_an_unknown_pipeline_from_a_scheduler_says_none(cluster, c
         ]
     )
     assert code == 0, capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- arguments
+# Issue 27: Failures(client, timeout=-1).events() raised "could not convert string to float:
+# '1-1'" from deep in Dask; Failures("tcp://...") raised AttributeError: 'str' object has
+# no attribute 'sync'.
+
+
+@pytest.mark.parametrize(
+    "timeout, shown",
+    [(-1, "-1"), (0, "0"), (float("nan"), "nan"), ("5", "'5'"), (True, "True")],
+)
+def test_a_bad_timeout_is_refused_up_front_naming_it(cluster, timeout, shown):
+    with pytest.raises(ValueError) as info:
+        oomguard.Failures(cluster[1], timeout=timeout)
+    message = str(info.value)
+    assert message.startswith(f"timeout={shown} "), message
+    assert "positive number of seconds" in message and "\n" not in message, message
+
+
+def test_a_good_timeout_is_taken(cluster):
+    assert oomguard.Failures(cluster[1], timeout=2.5).timeout == 2.5
+    assert oomguard.Failures(cluster[1], timeout=None).timeout is None
+
+
+@pytest.mark.parametrize("client", ["tcp://127.0.0.1:8786", None, 7])
+def test_something_other_than_a_client_is_refused_naming_it(client):
+    with pytest.raises(TypeError) as info:
+        oomguard.Failures(client)
+    message = str(info.value)
+    assert message.startswith(f"client={client!r} is not a distributed.Client"), message
+    assert "Client(" in message and "\n" not in message, message
+    with pytest.raises(TypeError, match=r"^client=.* is not a distributed.Client"):
+        oomguard.install(client)

@@ -6,6 +6,7 @@ import datetime
 from typing import TYPE_CHECKING, Any
 
 from .._display import quantity, shorten
+from .._exceptions import ConfigError
 from .._models import FailureEvent, PipelineStatus, SignatureRow
 from . import filters as _filters
 from .results import EventList, PipelineList, SignatureList
@@ -33,20 +34,31 @@ def install(client: Client, **config: Any) -> dict[str, tuple[Any, Any]]:
     """
     from ..scheduler_plugin import OomguardSchedulerPlugin
 
+    _filters.client(client)
     plugin = OomguardSchedulerPlugin(**config)  # validates the given settings
     changed = client.run_on_scheduler(_apply_settings, config=plugin.config)
     if changed is None:
         client.register_plugin(plugin)
         return {}
+    if _REFUSED in changed:
+        raise ConfigError(changed[_REFUSED])
     return {k: tuple(v) for k, v in changed.items()}
 
 
+_REFUSED = "refused"  # never a setting's name
+
+
 def _apply_settings(config: dict[str, Any], dask_scheduler=None):
-    """On the scheduler: the running oomguard takes `config`; None where none runs."""
+    """On the scheduler: the running oomguard takes `config`; None where none runs. A
+    refusal comes back as {"refused": message}: raised here, Dask would log "Run Failed"
+    with a traceback in the scheduler's log for what is the caller's mistake."""
     plugin = dask_scheduler.plugins.get("oomguard")
     if plugin is None or getattr(plugin, "core", None) is None:
         return None
-    return plugin.apply_settings(config)
+    try:
+        return plugin.apply_settings(config)
+    except ConfigError as e:
+        return {_REFUSED: str(e)}
 
 
 def uninstall(client: Client) -> None:
@@ -98,8 +110,8 @@ class Failures:
 
     def __init__(self, client: Client, *, timeout: float | None = 60.0):
         # A scheduler without oomguard never answers the query: bound every call.
-        self.client = client
-        self.timeout = timeout
+        self.client = _filters.client(client)
+        self.timeout = _filters.timeout(timeout)
 
     def __repr__(self) -> str:
         """<Failures tcp://10.0.3.2:8786 12 events, 3 signatures>; counts up to the default
@@ -120,8 +132,9 @@ class Failures:
             return f"<Failures {address} (no answer in {timeout:g} s: busy, or no oomguard)>"
         except Exception as e:  # a repr never raises
             return f"<Failures {address} (query failed: {type(e).__name__})>"
-        if not isinstance(events, list) or not isinstance(signatures, list):
-            # Dask answers None for a handler it does not have.
+        if not isinstance(events, list | tuple) or not isinstance(signatures, list | tuple):
+            # Dask answers None for a handler it does not have; rows come back as a list
+            # in process and as a tuple over TCP (msgpack).
             return f"<Failures {address} (no answer: is oomguard installed?)>"
         counts = [
             _count(len(events), _EVENTS_LIMIT, "event"),

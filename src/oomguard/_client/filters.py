@@ -182,6 +182,47 @@ def text(value: Any, name: str, what: str = "a name", *, required: bool = False)
     return _fail(f"{_subject(name, value)} is not {what}; expected a str")
 
 
+def timeout(value: Any, name: str | None = "timeout") -> float | None:
+    """Seconds to wait for the scheduler's answer: a positive number, or None (no bound).
+
+    >>> timeout(-1)
+    Traceback (most recent call last):
+    ValueError: timeout=-1 is not a positive number of seconds; expected e.g. 60, or None to wait without a bound
+    """
+    if value is None:
+        return None
+    if (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    ):
+        return float(value)
+    return _fail(
+        f"{_subject(name, value)} is not a positive number of seconds; expected e.g. 60, "
+        "or None to wait without a bound"
+    )
+
+
+def client(value: Any) -> Any:
+    """A `distributed.Client` (TypeError naming what was given instead).
+
+    >>> client("tcp://10.0.0.5:8786")
+    Traceback (most recent call last):
+    TypeError: client='tcp://10.0.0.5:8786' is not a distributed.Client; connect first \
+and pass the client: Client('tcp://10.0.0.5:8786')
+    """
+    from distributed import Client
+
+    if isinstance(value, Client):
+        return value
+    example = repr(value) if isinstance(value, str) else "'tcp://scheduler:8786'"
+    raise TypeError(
+        f"client={value!r} is not a distributed.Client; connect first and pass the "
+        f"client: Client({example})"
+    )
+
+
 def shard(value: Any) -> str | None:
     """A shard as the store keeps it: the task key as `str(key)`, so ``("load", 7)`` and
     ``"('load', 7)"`` name the same shard (None: no filter)."""

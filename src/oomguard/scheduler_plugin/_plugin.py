@@ -124,7 +124,14 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         change of a setting fixed while running (the store, the pod lookup)."""
         config = {k.replace("_", "-"): v for k, v in config.items()}
         new = _config.scheduler_settings(config, only=frozenset(config))
-        changed = {k: (self.settings[k], v) for k, v in new.items() if self.settings[k] != v}
+        current = dict(self.settings)
+        if "store" in new and self.store is not None:
+            # The file in use, not the setting (None: the default path), so a refusal
+            # names it and the same file, however spelt, is no change.
+            current["store"] = self.store.path
+            if new["store"] is not None and _same_file(new["store"], self.store.path):
+                new["store"] = self.store.path
+        changed = {k: (current[k], v) for k, v in new.items() if current[k] != v}
         fixed = sorted(set(changed) - _config.LIVE_SCHEDULER_KEYS)
         if fixed:
             old, value = changed[fixed[0]]
@@ -133,8 +140,8 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
                 f"cannot change to {value!r} while oomguard runs; use "
                 "oomguard.uninstall(client) first, or set it where the scheduler starts."
             )
-        self.settings.update(new)
-        self.config.update(config)
+        self.settings.update({k: v for k, v in new.items() if k in changed})
+        self.config.update({k: v for k, v in config.items() if k in changed})
         self.core.configure(
             report_grace=self.settings["report-grace-timeout"],
             max_shard_infra_failures=self.settings["max-shard-infra-failures"],
@@ -157,6 +164,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             i.essential for i in _compat.check("scheduler", _compat.SCHEDULER, scheduler, logger)
         ):
             return  # stays off: every hook below returns while `core` is None
+        _config.check_keys(logger)  # once per key and process: a preload checked already
         self.settings = settings = _config.scheduler_settings(self.config)
         grace = settings["report-grace-timeout"]
         allowed = scheduler.allowed_failures
@@ -418,6 +426,10 @@ def _prefix_path(scheduler, keys, steps: int = 64):
             return
         yield ts.prefix.name
         ts = next(iter(ts.dependencies), None)
+
+
+def _same_file(a: str, b: str) -> bool:
+    return os.path.abspath(os.path.expanduser(a)) == os.path.abspath(os.path.expanduser(b))
 
 
 def _host_of(address: str) -> str:
