@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from .._display import quantity, shorten
@@ -185,7 +186,27 @@ class Failures:
             limit=_filters.limit(limit),
             killer=_filters.killer(killer),
         )
+        if not rows:
+            self._hint(pipeline=pipeline, signature=signature)
         return EventList((FailureEvent.from_dict(r) for r in rows), "newest first")
+
+    def _unknown(self, field: str, value: str) -> str | None:
+        """Why a filter on `field` ("pipeline", "signature") matched nothing, when the
+        history has no such name at all; None when it has (other filters narrowed)."""
+        try:
+            answer = self._query("known", field=field, value=value)
+        except Exception:  # a scheduler of an older oomguard: no hint, still the rows
+            return None
+        if not isinstance(answer, dict) or answer.get("known", True):
+            return None
+        what = "signature id" if field == "signature" else field
+        return _filters.unknown_name(field, value, what, list(answer.get("names") or ()))
+
+    def _hint(self, **names: str | None) -> None:
+        # A UserWarning, not an error: a pipeline may simply not have run yet.
+        for field, value in names.items():
+            if value is not None and (message := self._unknown(field, value)):
+                warnings.warn(message + "; nothing matched.", UserWarning, stacklevel=3)
 
     def signatures(
         self,
@@ -204,6 +225,8 @@ class Failures:
             since=_filters.since(since),
             limit=_filters.limit(limit),
         )
+        if not rows:
+            self._hint(pipeline=pipeline)
         return SignatureList((SignatureRow.from_dict(r) for r in rows), "most frequent first")
 
     def shard(self, key: Any) -> EventList:
@@ -242,6 +265,9 @@ class Failures:
         if len(names) > _KNOWN_SHOWN:
             shown += f" and {len(names) - _KNOWN_SHOWN} more (see pipelines())"
         message = f"no pipeline named {name!r}; known pipelines, most recent first: {shown}."
+        close = _filters.closest(name, names)
+        if close is not None:
+            message += f" Did you mean {close!r}?"
         base, sep, n = name.rpartition("#")
         if sep and n.isdigit() and base in names:
             message += (

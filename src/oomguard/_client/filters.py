@@ -223,6 +223,39 @@ and pass the client: Client('tcp://10.0.0.5:8786')
     )
 
 
+def unknown_name(
+    name: str | None, value: str, what: str, known: list[str], shown: int = 10
+) -> str:
+    """Why a filter on a name matched nothing: the name is in no event, run or signature.
+    One sentence with the names there are (most recent first) and the closest one.
+
+    >>> unknown_name("pipeline", "etll", "pipeline", ["backfill", "etl"])
+    "pipeline='etll' names no pipeline in the history; known pipelines, most recent \
+first: 'backfill', 'etl' (did you mean 'etl'?)"
+    """
+    if not known:
+        return f"{_subject(name, value)} names no {what} in the history; it has none yet"
+    listed = ", ".join(repr(n) for n in known[:shown])
+    if len(known) > shown:
+        listed += f" and {len(known) - shown} more"
+    close = closest(value, known)
+    hint = f" (did you mean {close!r}?)" if close else ""
+    return (
+        f"{_subject(name, value)} names no {what} in the history; known {what}s, most "
+        f"recent first: {listed}{hint}"
+    )
+
+
+def closest(value: str, known: list[str]) -> str | None:
+    """The known name `value` most resembles, if any: "segV" -> "segv" or "segv-etl"."""
+    close = difflib.get_close_matches(value, known, n=1, cutoff=0.6)
+    if not close:  # a case-blind match, or a part of the name
+        low = value.lower()
+        close = [n for n in known if n.lower() == low]
+        close = close or [n for n in known if low and (low in n.lower() or n.lower() in low)]
+    return close[0] if close else None
+
+
 def shard(value: Any) -> str | None:
     """A shard as the store keeps it: the task key as `str(key)`, so ``("load", 7)`` and
     ``"('load', 7)"`` name the same shard (None: no filter)."""
