@@ -74,9 +74,7 @@ def test_exceptions_and_deaths_on_one_machine_share_one_host_name(tmp_path):
         LocalCluster(n_workers=0, dashboard_address=":0") as cluster,
         Client(cluster) as client,
     ):
-        oomguard.install(
-            client, store=str(tmp_path / "s.sqlite3"), report_grace_timeout="1s"
-        )
+        oomguard.install(client, store=str(tmp_path / "s.sqlite3"), report_grace_timeout="1s")
         worker = _dask_worker(cluster.scheduler_address, str(tmp_path / "crash"))
         failures = oomguard.Failures(client)
         try:

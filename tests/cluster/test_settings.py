@@ -242,8 +242,9 @@ def test_strict_config_stops_dask_scheduler_and_dask_worker_on_a_mistyped_key():
         {"DASK_OOMGUARD__SCHEDULR__STORE": "/tmp/x.sqlite3", "DASK_OOMGUARD__STRICT_CONFIG": "1"},
     )
     assert out.returncode == 2, out.stderr[-2000:]
-    assert "oomguard.schedulr.store (set by DASK_OOMGUARD__SCHEDULR__STORE) is not an oomguard " in (
-        out.stderr
+    assert (
+        "oomguard.schedulr.store (set by DASK_OOMGUARD__SCHEDULR__STORE) is not an oomguard "
+        in (out.stderr)
     )
     assert "did you mean oomguard.scheduler.store?" in out.stderr
     assert "Traceback" not in out.stderr

@@ -274,8 +274,20 @@ def test_the_report_of_an_unknown_name_exits_3_naming_the_known_ones(
     assert err.startswith(f"oomguard report: {flag} {value!r} names no "), err
     assert hint in err and len(err.strip().splitlines()) == 1, err
     # A known name with nothing to show is still a success.
-    assert main(["report", "--scheduler", cluster[1].scheduler.address, flag, "etl"
-                 if flag == "--pipeline" else "sig-oom", "--cause", "exit"]) == 0
+    assert (
+        main(
+            [
+                "report",
+                "--scheduler",
+                cluster[1].scheduler.address,
+                flag,
+                "etl" if flag == "--pipeline" else "sig-oom",
+                "--cause",
+                "exit",
+            ]
+        )
+        == 0
+    )
 
 
 # --------------------------------------------------------------------------- arguments
