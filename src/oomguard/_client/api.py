@@ -95,7 +95,10 @@ class Failures:
 
     Lists come back as `EventList`, `SignatureList` and `PipelineList`: plain lists that
     show as tables in a notebook and have `to_pandas()`. Filters are checked as
-    `oomguard report` checks them: a bad one raises ValueError naming it, never ``[]``.
+    `oomguard report` checks them: a bad one raises ValueError naming it, never ``[]``; a
+    pipeline or signature id the history does not have gives ``[]`` with a UserWarning
+    naming the known ones and the closest. `client` must be a `distributed.Client` and
+    `timeout` positive seconds or None (TypeError / ValueError at once otherwise).
 
     >>> failures = oomguard.Failures(client)                  # doctest: +SKIP
     >>> failures                                              # doctest: +SKIP

@@ -173,8 +173,8 @@ offset) nor a span back from now (90s, 30m, 1h, 2d, 1w)
 
 
 def text(value: Any, name: str, what: str = "a name", *, required: bool = False) -> str | None:
-    """A pipeline name or signature id: any str (one that matches nothing gives []);
-    None: no filter, unless `required`."""
+    """A pipeline name or signature id: any str (one the history does not have gives []
+    with a warning, `unknown_name`); None: no filter, unless `required`."""
     if value is None and not required:
         return None
     if isinstance(value, str):

@@ -339,7 +339,8 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             return
         worker, host = msg.get("worker"), msg.get("host")
         if (
-            worker in self._workers
+            isinstance(worker, str)
+            and worker in self._workers
             and isinstance(host, str)
             and 0 < len(host) <= 255
             and host.isprintable()
