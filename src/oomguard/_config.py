@@ -6,7 +6,11 @@ works through Dask's environment handling. Every getter raises `ConfigError` nam
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import logging
 import os
+import threading
 from typing import Any
 
 import dask.config
@@ -173,8 +177,10 @@ def scheduler_settings(
     overrides = overrides or {}
     unknown = sorted(set(overrides) - set(_SCHEDULER_GETTERS))
     if unknown:
+        close = difflib.get_close_matches(unknown[0], _SCHEDULER_GETTERS, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigError(
-            f"unknown oomguard scheduler setting {unknown[0]!r}; expected one of "
+            f"unknown oomguard scheduler setting {unknown[0]!r}{hint}; expected one of "
             f"{', '.join(sorted(_SCHEDULER_GETTERS))}."
         )
     out = {}
@@ -183,3 +189,96 @@ def scheduler_settings(
             if only is None or key in only:
                 out[key] = getter(f"scheduler.{key}", *args)
     return out
+
+
+# --------------------------------------------------------------------------- unknown keys
+
+
+def _leaves(tree: Any, prefix: str) -> list[str]:
+    if not isinstance(tree, dict) or not tree:
+        return [prefix]
+    return [leaf for k, v in tree.items() for leaf in _leaves(v, f"{prefix}.{k}")]
+
+
+#: Every key oomguard reads, dotted from the top: "oomguard.scheduler.store".
+KNOWN_KEYS: tuple[str, ...] = tuple(_leaves(_defaults["oomguard"], "oomguard"))
+
+
+@dataclasses.dataclass(frozen=True)
+class UnknownKey:
+    """A key under `oomguard.` that no setting has: a typo, or a setting of another
+    version. `closest` is the known key it most resembles ("" when none is close); `env`
+    the environment variable that set it, where one did."""
+
+    key: str
+    closest: str
+    env: str
+
+    def message(self, strict: bool = False) -> str:
+        where = f" (set by {self.env})" if self.env else ""
+        hint = f"; did you mean {self.closest}?" if self.closest else ""
+        if strict:
+            hint = f"; did you mean {self.closest}?" if self.closest else "."
+            return f"{self.key}{where} is not an oomguard setting (strict-config){hint}"
+        return (
+            f"{self.key}{where} is not an oomguard setting and is ignored{hint} "
+            "(oomguard.strict-config: true makes this an error)"
+        )
+
+
+def _walk(tree: Any, known: Any, prefix: str) -> list[str]:
+    """Keys of `tree` (Dask's config, spelt with dashes or underscores) not in `known`."""
+    if not isinstance(tree, dict) or not isinstance(known, dict):
+        return []
+    out = []
+    for k, v in tree.items():
+        name = str(k).replace("_", "-")
+        if name in known:
+            out += _walk(v, known[name], f"{prefix}.{name}")
+        else:
+            out += _leaves(v, f"{prefix}.{name}")
+    return out
+
+
+def _env_var(key: str) -> str:
+    """The variable Dask maps onto `key`, where one is set (Dask lower-cases names)."""
+    want = key.lower().replace("-", "_").split(".")
+    for name in os.environ:
+        if name.startswith("DASK_") and name[5:].lower().split("__") == want:
+            return name
+    return ""
+
+
+def unknown_keys() -> list[UnknownKey]:
+    """The keys under `oomguard.` in Dask's config that oomguard does not know.
+
+    >>> with dask.config.set({"oomguard.worker.sample-intervl": "1s"}):
+    ...     [u.closest for u in unknown_keys()]
+    ['oomguard.worker.sample-interval']
+    """
+    given = dask.config.get("oomguard", default={})
+    out = []
+    for key in _walk(given, _defaults["oomguard"], "oomguard"):
+        close = difflib.get_close_matches(key, KNOWN_KEYS, n=1, cutoff=0.6)
+        out.append(UnknownKey(key, close[0] if close else "", _env_var(key)))
+    return out
+
+
+_warned: set[str] = set()  # keys this process already warned about
+_warned_lock = threading.Lock()
+
+
+def check_keys(logger: logging.Logger) -> None:
+    """Warn once per process (on `logger`) about each unknown key under `oomguard.`;
+    with `oomguard.strict-config: true`, raise ConfigError naming the first instead."""
+    unknown = unknown_keys()
+    if not unknown:
+        return
+    if get_bool("strict-config"):
+        raise ConfigError(unknown[0].message(strict=True))
+    for u in unknown:
+        with _warned_lock:
+            if u.key in _warned:
+                continue
+            _warned.add(u.key)
+        logger.warning("oomguard: %s", u.message())

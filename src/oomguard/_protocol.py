@@ -27,6 +27,8 @@ QUERY_HANDLER = "oomguard_query"
 DEATH_TOPIC = "oomguard-death"
 ADMISSION_TOPIC = "oomguard-admission"
 STARTUP_TOPIC = "oomguard-startup"
+#: A worker's hostname, sent once by its worker plugin: one name per machine in events.
+HOST_TOPIC = "oomguard-host"
 #: The activity name of an admission wait on Dask's Fine Performance Metrics page.
 ADMISSION_WAIT_METRIC = "oomguard-admission-wait"
 

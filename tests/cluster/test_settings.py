@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from distributed import Client, LocalCluster
 
@@ -60,10 +62,25 @@ def test_a_bad_value_is_refused_naming_the_key_and_nothing_changes(
 
 
 def test_a_setting_fixed_while_running_is_refused(preloaded, tmp_path):
+    from distributed.utils_test import captured_logger
+
     plugin, client = preloaded
-    with pytest.raises(ConfigError, match="store is .* cannot change .* while oomguard runs"):
-        oomguard.install(client, store=str(tmp_path / "other.sqlite3"), max_events=10)
+    other = str(tmp_path / "other.sqlite3")
+    with captured_logger("distributed", logging.INFO) as log:
+        with pytest.raises(ConfigError, match="store is .* cannot change .* while oomguard runs"):
+            oomguard.install(client, store=other, max_events=10)
     assert plugin.settings["max-events"] != 10  # all or nothing
+    # Issue 27: the refusal said "store is None" (the setting left to its default) and the
+    # scheduler's log got Dask's "Run Failed" warning with a traceback.
+    with pytest.raises(ConfigError) as info:
+        oomguard.install(client, store=other)
+    text = log.getvalue()
+    assert "Run Failed" not in text and "Traceback" not in text, text
+    message = str(info.value)
+    assert f"store is {plugin.store.path!r}" in message and other in message, message
+    assert "None" not in message and "\n" not in message, message
+    # The path it already has is no change, however it is spelt.
+    assert oomguard.install(client, store=plugin.store.path) == {}
 
 
 def test_install_where_none_runs_registers_with_its_settings(tmp_path):
@@ -199,3 +216,42 @@ def _metrics_text(dask_scheduler=None):
     from prometheus_client import generate_latest
 
     return generate_latest().decode()
+
+
+# Issue 27: a mistyped key was silently ignored; the process ran on defaults.
+
+
+def test_dask_scheduler_with_a_mistyped_key_warns_naming_the_closest_one():
+    out = _dask(
+        ["scheduler", "--port", "0", "--dashboard-address", ":0"]
+        + ["--preload", "oomguard.scheduler_plugin", "--idle-timeout", "3s"],
+        {"DASK_OOMGUARD__SCHEDULER__MAX_SHARD_INFRA_FAILRES": "5"},
+    )
+    lines = [line for line in out.stderr.splitlines() if "max-shard-infra-failres" in line]
+    assert len(lines) == 1, out.stderr[-3000:]
+    assert " - WARNING - oomguard: oomguard.scheduler.max-shard-infra-failres " in lines[0]
+    assert "DASK_OOMGUARD__SCHEDULER__MAX_SHARD_INFRA_FAILRES" in lines[0]
+    assert "did you mean oomguard.scheduler.max-shard-infra-failures?" in lines[0]
+    assert "Traceback" not in out.stderr
+
+
+def test_strict_config_stops_dask_scheduler_and_dask_worker_on_a_mistyped_key():
+    out = _dask(
+        ["scheduler", "--port", "0", "--dashboard-address", ":0"]
+        + ["--preload", "oomguard.scheduler_plugin"],
+        {"DASK_OOMGUARD__SCHEDULR__STORE": "/tmp/x.sqlite3", "DASK_OOMGUARD__STRICT_CONFIG": "1"},
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert (
+        "oomguard.schedulr.store (set by DASK_OOMGUARD__SCHEDULR__STORE) is not an oomguard "
+        in (out.stderr)
+    )
+    assert "did you mean oomguard.scheduler.store?" in out.stderr
+    assert "Traceback" not in out.stderr
+    out = _dask(
+        ["worker", "tcp://127.0.0.1:9", "--preload-nanny", "oomguard.worker_plugin"],
+        {"DASK_OOMGUARD__WORKER__SAMPLE_INTERVL": "1s", "DASK_OOMGUARD__STRICT_CONFIG": "true"},
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "did you mean oomguard.worker.sample-interval?" in out.stderr
+    assert "Start worker" not in out.stderr and "Traceback" not in out.stderr

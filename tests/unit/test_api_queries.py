@@ -200,7 +200,38 @@ def test_valid_filters_narrow_as_before(failures):
     assert [e.kind for e in failures.events(kind="user")] == ["user"]
     assert len(failures.events(limit=2)) == 2 and len(failures.events(limit=None)) == 5
     assert [e.shard for e in failures.events(shard=("load", 7))] == ["('load', 7)"] * 2
-    assert failures.events(pipeline="nothing") == []  # a name is not validated: none match
+    with pytest.warns(UserWarning, match="names no pipeline"):
+        assert failures.events(pipeline="nothing") == []  # still [], with a hint
+
+
+# Issue 27: events(pipeline="typo"), signature="zzz" and `oomguard report --pipeline typo`
+# returned nothing with no hint and exit 0; pipeline("segV") offered no "did you mean".
+
+
+def test_a_filter_on_an_unknown_pipeline_or_signature_warns_with_the_closest_name(failures):
+    with pytest.warns(UserWarning) as caught:
+        assert failures.events(pipeline="etll") == []
+    message = str(caught[0].message)
+    assert message.startswith("pipeline='etll' names no pipeline in the history"), message
+    assert "'backfill'" in message and "did you mean 'etl'?" in message, message
+    with pytest.warns(UserWarning, match=r"signature='sig-om' .*did you mean 'sig-oom'\?"):
+        assert failures.events(signature="sig-om") == []
+    with pytest.warns(UserWarning, match="did you mean 'backfill'"):
+        assert failures.signatures(pipeline="Backfill") == []
+
+
+def test_a_known_name_that_other_filters_exclude_gives_no_warning(failures):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert failures.events(pipeline="etl", cause="native_crash") == []
+        assert failures.events(signature="sig-segv", kind="user") == []
+
+
+def test_a_pipeline_that_does_not_exist_says_which_one_was_meant(failures):
+    with pytest.raises(KeyError, match="Did you mean 'etl'"):
+        failures.pipeline("ETL")
 
 
 @pytest.mark.parametrize(
@@ -230,15 +261,64 @@ def test_one_check_serves_the_api_and_the_command_line(capsys, flag, check, opti
     )
 
 
-def test_the_report_of_an_unknown_pipeline_from_a_scheduler_says_none(cluster, capsys):
-    code = main(
-        [
-            "report",
-            "--scheduler",
-            cluster[1].scheduler.address,
-            "--pipelines",
-            "--pipeline",
-            "typo",
-        ]
+@pytest.mark.parametrize(
+    "flag, value, hint",
+    [("--pipeline", "etll", "did you mean 'etl'?"), ("--signature", "zzz", "'sig-oom'")],
+)
+def test_the_report_of_an_unknown_name_exits_3_naming_the_known_ones(
+    cluster, capsys, flag, value, hint
+):
+    code = main(["report", "--scheduler", cluster[1].scheduler.address, flag, value])
+    err = capsys.readouterr().err
+    assert code == 3, err
+    assert err.startswith(f"oomguard report: {flag} {value!r} names no "), err
+    assert hint in err and len(err.strip().splitlines()) == 1, err
+    # A known name with nothing to show is still a success.
+    assert (
+        main(
+            [
+                "report",
+                "--scheduler",
+                cluster[1].scheduler.address,
+                flag,
+                "etl" if flag == "--pipeline" else "sig-oom",
+                "--cause",
+                "exit",
+            ]
+        )
+        == 0
     )
-    assert code == 0, capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- arguments
+# Issue 27: Failures(client, timeout=-1).events() raised "could not convert string to float:
+# '1-1'" from deep in Dask; Failures("tcp://...") raised AttributeError: 'str' object has
+# no attribute 'sync'.
+
+
+@pytest.mark.parametrize(
+    "timeout, shown",
+    [(-1, "-1"), (0, "0"), (float("nan"), "nan"), ("5", "'5'"), (True, "True")],
+)
+def test_a_bad_timeout_is_refused_up_front_naming_it(cluster, timeout, shown):
+    with pytest.raises(ValueError) as info:
+        oomguard.Failures(cluster[1], timeout=timeout)
+    message = str(info.value)
+    assert message.startswith(f"timeout={shown} "), message
+    assert "positive number of seconds" in message and "\n" not in message, message
+
+
+def test_a_good_timeout_is_taken(cluster):
+    assert oomguard.Failures(cluster[1], timeout=2.5).timeout == 2.5
+    assert oomguard.Failures(cluster[1], timeout=None).timeout is None
+
+
+@pytest.mark.parametrize("client", ["tcp://127.0.0.1:8786", None, 7])
+def test_something_other_than_a_client_is_refused_naming_it(client):
+    with pytest.raises(TypeError) as info:
+        oomguard.Failures(client)
+    message = str(info.value)
+    assert message.startswith(f"client={client!r} is not a distributed.Client"), message
+    assert "Client(" in message and "\n" not in message, message
+    with pytest.raises(TypeError, match=r"^client=.* is not a distributed.Client"):
+        oomguard.install(client)

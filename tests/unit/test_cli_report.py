@@ -761,8 +761,18 @@ def test_signature_and_pipeline_filters_narrow_their_sections(history, capsys):
     assert [s["id"] for s in json.loads(out)["signatures"]] == ["sig-segv"]
     rc, out, _ = report(capsys, "--store", history, "--json", "--pipeline", "etl", "--pipelines")
     assert json.loads(out)["pipelines"] == store_api(history, "pipeline", name="etl")
-    rc, out, _ = report(capsys, "--store", history, "--json", "--pipeline", "nope")
-    assert json.loads(out) == {"events": [], "signatures": [], "pipelines": []}
+    # Issue 27: a name the history does not have is said, with exit 3 (it was 0 and empty
+    # sections, exactly as for a known pipeline with nothing to show).
+    rc, out, err = report(capsys, "--store", history, "--json", "--pipeline", "etll")
+    assert (rc, out) == (3, ""), (rc, out, err)
+    assert err.startswith("oomguard report: --pipeline 'etll' names no pipeline in the "), err
+    assert "did you mean 'etl'?" in err, err
+    rc, out, err = report(capsys, "--store", history, "--signature", "sig-segg")
+    assert rc == 3 and "did you mean 'sig-segv'?" in err, (rc, err)
+    rc, out, _ = report(
+        capsys, "--store", history, "--json", "--pipeline", "etl", "--cause", "sigterm"
+    )
+    assert rc == 0 and json.loads(out)["events"] == []  # known, excluded by --cause
 
 
 def test_the_examples_in_docstrings_hold():

@@ -197,10 +197,20 @@ def _check(r: DemoResult) -> list[str]:
     return problems
 
 
-def progress_bar(done: int, total: int, stream=sys.stderr) -> None:
-    width = 40
-    filled = int(width * done / total)
-    stream.write(f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{total} shards")
-    if done == total:
-        stream.write("\n")
+def progress_bar(done: int, total: int, stream=None) -> None:
+    """A bar redrawn in place on a terminal; elsewhere (a log, a pipe) a plain line at
+    each quarter, since \r would glue every redraw into one long line."""
+    stream = sys.stderr if stream is None else stream
+    try:
+        terminal = stream.isatty()
+    except (AttributeError, ValueError):
+        terminal = False
+    if terminal:
+        width = 40
+        filled = int(width * done / total)
+        stream.write(f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{total} shards")
+        if done == total:
+            stream.write("\n")
+    elif done == total or done * 4 // total != (done - 1) * 4 // total:
+        stream.write(f"  {done}/{total} shards done\n")
     stream.flush()

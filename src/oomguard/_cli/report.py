@@ -12,7 +12,8 @@ nothing is shortened. `--json` prints the rows as `to_dict()` of `FailureEvent`,
 what `oomguard.Failures` returns.
 
 Errors are one line on stderr, ``oomguard report: ...``; exit 2 for bad arguments, 1 for a
-scheduler that cannot be reached or a store or ledger file that cannot be read.
+scheduler that cannot be reached or a store or ledger file that cannot be read, 3 for a
+--pipeline or --signature that names nothing in the history.
 
 This module is the command (its arguments, and `run`); the history is read in
 `report_source` (which opens a store file read-only) and printed by `report_tables`; the
@@ -86,7 +87,8 @@ peaks.
 PipelineStatus.to_dict() and {"prefix", "peak" (bytes), "hosts", "suggested"}.
 
 exit status: 0 success; 1 the scheduler, the store or the ledger could not be read; 2 bad
-arguments.
+arguments; 3 --pipeline or --signature names nothing in the history (no event, run or
+signature has it: the known names and the closest one are printed).
 """
 
 
@@ -318,6 +320,11 @@ def run(args: argparse.Namespace) -> int:
             f"{PROG}: reading {where} failed: {type(e).__name__}: {one_line(e)}", file=sys.stderr
         )
         return 1
+    unknown = data.pop("unknown", None)
+    if unknown:  # a mistyped name is not an empty history: say so, exit 3
+        for line in unknown:
+            print(f"{PROG}: {line}", file=sys.stderr)
+        return 3
     return _print(data, sections, args)
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import datetime
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from .._display import quantity, shorten
+from .._exceptions import ConfigError
 from .._models import FailureEvent, PipelineStatus, SignatureRow
 from . import filters as _filters
 from .results import EventList, PipelineList, SignatureList
@@ -33,20 +35,31 @@ def install(client: Client, **config: Any) -> dict[str, tuple[Any, Any]]:
     """
     from ..scheduler_plugin import OomguardSchedulerPlugin
 
+    _filters.client(client)
     plugin = OomguardSchedulerPlugin(**config)  # validates the given settings
     changed = client.run_on_scheduler(_apply_settings, config=plugin.config)
     if changed is None:
         client.register_plugin(plugin)
         return {}
+    if _REFUSED in changed:
+        raise ConfigError(changed[_REFUSED])
     return {k: tuple(v) for k, v in changed.items()}
 
 
+_REFUSED = "refused"  # never a setting's name
+
+
 def _apply_settings(config: dict[str, Any], dask_scheduler=None):
-    """On the scheduler: the running oomguard takes `config`; None where none runs."""
+    """On the scheduler: the running oomguard takes `config`; None where none runs. A
+    refusal comes back as {"refused": message}: raised here, Dask would log "Run Failed"
+    with a traceback in the scheduler's log for what is the caller's mistake."""
     plugin = dask_scheduler.plugins.get("oomguard")
     if plugin is None or getattr(plugin, "core", None) is None:
         return None
-    return plugin.apply_settings(config)
+    try:
+        return plugin.apply_settings(config)
+    except ConfigError as e:
+        return {_REFUSED: str(e)}
 
 
 def uninstall(client: Client) -> None:
@@ -82,7 +95,10 @@ class Failures:
 
     Lists come back as `EventList`, `SignatureList` and `PipelineList`: plain lists that
     show as tables in a notebook and have `to_pandas()`. Filters are checked as
-    `oomguard report` checks them: a bad one raises ValueError naming it, never ``[]``.
+    `oomguard report` checks them: a bad one raises ValueError naming it, never ``[]``; a
+    pipeline or signature id the history does not have gives ``[]`` with a UserWarning
+    naming the known ones and the closest. `client` must be a `distributed.Client` and
+    `timeout` positive seconds or None (TypeError / ValueError at once otherwise).
 
     >>> failures = oomguard.Failures(client)                  # doctest: +SKIP
     >>> failures                                              # doctest: +SKIP
@@ -98,8 +114,8 @@ class Failures:
 
     def __init__(self, client: Client, *, timeout: float | None = 60.0):
         # A scheduler without oomguard never answers the query: bound every call.
-        self.client = client
-        self.timeout = timeout
+        self.client = _filters.client(client)
+        self.timeout = _filters.timeout(timeout)
 
     def __repr__(self) -> str:
         """<Failures tcp://10.0.3.2:8786 12 events, 3 signatures>; counts up to the default
@@ -120,8 +136,9 @@ class Failures:
             return f"<Failures {address} (no answer in {timeout:g} s: busy, or no oomguard)>"
         except Exception as e:  # a repr never raises
             return f"<Failures {address} (query failed: {type(e).__name__})>"
-        if not isinstance(events, list) or not isinstance(signatures, list):
-            # Dask answers None for a handler it does not have.
+        if not isinstance(events, list | tuple) or not isinstance(signatures, list | tuple):
+            # Dask answers None for a handler it does not have; rows come back as a list
+            # in process and as a tuple over TCP (msgpack).
             return f"<Failures {address} (no answer: is oomguard installed?)>"
         counts = [
             _count(len(events), _EVENTS_LIMIT, "event"),
@@ -172,7 +189,27 @@ class Failures:
             limit=_filters.limit(limit),
             killer=_filters.killer(killer),
         )
+        if not rows:
+            self._hint(pipeline=pipeline, signature=signature)
         return EventList((FailureEvent.from_dict(r) for r in rows), "newest first")
+
+    def _unknown(self, field: str, value: str) -> str | None:
+        """Why a filter on `field` ("pipeline", "signature") matched nothing, when the
+        history has no such name at all; None when it has (other filters narrowed)."""
+        try:
+            answer = self._query("known", field=field, value=value)
+        except Exception:  # a scheduler of an older oomguard: no hint, still the rows
+            return None
+        if not isinstance(answer, dict) or answer.get("known", True):
+            return None
+        what = "signature id" if field == "signature" else field
+        return _filters.unknown_name(field, value, what, list(answer.get("names") or ()))
+
+    def _hint(self, **names: str | None) -> None:
+        # A UserWarning, not an error: a pipeline may simply not have run yet.
+        for field, value in names.items():
+            if value is not None and (message := self._unknown(field, value)):
+                warnings.warn(message + "; nothing matched.", UserWarning, stacklevel=3)
 
     def signatures(
         self,
@@ -191,6 +228,8 @@ class Failures:
             since=_filters.since(since),
             limit=_filters.limit(limit),
         )
+        if not rows:
+            self._hint(pipeline=pipeline)
         return SignatureList((SignatureRow.from_dict(r) for r in rows), "most frequent first")
 
     def shard(self, key: Any) -> EventList:
@@ -230,6 +269,9 @@ class Failures:
         if len(names) > _KNOWN_SHOWN:
             shown += f" and {len(names) - _KNOWN_SHOWN} more (see pipelines())"
         message = f"no pipeline named {name!r}; known pipelines, most recent first: {shown}."
+        close = _filters.closest(name, names)
+        if close is not None:
+            message += f" Did you mean {close!r}?"
         base, sep, n = name.rpartition("#")
         if sep and n.isdigit() and base in names:
             message += (

@@ -173,13 +173,87 @@ offset) nor a span back from now (90s, 30m, 1h, 2d, 1w)
 
 
 def text(value: Any, name: str, what: str = "a name", *, required: bool = False) -> str | None:
-    """A pipeline name or signature id: any str (one that matches nothing gives []);
-    None: no filter, unless `required`."""
+    """A pipeline name or signature id: any str (one the history does not have gives []
+    with a warning, `unknown_name`); None: no filter, unless `required`."""
     if value is None and not required:
         return None
     if isinstance(value, str):
         return str.__str__(value)
     return _fail(f"{_subject(name, value)} is not {what}; expected a str")
+
+
+def timeout(value: Any, name: str | None = "timeout") -> float | None:
+    """Seconds to wait for the scheduler's answer: a positive number, or None (no bound).
+
+    >>> timeout(-1)
+    Traceback (most recent call last):
+    ValueError: timeout=-1 is not a positive number of seconds; expected e.g. 60, or None to wait without a bound
+    """
+    if value is None:
+        return None
+    if (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    ):
+        return float(value)
+    return _fail(
+        f"{_subject(name, value)} is not a positive number of seconds; expected e.g. 60, "
+        "or None to wait without a bound"
+    )
+
+
+def client(value: Any) -> Any:
+    """A `distributed.Client` (TypeError naming what was given instead).
+
+    >>> client("tcp://10.0.0.5:8786")
+    Traceback (most recent call last):
+    TypeError: client='tcp://10.0.0.5:8786' is not a distributed.Client; connect first \
+and pass the client: Client('tcp://10.0.0.5:8786')
+    """
+    from distributed import Client
+
+    if isinstance(value, Client):
+        return value
+    example = repr(value) if isinstance(value, str) else "'tcp://scheduler:8786'"
+    raise TypeError(
+        f"client={value!r} is not a distributed.Client; connect first and pass the "
+        f"client: Client({example})"
+    )
+
+
+def unknown_name(
+    name: str | None, value: str, what: str, known: list[str], shown: int = 10
+) -> str:
+    """Why a filter on a name matched nothing: the name is in no event, run or signature.
+    One sentence with the names there are (most recent first) and the closest one.
+
+    >>> unknown_name("pipeline", "etll", "pipeline", ["backfill", "etl"])
+    "pipeline='etll' names no pipeline in the history; known pipelines, most recent \
+first: 'backfill', 'etl' (did you mean 'etl'?)"
+    """
+    if not known:
+        return f"{_subject(name, value)} names no {what} in the history; it has none yet"
+    listed = ", ".join(repr(n) for n in known[:shown])
+    if len(known) > shown:
+        listed += f" and {len(known) - shown} more"
+    close = closest(value, known)
+    hint = f" (did you mean {close!r}?)" if close else ""
+    return (
+        f"{_subject(name, value)} names no {what} in the history; known {what}s, most "
+        f"recent first: {listed}{hint}"
+    )
+
+
+def closest(value: str, known: list[str]) -> str | None:
+    """The known name `value` most resembles, if any: "segV" -> "segv" or "segv-etl"."""
+    close = difflib.get_close_matches(value, known, n=1, cutoff=0.6)
+    if not close:  # a case-blind match, or a part of the name
+        low = value.lower()
+        close = [n for n in known if n.lower() == low]
+        close = close or [n for n in known if low and (low in n.lower() or n.lower() in low)]
+    return close[0] if close else None
 
 
 def shard(value: Any) -> str | None:

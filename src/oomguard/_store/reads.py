@@ -249,6 +249,47 @@ class ReaderMixin:
         sql = f"SELECT {PIPELINE_COLUMNS} FROM pipelines ORDER BY updated DESC, rowid DESC LIMIT ?"
         return [PipelineStatus(*r) for r in self._reader().execute(sql, (_limit(limit),))]
 
+    @_read
+    def known(self, field: str, value: str, limit: int = 1000) -> tuple[bool, list[str]]:
+        """Whether any event, run or signature has pipeline (`field` "pipeline") or
+        signature id ("signature") `value`, and up to `limit` of the names there are,
+        most recent first: a filter that matched nothing says why.
+
+        >>> store.known("pipeline", "etl ")
+        (False, ['etl', 'backfill'])
+        """
+        db = self._reader()
+        if field == "signature":
+            found = db.execute("SELECT 1 FROM signatures WHERE id = ?", (value,)).fetchone()
+            rows = db.execute(
+                "SELECT id FROM signatures ORDER BY last_seen DESC LIMIT ?", (limit,)
+            )
+            return found is not None, [r[0] for r in rows]
+        if field != "pipeline":
+            raise ValueError(f"known() takes 'pipeline' or 'signature', not {field!r}")
+        found = db.execute(
+            "SELECT 1 FROM pipelines WHERE name = ? UNION ALL "
+            "SELECT 1 FROM events WHERE pipeline = ? LIMIT 1",
+            (value, value),
+        ).fetchone()
+        runs = [
+            r[0]
+            for r in db.execute(
+                "SELECT name FROM pipelines GROUP BY name ORDER BY max(updated) DESC LIMIT ?",
+                (limit,),
+            )
+        ]
+        # The pipelines of events, one index step each (no scan of a million events).
+        seen = db.execute(
+            "WITH RECURSIVE p(name) AS (SELECT min(pipeline) FROM events WHERE pipeline > ''"
+            " UNION ALL SELECT (SELECT min(pipeline) FROM events WHERE pipeline > p.name)"
+            " FROM p WHERE p.name IS NOT NULL) SELECT name FROM p WHERE name IS NOT NULL"
+            " LIMIT ?",
+            (limit,),
+        )
+        names = list(dict.fromkeys(runs + [r[0] for r in seen]))[:limit]
+        return found is not None, names
+
 
 def _event(r: tuple) -> FailureEvent:
     return FailureEvent(

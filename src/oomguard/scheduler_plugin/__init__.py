@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from .._protocol import QUERY_HANDLER
@@ -37,6 +38,8 @@ def dask_setup(scheduler: Scheduler) -> None:
     from .._log import follow_dask_logging, stop_cli
 
     try:
+        follow_dask_logging()  # the warnings of check_keys go where Dask's lines go
+        _config.check_keys(logging.getLogger("oomguard.scheduler"))
         _config.scheduler_settings()
     except ConfigError as e:
         follow_dask_logging()

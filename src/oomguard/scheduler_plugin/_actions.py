@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import pickle
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._decide import Forgive, Hold, Record, Release, Restrict, Stop, Widen, nanny_stop_record
@@ -38,8 +39,10 @@ class DaskActions:
         metrics: OomguardMetrics,
         guard: Guard,
         pods: Any = None,
+        host_name: Callable[[str], str] | None = None,
     ) -> None:
         self.scheduler = scheduler
+        self.host_name = host_name or address_host  # a worker's machine, as events name it
         self.store = store
         self.metrics = metrics
         self.guard = guard
@@ -93,7 +96,9 @@ class DaskActions:
     async def _pod_evidence(self, event) -> None:
         """No report: the nanny died too. Ask Kubernetes what happened to the pod."""
         with self.guard("pod_lookup"):
-            found = await asyncio.to_thread(self._pods.evidence, event.host, since=event.time)
+            # Pods are found by IP: the worker's address, not the hostname events carry.
+            ip = address_host(event.worker) or event.host
+            found = await asyncio.to_thread(self._pods.evidence, ip, since=event.time)
             if found is not None:
                 cause, extra = found
                 evidence = dict(event.evidence)
@@ -123,8 +128,7 @@ class DaskActions:
         )
         if signal != "SIGTERM" or self._pods is None:
             return
-        ws = self.scheduler.workers.get(worker)
-        host = ws.host if ws is not None else worker
+        host = self.host_name(worker)
         now = time.time()
         records = [
             nanny_stop_record(worker, host, key, pipeline_of(key) if key else "", now)
@@ -138,7 +142,8 @@ class DaskActions:
         """Store a stopped nanny's events when the pod's status names a killer."""
         with self.guard("pod_lookup"):
             e = records[0].event
-            found = await asyncio.to_thread(self._pods.evidence, e.host, since=e.time)
+            ip = address_host(e.worker) or e.host  # pods are found by IP
+            found = await asyncio.to_thread(self._pods.evidence, ip, since=e.time)
             extra = {k: v for k, v in found[1].items() if _scalar(v)} if found else {}
             killer = {k: extra.pop(k) for k in _KILLER_FIELDS if k in extra}
             if not killer:
@@ -279,3 +284,13 @@ class DaskActions:
 
 def _scalar(v: Any) -> bool:
     return v is None or isinstance(v, str | int | float | bool)
+
+
+def address_host(address: str) -> str:
+    """The host part of a worker's address ("10.0.0.5"); "" when it has none."""
+    from distributed.comm import get_address_host
+
+    try:
+        return get_address_host(address)
+    except Exception:
+        return ""

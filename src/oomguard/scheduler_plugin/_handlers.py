@@ -316,6 +316,15 @@ class Handlers:
             return [r.to_dict() for r in rows]
         if what == "stats":
             return plugin.metrics_snapshot()
+        if what == "known":
+            field, value = filters.get("field"), filters.get("value")
+            await asyncio.to_thread(store.flush)
+            found, names = await asyncio.to_thread(store.known, field, value)
+            if field == "pipeline":  # runs not yet written
+                live = [plugin.policy.status(r).name for r in plugin.policy.pipelines()]
+                found = found or value in live
+                names = list(dict.fromkeys(live + names))
+            return {"known": found, "names": names}
         readers = {
             "events": store.events,
             "signatures": store.signatures,
@@ -325,7 +334,7 @@ class Handlers:
         if what not in readers:
             raise ValueError(
                 f"unknown oomguard query {what!r}; expected one of "
-                f"{', '.join(sorted(readers) + ['pipeline', 'pipelines', 'stats'])}"
+                f"{', '.join(sorted(readers) + ['known', 'pipeline', 'pipelines', 'stats'])}"
             )
         await asyncio.to_thread(store.flush)
         rows = await asyncio.to_thread(readers[what], **filters)

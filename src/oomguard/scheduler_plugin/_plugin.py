@@ -24,10 +24,10 @@ from .._exceptions import ConfigError
 from .._guard import Guard
 from .._log import follow_dask_logging
 from .._metrics import OomguardMetrics
-from .._protocol import ADMISSION_TOPIC, SCHEDULER_PLUGIN
+from .._protocol import ADMISSION_TOPIC, HOST_TOPIC, SCHEDULER_PLUGIN
 from .._store import FailureStore
 from . import _setup
-from ._actions import DaskActions
+from ._actions import DaskActions, address_host
 from ._handlers import Handlers
 from ._intake import ReportIntake
 
@@ -70,6 +70,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
     _started: bool  # start() ran to its end: the tick loop may check for removal
     _original_task_erred: Callable[..., Any] | None  # Dask's "task-erred" handler, wrapped
     _workers: dict[str, WorkerState]  # address -> WorkerState, to read after removal
+    _hostnames: dict[str, str]  # address -> the hostname its worker plugin sent
     _persisted: dict[str, PipelineStatus]  # run -> last status written
 
     def __init__(self, **config: Any):
@@ -95,6 +96,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         self._started = False
         self._original_task_erred = None
         self._workers = {}
+        self._hostnames = {}
         self._persisted = {}
 
     def __getstate__(self):
@@ -124,7 +126,14 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         change of a setting fixed while running (the store, the pod lookup)."""
         config = {k.replace("_", "-"): v for k, v in config.items()}
         new = _config.scheduler_settings(config, only=frozenset(config))
-        changed = {k: (self.settings[k], v) for k, v in new.items() if self.settings[k] != v}
+        current = dict(self.settings)
+        if "store" in new and self.store is not None:
+            # The file in use, not the setting (None: the default path), so a refusal
+            # names it and the same file, however spelt, is no change.
+            current["store"] = self.store.path
+            if new["store"] is not None and _same_file(new["store"], self.store.path):
+                new["store"] = self.store.path
+        changed = {k: (current[k], v) for k, v in new.items() if current[k] != v}
         fixed = sorted(set(changed) - _config.LIVE_SCHEDULER_KEYS)
         if fixed:
             old, value = changed[fixed[0]]
@@ -133,8 +142,8 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
                 f"cannot change to {value!r} while oomguard runs; use "
                 "oomguard.uninstall(client) first, or set it where the scheduler starts."
             )
-        self.settings.update(new)
-        self.config.update(config)
+        self.settings.update({k: v for k, v in new.items() if k in changed})
+        self.config.update({k: v for k, v in config.items() if k in changed})
         self.core.configure(
             report_grace=self.settings["report-grace-timeout"],
             max_shard_infra_failures=self.settings["max-shard-infra-failures"],
@@ -157,6 +166,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             i.essential for i in _compat.check("scheduler", _compat.SCHEDULER, scheduler, logger)
         ):
             return  # stays off: every hook below returns while `core` is None
+        _config.check_keys(logger)  # once per key and process: a preload checked already
         self.settings = settings = _config.scheduler_settings(self.config)
         grace = settings["report-grace-timeout"]
         allowed = scheduler.allowed_failures
@@ -181,6 +191,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             self.metrics,
             self.guard,
             pods=_setup.pod_lookup(settings, self.guard),
+            host_name=self.host_name,
         )
         # Dask's count stays a finite backstop, one above the core's exact bound, so the
         # core (which decides with the death report in hand) always speaks first.
@@ -285,17 +296,21 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         if topic == ADMISSION_TOPIC:
             self._admission_event(msg)
             return
+        if topic == HOST_TOPIC:
+            self._host_event(msg)
+            return
         # Dask publishes this after counting the dead worker's tasks and before it
         # reschedules them: holds apply now, everything else once Dask's transitions ran.
         if topic != "all" or not isinstance(msg, dict) or msg.get("action") != "remove-worker":
             return
         with self.guard("log_event"):
             ws = self._workers.pop(msg.get("worker"), None)
+            name = self._hostnames.pop(msg.get("worker"), None)
             if msg.get("expected") or self.core is None:
                 return
             if self.scheduler.status in _setup.SHUTTING_DOWN:
                 return  # the cluster is closing: its workers leave, they do not die
-            out = self.core.removed(self._removal(msg, ws), time.monotonic())
+            out = self.core.removed(self._removal(msg, ws, name), time.monotonic())
             now = [d for d in out if isinstance(d, Hold)]
             later = [d for d in out if not isinstance(d, Hold)]
             self.apply(now)
@@ -317,7 +332,28 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             with self.guard("admission"):
                 self.core.memory_waited(key, float(waited))
 
-    def _removal(self, msg: dict, ws) -> Removal:
+    def _host_event(self, msg) -> None:
+        """A worker's hostname, from its worker plugin's setup. Dask sets `worker` to the
+        sender's address for a worker's event; a label only, it decides nothing."""
+        if self.core is None or not isinstance(msg, dict):
+            return
+        worker, host = msg.get("worker"), msg.get("host")
+        if (
+            isinstance(worker, str)
+            and worker in self._workers
+            and isinstance(host, str)
+            and 0 < len(host) <= 255
+            and host.isprintable()
+            and not any(c.isspace() for c in host)
+        ):
+            self._hostnames[worker] = host
+
+    def host_name(self, address: str) -> str:
+        """The one name of a worker's machine in events: the hostname its worker plugin
+        sent (the name its nanny's death reports carry), else the host of its address."""
+        return self._hostnames.get(address) or address_host(address)
+
+    def _removal(self, msg: dict, ws, name: str | None = None) -> Removal:
         tasks = self.scheduler.tasks
         processing = {str(k): k for k in msg.get("processing-tasks") or ()}
         prior = {}
@@ -331,7 +367,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         address = msg.get("worker")
         return Removal(
             worker=address,
-            host=ws.host if ws is not None else _host_of(address),
+            host=name or (ws.host if ws is not None else address_host(address)),
             time=time.time(),
             processing=processing,
             executing_guess=guess,
@@ -355,7 +391,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
                     msg.get("exception_text") or "",
                     msg.get("traceback_text") or "",
                     worker,
-                    _host_of(worker),
+                    self.host_name(worker),
                     ts.retries,
                 )
                 if memory:  # INFRA: retried like a death, never from the user's retries
@@ -420,10 +456,5 @@ def _prefix_path(scheduler, keys, steps: int = 64):
         ts = next(iter(ts.dependencies), None)
 
 
-def _host_of(address: str) -> str:
-    from distributed.comm import get_address_host
-
-    try:
-        return get_address_host(address)
-    except Exception:
-        return ""
+def _same_file(a: str, b: str) -> bool:
+    return os.path.abspath(os.path.expanduser(a)) == os.path.abspath(os.path.expanduser(b))

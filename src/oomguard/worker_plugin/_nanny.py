@@ -127,6 +127,7 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
     # --- set-up -----------------------------------------------------------------------
 
     def _resolve_config(self) -> None:
+        _config.check_keys(logger)  # its worker's keys too: it starts with this config
         if self.crash_dir is None:
             self.crash_dir = configured_crash_dir()
         if self.cgroup_limit is None:

@@ -6,6 +6,7 @@ import faulthandler
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -25,7 +26,7 @@ from .._evidence.growth import GrowthSplit, thread_system_time
 from .._evidence.paths import configured_crash_dir, crash_path, flight_path
 from .._guard import Guard
 from .._log import follow_dask_logging
-from .._protocol import WORKER_PLUGIN
+from .._protocol import HOST_TOPIC, WORKER_PLUGIN
 from . import _signals
 from ._admission import install_admission
 
@@ -121,6 +122,12 @@ class OomguardWorkerPlugin(WorkerPlugin):
             target=self._sample_loop, name="oomguard-sampler", daemon=True
         )
         self._thread.start()
+        try:
+            # The name its nanny's death reports give this host, so that the scheduler
+            # names the host of an exception, or of a death without a report, the same.
+            worker.log_event(HOST_TOPIC, {"host": socket.gethostname()})
+        except Exception:
+            self._internal_error("setup")
 
     def _wait_for_signals(self, recorder: FlightRecorder) -> None:
         """Record the senders of the catchable signals, where the nanny blocked them."""
