@@ -306,8 +306,8 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         with self.guard("log_event"):
             ws = self._workers.pop(msg.get("worker"), None)
             name = self._hostnames.pop(msg.get("worker"), None)
-            if msg.get("expected") or self.core is None:
-                return
+            if msg.get("expected") or self.core is None or self.scheduler is None:
+                return  # a stop, or an event after close()
             if self.scheduler.status in _setup.SHUTTING_DOWN:
                 return  # the cluster is closing: its workers leave, they do not die
             out = self.core.removed(self._removal(msg, ws, name), time.monotonic())
