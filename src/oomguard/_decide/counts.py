@@ -59,6 +59,7 @@ class PipelineCounts:
     aborted: int = 0
     forgotten: int = 0
     displaced: int = 0
+    crash_displaced: int = 0  # of displaced: executing beside the task whose thread crashed
     isolated: int = 0  # shards retried alone after a memory kill of a worker running several
     infra: int = 0
     user: int = 0

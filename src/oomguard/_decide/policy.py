@@ -192,9 +192,13 @@ class FailurePolicy:
         if p.done > 0:
             p.done -= 1
 
-    def displaced(self, pipeline: RunLabel, shard: ShardKey) -> None:
-        """The shard was only queued on a worker that died; it was rescheduled uncounted."""
-        self._pipeline(pipeline).displaced += 1
+    def displaced(self, pipeline: RunLabel, shard: ShardKey, *, by_crash: bool = False) -> None:
+        """The shard was only queued on a worker that died, or (`by_crash`) executed beside
+        the task whose thread crashed it; it was rescheduled uncounted."""
+        p = self._pipeline(pipeline)
+        p.displaced += 1
+        if by_crash:
+            p.crash_displaced += 1
 
     def isolated(self, pipeline: RunLabel) -> None:
         """A shard of `pipeline` is retried alone after a memory kill of a worker that was

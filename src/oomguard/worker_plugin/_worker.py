@@ -116,11 +116,40 @@ class OomguardWorkerPlugin(WorkerPlugin):
         # Tasks already executing when the plugin arrives at runtime.
         for ts in list(worker.state.executing):
             self._slots[ts.key] = self._recorder.task_started(str(ts.key))
+        self._watch_threads(worker)
         self._stop.clear()
         self._thread = threading.Thread(
             target=self._sample_loop, name="oomguard-sampler", daemon=True
         )
         self._thread.start()
+
+    def _watch_threads(self, worker: Worker) -> None:
+        """Have each task's thread recorded in its flight slot as the thread starts it: a
+        native crash's dump names the crashing thread, this says which task ran there."""
+        threads = getattr(worker, "active_threads", None)
+        if type(threads) is dict:  # Dask's own; wrapped once, kept across plugin restarts
+            threads = _ThreadsSeen(threads)
+            worker.active_threads = threads
+        if isinstance(threads, _ThreadsSeen):
+            threads.plugin = self
+            with worker.active_threads_lock:
+                for ident, key in list(threads.items()):  # tasks running now
+                    self._task_thread(key, ident)
+        else:
+            logger.warning(
+                "oomguard: Worker.active_threads is %s, not a dict: a native crash cannot be "
+                "charged to the thread that crashed on this worker",
+                type(threads).__name__,
+            )
+
+    def _task_thread(self, key, ident: int) -> None:
+        # Called on the task's own thread (`_ThreadsSeen`): O(1), never raises.
+        try:
+            slot = self._slots.get(key)
+            if slot is not None and self._recorder is not None:
+                self._recorder.task_thread(slot, ident)
+        except Exception:
+            self._internal_error("task_thread")
 
     def _wait_for_signals(self, recorder: FlightRecorder) -> None:
         """Record the senders of the catchable signals, where the nanny blocked them."""
@@ -145,6 +174,8 @@ class OomguardWorkerPlugin(WorkerPlugin):
             self._signals.stop()
             self._signals = None
         self._stop.set()
+        if isinstance(threads := getattr(worker, "active_threads", None), _ThreadsSeen):
+            threads.plugin = None
         if self._admission is not None:  # host-wide memory admission
             self._admission.uninstall(worker)
             self._admission = None
@@ -239,6 +270,19 @@ class OomguardWorkerPlugin(WorkerPlugin):
     @property
     def errors(self) -> int:
         return self.guard.count
+
+
+class _ThreadsSeen(dict):
+    """`Worker.active_threads` ({thread ident: key}), which Dask's `_run_task` fills from
+    the task's own thread as it starts the task: each entry also goes to the flight record.
+    Never replaced back (a running task still deletes its entry from this object)."""
+
+    plugin: OomguardWorkerPlugin | None = None
+
+    def __setitem__(self, ident, key) -> None:
+        super().__setitem__(ident, key)
+        if (plugin := self.plugin) is not None:
+            plugin._task_thread(key, ident)
 
 
 def _stacks(idents) -> dict[int, list[list]]:
