@@ -261,6 +261,7 @@ class DecisionCore:
         b = blame(death)
         out: list[Decision] = []
         forgiven = self._displace(b.displaced, b.neighbours)
+        self.isolation.displaced(forgiven)  # one running alone beside a crash goes first again
         if forgiven:
             out.append(Forgive(tuple(forgiven)))
         keys = {s: (k if k is not None else self.runs.key(s)) for s, k in b.executing.items()}
