@@ -1,9 +1,10 @@
 """A native crash is charged to the thread that crashed (issue 27).
 
-One real worker with 2 threads, behind a real nanny: a task under span "crash" segfaults
-(ctypes) while a task under span "calm" sleeps on the other thread. The faulthandler dump
-names the crashing thread and the flight record which task ran on it: only the crasher is
-blamed; "calm" is displaced each time, never counted, and finishes.
+Real workers with 2 threads each, behind real nannies: a task under span "crash" segfaults
+(ctypes) while a task under span "calm" sleeps on the other thread of its worker. The
+faulthandler dump names the crashing thread and the flight record which task ran on it:
+only the crasher is blamed; "calm" is displaced each time, never counted, and finishes.
+With two workers both tasks run on the first (a resource the second does not offer).
 """
 
 from __future__ import annotations
@@ -30,9 +31,13 @@ def calm(started: str, seconds: float) -> str:
     return "calm done"
 
 
-def crash(started: str) -> None:
-    # Crash only while "calm" runs beside it in this very process (both executing).
-    deadline = time.monotonic() + 30
+def crash(started: str, attempts: str) -> None:
+    # Crash while "calm" runs beside it in this very process (both executing); a while
+    # after the first attempt, crash anyway.
+    with open(attempts, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    first = len(open(attempts).read().split()) == 1
+    deadline = time.monotonic() + (30 if first else 3)
     while time.monotonic() < deadline:
         if os.path.exists(started) and str(os.getpid()) in open(started).read().split():
             break
@@ -41,8 +46,12 @@ def crash(started: str) -> None:
     ctypes.string_at(0)
 
 
-@pytest.fixture
-def client(tmp_path):
+async def no_pair_here(dask_worker) -> None:
+    await dask_worker.set_resources(pair=0)
+
+
+@pytest.fixture(params=[1, 2], ids=["1-worker", "2-workers"])
+def client(request, tmp_path):
     with (
         dask.config.set(
             {
@@ -52,29 +61,38 @@ def client(tmp_path):
             }
         ),
         LocalCluster(
-            n_workers=1, threads_per_worker=2, processes=True, dashboard_address=":0"
+            n_workers=request.param,
+            threads_per_worker=2,
+            processes=True,
+            resources={"pair": 2},
+            dashboard_address=":0",
         ) as cl,
         Client(cl) as client,
     ):
         oomguard.install(client, store=str(tmp_path / "f.sqlite3"))
-        wait_installed(client, 1)
+        wait_installed(client, request.param)
         yield client
 
 
 def test_a_segfault_is_charged_to_its_thread_not_to_the_task_beside_it(client, tmp_path):
-    started = str(tmp_path / "calm-started")
+    started, attempts = str(tmp_path / "calm-started"), str(tmp_path / "crash-attempts")
+    # Both on one worker: a second one takes neither (its own process keeps no "pair").
+    others = sorted(client.scheduler_info()["workers"])[1:]
+    if others:
+        client.run(no_pair_here, workers=others)
+    where = {"pure": False, "resources": {"pair": 1}}
     with distributed.span("calm"):
-        quiet = client.submit(calm, started, 4.0, key="calm-task", pure=False)
+        quiet = client.submit(calm, started, 4.0, key="calm-task", **where)
     wait_for(lambda: os.path.exists(started), "the calm task never started", timeout=60)
     with distributed.span("crash"):
-        crasher = client.submit(crash, started, key="crash-task", pure=False)
+        crasher = client.submit(crash, started, attempts, key="crash-task", **where)
 
     with pytest.raises(oomguard.PipelineAborted) as e:
         crasher.result(timeout=240)
     assert "crash-task" in str(e.value) and "calm" not in str(e.value)
     # The healthy task is not aborted: it was displaced each time, and finishes.
     assert quiet.result(timeout=120) == "calm done"
-    deaths = len(open(started).read().split()) - 1  # each death restarted "calm" once
+    deaths = len(open(attempts).read().split())  # each attempt crashed its worker
     assert deaths >= 2
 
     failures = oomguard.Failures(client)
