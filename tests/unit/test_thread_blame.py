@@ -224,3 +224,14 @@ def test_without_a_match_both_are_blamed_as_before():
     out = c.reported(_crash_report("tcp://w:1", ["calm", "crash"], None), now=1.1)
     assert sorted(d.event.shard for d in out if isinstance(d, Record)) == ["calm", "crash"]
     assert not [d for d in out if isinstance(d, Forgive)]
+
+
+def test_the_examples_in_the_docstrings_hold():
+    import doctest
+
+    from oomguard._decide import blame
+    from oomguard._evidence import threads
+
+    for module in (threads, blame):
+        result = doctest.testmod(module)
+        assert result.attempted and result.failed == 0, module.__name__
