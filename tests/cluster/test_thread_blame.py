@@ -112,3 +112,36 @@ def test_a_segfault_is_charged_to_its_thread_not_to_the_task_beside_it(client, t
     assert calm_status.status == "succeeded", calm_status.summary
     assert "displaced by a neighbour's crash" in calm_status.summary, calm_status.summary
     assert failures.pipeline("crash").status == "aborted"
+
+
+def current_task() -> str:
+    return str(distributed.get_worker().get_current_task())
+
+
+def threads_kind(dask_worker) -> tuple[str, int]:
+    return type(dask_worker.active_threads).__name__, len(dask_worker.active_threads)
+
+
+def test_installed_while_a_task_runs_the_thread_watch_waits_until_none_runs(tmp_path):
+    # A task dispatched before the install deletes its entry from the dict Dask gave it:
+    # wrapping that dict while it runs would leave its entry behind for ever.
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=2, processes=True, dashboard_address=":0"
+        ) as cl,
+        Client(cl) as client,
+    ):
+        busy = client.submit(calm, str(tmp_path / "started"), 4.0, pure=False)
+        wait_for(lambda: (tmp_path / "started").exists(), "the task never started")
+        oomguard.install(client, store=str(tmp_path / "f.sqlite3"))
+        wait_installed(client, 1)
+        [(kind, n)] = client.run(threads_kind).values()
+        assert (kind, n) == ("dict", 1)  # Dask's own, while the task runs
+        assert busy.result(timeout=60) == "calm done"
+        wait_for(
+            lambda: list(client.run(threads_kind).values()) == [("_ThreadsSeen", 0)],
+            lambda: f"not wrapped once idle: {client.run(threads_kind)}",
+            timeout=30,
+        )
+        fut = client.submit(current_task, key="who-am-i", pure=False)
+        assert fut.result(timeout=60) == "who-am-i"

@@ -84,6 +84,7 @@ class OomguardWorkerPlugin(WorkerPlugin):
         self._growth = GrowthSplit()
         self.guard = Guard(None, logger)  # never take the worker down
         self._admission = None  # host-wide memory admission
+        self._wrap_threads = False  # Worker.active_threads still to be wrapped (_ThreadsSeen)
 
     def __getstate__(self):
         return {
@@ -127,20 +128,33 @@ class OomguardWorkerPlugin(WorkerPlugin):
         """Have each task's thread recorded in its flight slot as the thread starts it: a
         native crash's dump names the crashing thread, this says which task ran there."""
         threads = getattr(worker, "active_threads", None)
-        if type(threads) is dict:  # Dask's own; wrapped once, kept across plugin restarts
-            threads = _ThreadsSeen(threads)
-            worker.active_threads = threads
-        if isinstance(threads, _ThreadsSeen):
+        if isinstance(threads, _ThreadsSeen):  # wrapped by an earlier plugin: take it over
             threads.plugin = self
             with worker.active_threads_lock:
                 for ident, key in list(threads.items()):  # tasks running now
                     self._task_thread(key, ident)
+        elif type(threads) is dict:
+            self._wrap_threads = True
+            self._wrap_when_idle()
         else:
             logger.warning(
                 "oomguard: Worker.active_threads is %s, not a dict: a native crash cannot be "
                 "charged to the thread that crashed on this worker",
                 type(threads).__name__,
             )
+
+    def _wrap_when_idle(self) -> None:
+        """Wrap Dask's dict once no task runs (event loop): a dispatched task holds the
+        dict it was given and deletes its entry from that one, so a copy made while tasks
+        run would keep their entries for ever. Until then the sampler's thread serves."""
+        worker = self._worker
+        if worker is None or worker.state.executing or getattr(worker.state, "long_running", ()):
+            return
+        with worker.active_threads_lock:
+            threads = _ThreadsSeen(worker.active_threads)
+            threads.plugin = self
+            worker.active_threads = threads
+        self._wrap_threads = False
 
     def _task_thread(self, key, ident: int) -> None:
         # Called on the task's own thread (`_ThreadsSeen`): O(1), never raises.
@@ -201,6 +215,8 @@ class OomguardWorkerPlugin(WorkerPlugin):
     # Hot path: called for every task transition on the worker's event loop.
     def transition(self, key, start, finish, **kwargs) -> None:
         try:
+            if self._wrap_threads and start in ("executing", "long-running"):
+                self._wrap_when_idle()  # O(1): two set sizes, most times
             if finish == "executing":
                 rec = self._recorder
                 if rec is not None:
