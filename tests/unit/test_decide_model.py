@@ -84,12 +84,16 @@ class CoreModel(RuleBasedStateMachine):
         self.unreported: dict = {}
         self.job_of: dict = {}  # span block -> the run (job) its work goes to
         self.saw_death: set = set()  # runs a death was recorded for
+        # (worker, time) -> (the task whose thread crashed, the tasks executing beside it)
+        self.thread_crashes: dict = {}
         for w in WORKERS:
             self.apply(self.core.worker_added(w, self.limits[w]))
 
     # --- applying decisions, as the scheduler plugin does ---------------------------
 
     def apply(self, decisions):
+        decisions = list(decisions)
+        forgiven = {k for d in decisions if isinstance(d, Forgive) for k in d.keys}
         for d in decisions:
             if isinstance(d, Hold):
                 self.held.update(d.keys)
@@ -122,6 +126,15 @@ class CoreModel(RuleBasedStateMachine):
                     said = self.killer_of.get((e.worker, e.time))
                     if said is not None and e.cause != "worker_lost":  # lost: no report yet
                         assert e.killer == said, (e.killer, said)
+                crash = self.thread_crashes.get((e.worker, e.time))
+                if crash is not None and e.cause == "native_crash":
+                    # The dump named the crashing thread: its task alone is blamed, and the
+                    # tasks beside it are displaced (uncounted), unless the death was
+                    # already decided without the report (a late report only amends).
+                    crasher, beside = crash
+                    assert e.shard == crasher, f"{e.shard} blamed for {crasher}'s crash"
+                    if d.amends is None:
+                        assert beside <= forgiven, f"{beside - forgiven} not displaced"
             else:
                 assert isinstance(d, Forgive | Restrict | Widen)
 
@@ -245,14 +258,17 @@ class CoreModel(RuleBasedStateMachine):
         stale=st.booleans(),
         killer=st.sampled_from(KILLERS),
     )
-    def kill(self, worker, cause, report, guess, stale=False, killer=None):
+    def kill(self, worker, cause, report, guess, stale=False, killer=None, crashed=None):
         if worker not in self.alive:
             return None
         self.now += 0.001  # each death its own time: its events are found by (worker, time)
         tasks = self.running[worker]
         executing = [k for k, ex in tasks.items() if ex]
-        for k in executing:
+        # A crash whose thread is known is the crasher's death alone: the bound is its own.
+        for k in [crashed] if crashed is not None else executing:
             self.deaths_while_executing[k] += 1
+        if crashed is not None and not stale:
+            self.thread_crashes[(worker, self.now)] = (crashed, set(executing) - {crashed})
         rep = {
             # stale: the nanny had not read the restarted process's address yet, so its
             # report names the address of the process before (same nanny, same pid).
@@ -265,7 +281,10 @@ class CoreModel(RuleBasedStateMachine):
             "memory_limit": self.limits[worker] or None,
             "crash": None,
             "evidence": {},
-            "executing": [{"key": k, "prefix": k.split("-")[0], "stack": None} for k in executing],
+            "executing": [
+                {"key": k, "prefix": k.split("-")[0], "stack": None, "crashed": k == crashed}
+                for k in executing
+            ],
         }
         if killer is not None and cause in ("sigterm", "sigkill"):
             name, how, memory = killer
@@ -300,6 +319,25 @@ class CoreModel(RuleBasedStateMachine):
         # The nanny restarts it under the same address.
         self.apply(self.core.worker_added(worker, self.limits[worker]))
         return rep if report == "after" else None
+
+    @rule(
+        target=pending,
+        keys=st.lists(st.sampled_from(KEYS), min_size=2, max_size=3, unique=True),
+        worker=st.sampled_from(WORKERS),
+        pick=st.integers(0, 3),
+        report=st.sampled_from(["before", "after"]),
+        matched=st.booleans(),
+    )
+    def thread_crash(self, keys, worker, pick, report, matched):
+        """A task segfaults beside others on a worker with 2 threads; the dump names its
+        thread (`matched`), or no task's (every executing task is blamed, as before)."""
+        for key in keys:
+            self.start(key, worker, True)
+        executing = [k for k, ex in self.running[worker].items() if ex]
+        if worker not in self.alive or not executing:
+            return None
+        crashed = executing[pick % len(executing)] if matched else None
+        return self.kill(worker, "native_crash", report, False, crashed=crashed)
 
     @rule(
         worker=st.sampled_from(WORKERS),

@@ -17,7 +17,7 @@ def test_executing_slots_and_latest_sample(tmp_path):
     rec.write_sample({"time": 2.0, "rss": 7, "tasks": {"('load', 2)": {"thread": 3}}})
     rec.task_finished(a)
     out = read_flight_record(path)
-    assert out["executing"] == [{"key": "('load', 2)", "start": 11.0}]
+    assert out["executing"] == [{"key": "('load', 2)", "start": 11.0, "thread": 0}]
     assert out["sample"]["rss"] == 7 and out["sample"]["time"] == 2.0
     assert out["pid"] == os.getpid()
     assert out["missing"] == []
@@ -85,5 +85,5 @@ def test_record_survives_sigkill(tmp_path):
     finally:
         proc.kill()
     out = read_flight_record(str(path))
-    assert out["executing"] == [{"key": "doomed-task", "start": 123.0}]
+    assert out["executing"] == [{"key": "doomed-task", "start": 123.0, "thread": 0}]
     assert out["sample"]["tasks"]["doomed-task"]["stack"] == [["a.py", 1, "f"]]

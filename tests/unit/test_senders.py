@@ -152,7 +152,7 @@ def test_a_bad_signal_area_layout_loses_nothing_else(tmp_path):
         f.seek(rec._signal_offset)
         f.write(flight._SIG_AREA.pack(1, 99, 7, 0))
     out = read_flight_record(rec.path)
-    assert out["signals"] == [] and out["executing"] == [{"key": "k", "start": 1.0}]
+    assert out["signals"] == [] and out["executing"] == [{"key": "k", "start": 1.0, "thread": 0}]
     assert out["sample"] == {"time": 1.0}
     assert "flight record: signal area unreadable (bad layout)" in out["missing"]
 

@@ -2,6 +2,9 @@
 
 The nanny's flight record names the tasks that were executing when the worker died: they
 are blamed, everything else Dask had sent the worker was only queued there (displaced).
+When a native crash's dump names the thread that crashed and the flight record the task
+that ran on it, that task alone is blamed: the others executing beside it were displaced by
+a neighbour's crash.
 Without a report (the nanny died too) the scheduler's last heartbeat says what was
 executing; failing that, every task on the worker is a suspect, as Dask itself would count
 them, so a killer that took its nanny with it is never "nobody".
@@ -23,6 +26,7 @@ from .deaths import Death
 from .runs import ShardKey
 
 FLIGHT_RECORD = "flight record"
+CRASHED_THREAD = "the crashing thread (its crash dump and the flight record)"
 HEARTBEAT = "last heartbeat"
 THREADS = "no more tasks than threads"
 EVERYTHING = "every task on the worker (nothing said what was executing)"
@@ -38,10 +42,12 @@ class Blame:
     executing: dict[ShardKey, Any]
     displaced: dict[ShardKey, Any]
     source: str
+    #: Of `displaced`: tasks that executed beside the one whose thread crashed.
+    neighbours: frozenset[ShardKey] = frozenset()
 
     @property
     def certain(self) -> bool:
-        return self.source == FLIGHT_RECORD
+        return self.source in (FLIGHT_RECORD, CRASHED_THREAD)
 
     @property
     def suspected(self) -> bool:
@@ -58,11 +64,20 @@ def blame(death: Death) -> Blame:
     >>> b = blame(Death("tcp://a:1", r, None))
     >>> sorted(b.executing), b.source, b.suspected
     (['x', 'y'], 'every task on the worker (nothing said what was executing)', True)
+    >>> ran = [{"key": "x", "crashed": False}, {"key": "y", "crashed": True}]
+    >>> b = blame(Death("tcp://a:1", r, {"executing": ran}))
+    >>> sorted(b.executing), sorted(b.displaced), sorted(b.neighbours)
+    (['y'], ['x'], ['x'])
     """
     processing = death.removal.processing if death.removal is not None else {}
+    neighbours: frozenset[ShardKey] = frozenset()
     if death.report is not None:
-        executing = {e["key"]: processing.get(e["key"]) for e in death.report["executing"]}
+        entries = blamed_entries(death.report)
+        executing = {e["key"]: processing.get(e["key"]) for e in entries}
         source = FLIGHT_RECORD
+        if len(entries) < len(death.report["executing"]):
+            source = CRASHED_THREAD
+            neighbours = frozenset(e["key"] for e in death.report["executing"]) - set(executing)
     else:
         removal = death.removal
         assert removal is not None
@@ -73,9 +88,16 @@ def blame(death: Death) -> Blame:
         else:
             executing, source = dict(processing), EVERYTHING
     displaced = {}
-    if source == FLIGHT_RECORD:
+    if death.report is not None:
         displaced = {s: k for s, k in processing.items() if s not in executing}
-    return Blame(executing, displaced, source)
+    return Blame(executing, displaced, source, neighbours)
+
+
+def blamed_entries(report: dict) -> list[dict]:
+    """The report's executing entries a death is blamed on: the one whose thread crashed
+    when the nanny matched it (`_evidence.threads`), else all of them."""
+    crashed = [e for e in report["executing"] if e.get("crashed")]
+    return crashed or report["executing"]
 
 
 #: Below this much sampled growth of the executing tasks together, the samples missed the

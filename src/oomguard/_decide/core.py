@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import time as _time
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from typing import Any
 
 from .._causes import memory_death
 from .._models import FailureEvent
 from . import memory
-from .blame import blame
+from .blame import blame, blamed_entries
 from .budget import DeathBudget
 from .deaths import Death, DeathPairing, Removal
 from .decisions import Decision, Forgive, Hold, Release, Stop
@@ -274,7 +274,8 @@ class DecisionCore:
         cause = death_cause(death)
         b = blame(death)
         out: list[Decision] = []
-        forgiven = self._displace(b.displaced)
+        forgiven = self._displace(b.displaced, None, b.neighbours)
+        self.isolation.displaced(forgiven)  # one running alone beside a crash goes first again
         if forgiven:
             out.append(Forgive(tuple(forgiven)))
         keys = {s: (k if k is not None else self.runs.key(s)) for s, k in b.executing.items()}
@@ -370,17 +371,20 @@ class DecisionCore:
         return out + self._release_decided(removal) + self.isolation.next()
 
     def _displace(
-        self, tasks: dict[ShardKey, Any], executing: Mapping[ShardKey, bool] | None = None
+        self,
+        tasks: dict[ShardKey, Any],
+        executing: Mapping[ShardKey, bool] | None = None,
+        neighbours: Container = (),
     ) -> list:
         """{str: key} of tasks that were on a dead worker but are not to blame: take back
         their charge and count them displaced, `executing` (str -> bool) or not (absent: not
-        known; None: all queued). The keys, in order."""
+        known; None: all queued), `neighbours` by a neighbour's crash. The keys, in order."""
         for s, key in tasks.items():
             self.displaced += 1
             self.budget.settle(key, blamed=False)
             if (run := self.runs.of(key)) is not None:
                 ran = executing.get(s) if executing is not None else False
-                self.policy.displaced(run.label, s, ran)
+                self.policy.displaced(run.label, s, ran, by_crash=s in neighbours)
         return list(tasks.values())
 
     def _release_decided(self, removal: Removal | None) -> list[Decision]:
@@ -403,7 +407,7 @@ class DecisionCore:
     def _amend(self, death: Death) -> list[Decision]:
         told = DeathEvidence.late(death)
         out: list[Decision] = []
-        for entry in death.report["executing"] or [None]:
+        for entry in blamed_entries(death.report) or [None]:
             s = entry["key"] if entry else ""
             run = self.runs.of(self.runs.key(s)) if s else None
             attempt = max(1, self.policy.attempt(s) - 1) if s else 1  # of the event it amends

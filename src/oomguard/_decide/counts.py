@@ -61,6 +61,7 @@ class PipelineCounts:
     displaced: int = 0  # shards moved off workers that died or stopped, never counted
     displaced_executing: int = 0  # of them, known to have been executing there
     displaced_queued: int = 0  # known to have been only queued there
+    crash_displaced: int = 0  # of displaced: executing beside the task whose thread crashed
     isolated: int = 0  # shards retried alone after a memory kill of a worker running several
     infra: int = 0
     user: int = 0

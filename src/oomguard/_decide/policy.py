@@ -200,14 +200,22 @@ class FailurePolicy:
             p.done -= 1
 
     def displaced(
-        self, pipeline: RunLabel, shard: ShardKey, executing: bool | None = None
+        self,
+        pipeline: RunLabel,
+        shard: ShardKey,
+        executing: bool | None = None,
+        *,
+        by_crash: bool = False,
     ) -> None:
         """The shard was on a worker that died (only queued there) or was stopped (a
-        requested stop); it was rescheduled uncounted. `executing`: whether it was running
-        there, None when nothing said."""
+        requested stop), or (`by_crash`) executed beside the task whose thread crashed it;
+        it was rescheduled uncounted. `executing`: whether it was running there, None when
+        nothing said."""
         p = self._pipeline(pipeline)
         p.displaced += 1
-        if executing is True:
+        if by_crash:
+            p.crash_displaced += 1
+        elif executing is True:
             p.displaced_executing += 1
         elif executing is False:
             p.displaced_queued += 1

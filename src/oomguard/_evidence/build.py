@@ -15,6 +15,7 @@ from typing import Any
 from .classify import DeathFacts, crash_signal, describe_signal, explain
 from .facts import evidence, facts_from
 from .killer import attribute
+from .threads import mark_crashed
 from .wire import (
     COUNTER_INTS,
     COUNTER_KEYS,
@@ -106,6 +107,7 @@ def _build_task(t: Any, i: int, missing: list[str], cuts: dict[str, int]) -> dic
         "stack": frames,
         "stack_time": _opt_float(t.get("stack_time")),
         "grew": _opt_int(t.get("grew"), 0),
+        "crashed": None,  # set for a native crash (threads.mark_crashed)
     }
 
 
@@ -390,6 +392,9 @@ def build_report(
             killer_summary=who.summary,
             **who.facts,
         )
+    executing_out = [t for t in built if t is not None]
+    if cause is not None and cause.value == "native_crash":  # which task's thread crashed
+        found.update(mark_crashed(crash and crash["signal"], raw_text, executing_out, missing_out))
     ev = {_clip(k, EVIDENCE_KEY_MAX): _ev_value(v) for k, v in found.items()}
     ev["rule"] = rule
 
@@ -411,7 +416,7 @@ def build_report(
         "time": the_time if the_time is not None else 0.0,
         "started": _opt_float(started),
         "memory_limit": _opt_int(memory_limit, 0),
-        "executing": [t for t in built if t is not None],
+        "executing": executing_out,
         "crash": crash,
         "evidence": _cap_evidence(ev),
         "cgroup": cgroup,

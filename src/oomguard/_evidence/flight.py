@@ -9,7 +9,8 @@ Layout (little-endian), one file per worker process:
 
     header   128 bytes  magic, pid, created, slot count, slot size, sample layout,
                         which of the two sample buffers is current, the signal area's offset
-    slots    N x 1088   one per executing task: state, start time, key
+    slots    N x 1088   one per executing task: state, start time, key; its thread's ident
+                        in the slot's last 8 bytes (0 until its thread is known)
     signals  16 + 8 x 5120  whether senders are recorded; the last 8 received signals,
                         one msgpack record per slot with a sequence number and a CRC
     samples  2 x S      msgpack blobs written alternately; the header names the complete one
@@ -44,6 +45,10 @@ HEADER_SIZE = 128
 _SLOT = struct.Struct("<BxxxxxxxdH")
 KEY_MAX = 1024
 SLOT_SIZE = 1088
+# The thread a task runs on (`threading.get_ident()`, what faulthandler prints), in the
+# slot's last 8 bytes: written by that thread when it starts the task, after the slot.
+_THREAD = struct.Struct("<Q")
+_THREAD_AT = SLOT_SIZE - _THREAD.size
 DEFAULT_SLOTS = 64
 DEFAULT_SAMPLE_CAPACITY = 256 * 1024
 
@@ -142,8 +147,14 @@ class FlightRecorder:
         off = HEADER_SIZE + slot * SLOT_SIZE
         # Key first, state last: a reader never sees an executing slot with a stale key.
         self._mm[off + _SLOT.size : off + _SLOT.size + len(kb)] = kb
+        _THREAD.pack_into(self._mm, off + _THREAD_AT, 0)
         _SLOT.pack_into(self._mm, off, _EXECUTING, start or time.time(), len(kb))
         return slot
+
+    def task_thread(self, slot: int, ident: int) -> None:
+        """Record the thread that runs the task in `slot` (its `threading.get_ident()`)."""
+        if 0 <= slot < self._nslots and 0 < ident < 2**64:
+            _THREAD.pack_into(self._mm, HEADER_SIZE + slot * SLOT_SIZE + _THREAD_AT, ident)
 
     def task_finished(self, slot: int) -> None:
         if slot < 0:
@@ -201,7 +212,8 @@ class FlightRecorder:
 def read_flight_record(path: str) -> dict[str, Any]:
     """Read a flight record left by a (dead) worker process. Never raises.
 
-    Returns ``{"pid", "created", "executing": [{"key", "start"}], "sample": dict | None,
+    Returns ``{"pid", "created", "executing": [{"key", "start", "thread"}] (thread 0: not
+    known), "sample": dict | None,
     "signals": [dict] (oldest first, `senders.KEYS`), "missing": [str]}``; what could not
     be read is named in ``missing``.
     """
@@ -235,7 +247,10 @@ def read_flight_record(path: str) -> dict[str, Any]:
         if state != _EXECUTING:
             continue
         key = data[off + _SLOT.size : off + _SLOT.size + min(keylen, KEY_MAX)]
-        out["executing"].append({"key": key.decode("utf-8", "replace"), "start": start})
+        (thread,) = _THREAD.unpack_from(data, off + _THREAD_AT)
+        out["executing"].append(
+            {"key": key.decode("utf-8", "replace"), "start": start, "thread": thread}
+        )
     out["sample"] = _read_sample(data, s_off, cap, (l0, l1), current, out["missing"])
     _read_signals(data, g_off, out)
     return out

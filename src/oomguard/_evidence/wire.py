@@ -37,6 +37,8 @@ executing       list (<= 64) of task dicts                    tasks executing at
   .grew         int >= 0 | None (may be absent)               its estimated share of the
                                                               worker's RSS growth since it
                                                               started, bytes (growth.py)
+  .crashed      bool | None (may be absent)                   a native crash's dump named
+                                                              this task's thread (threads.py)
 crash           {signal: str (<= 32) | None, text: str} |     the faulthandler crash file;
                 None                                          text <= max_bytes characters
 evidence        dict (<= 96 keys, each str <= 128) of         flat; see facts.evidence
@@ -113,8 +115,8 @@ COUNTER_KEYS = tuple(f.name for f in dataclasses.fields(MemoryCounters))
 COUNTER_INTS = tuple(
     f.name for f in dataclasses.fields(MemoryCounters) if str(f.type) == "int | None"
 )
-_TASK_KEYS = ("key", "prefix", "start", "thread", "stack", "stack_time", "grew")
-_TASK_OPTIONAL = ("grew",)  # added within schema v1: reports from older nannies lack it
+_TASK_KEYS = ("key", "prefix", "start", "thread", "stack", "stack_time", "grew", "crashed")
+_TASK_OPTIONAL = ("grew", "crashed")  # added within schema v1: older nannies' reports lack them
 _FIELDS = (
     "schema",
     "worker",
@@ -185,7 +187,14 @@ def _task(v: Any, field: str) -> dict[str, Any]:
         "stack": None if stack is None else [_frame(f, where, i) for i, f in enumerate(stack)],
         "stack_time": _float(d["stack_time"], f"{field}.stack_time", none=True),
         "grew": _int(d["grew"], f"{field}.grew", minimum=0, none=True),
+        "crashed": _bool(d["crashed"], f"{field}.crashed"),
     }
+
+
+def _bool(v: Any, field: str) -> bool | None:
+    if v is None or type(v) is bool:
+        return v
+    raise _fail_type(v, field, "bool or None")
 
 
 def _evidence_value(v: Any, key: str) -> Any:

@@ -200,6 +200,25 @@ def parse_faulthandler(text: str) -> Signature | None:
     return _signature(R.FAULTHANDLER, error, message, stack)
 
 
+_CURRENT_IDENT = re.compile(
+    r"\nCurrent thread (0x[0-9a-fA-F]{1,16})[^\n]*\(most recent call first\):", re.M
+)
+
+
+def crashing_thread(text: str) -> int | None:
+    """The ident of the thread a faulthandler dump marks "Current thread" (the last dump's,
+    as `parse_faulthandler` reads it); None when no thread is so marked. faulthandler prints
+    `threading.get_ident()` of the thread, in hex.
+
+    >>> crashing_thread("Fatal Python error: Aborted\\n\\nThread 0x00007f01 (most recent "
+    ...                 "call first):\\n\\nCurrent thread 0x00007f02 (most recent call first):\\n")
+    32514
+    """
+    text = "\n" + _bounded(text)
+    found = _last(_CURRENT_IDENT, text, len(text))
+    return int(found[1], 16) if found else None
+
+
 def _threads(text: str) -> str:
     """Each thread's hashed stack, deduplicated and sorted (idle threads come and go)."""
     stacks = set()

@@ -29,6 +29,18 @@ def _infra_clause(p: PipelineCounts, retried: str) -> str:
     return ", and ".join(parts)
 
 
+def crash_displaced(n: int) -> str:
+    """
+    >>> crash_displaced(1)
+    "1 shard was displaced by a neighbour's crash (a task on another thread of the same worker crashed): retried without counting against it"
+    """
+    them = "it" if n == 1 else "them"
+    return (
+        f"{plural(n, 'shard')} {was(n)} displaced by a neighbour's crash (a task on another"
+        f" thread of the same worker crashed): retried without counting against {them}"
+    )
+
+
 def _shard_story(shard: str, rec: ShardRecord) -> str:
     name = shard_name(shard)
     if len(rec.causes) == 1:
@@ -46,6 +58,8 @@ def pipeline_summary(
     record `rec`: the shard the story is about (the one that decided an abort, or the
     culprit of a failed run; `rec` None when it has none)."""
     text = _story(status, p, shard, rec)
+    if p.crash_displaced:
+        text = f"{text.rstrip('.')}; {crash_displaced(p.crash_displaced)}."
     if p.memory_waits:
         text = (
             f"{text.rstrip('.')}; {plural(p.memory_waits, 'task')} waited "
@@ -122,7 +136,7 @@ def _story(status: str, p: PipelineCounts, shard: str, rec: ShardRecord | None) 
             f"; {plural(p.isolated, 'shard')} {was(p.isolated)} retried alone after a "
             "memory kill of a worker running several"
         )
-    if p.displaced:
+    if p.displaced - p.crash_displaced:  # crash displacements are told in pipeline_summary
         s += f"; {_moved(p)}"
     return s + "."
 
@@ -130,7 +144,8 @@ def _story(status: str, p: PipelineCounts, shard: str, rec: ShardRecord | None) 
 def _moved(p: PipelineCounts) -> str:
     """Shards moved off workers that died or stopped, each as it was there: executing,
     queued, or (nothing said) neither named."""
-    n, running, queued = p.displaced, p.displaced_executing, p.displaced_queued
+    n = p.displaced - p.crash_displaced
+    running, queued = p.displaced_executing, p.displaced_queued
     them = "it" if n == 1 else "them"
     if queued == n:
         what, detail = plural(n, "queued shard"), ""

@@ -227,7 +227,8 @@ def _executing(flight: dict) -> list[dict]:
                 "key": slot["key"],
                 "prefix": _prefix(slot["key"]),
                 "start": float(slot["start"]),
-                "thread": int(seen.get("thread") or 0),
+                # Recorded as its thread started it, else seen by the last sample.
+                "thread": int(slot.get("thread") or seen.get("thread") or 0),
                 "stack": seen.get("stack"),
                 "stack_time": sample.get("time") if seen else None,
                 "grew": seen.get("grew") if seen else None,

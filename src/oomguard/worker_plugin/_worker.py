@@ -85,6 +85,7 @@ class OomguardWorkerPlugin(WorkerPlugin):
         self._growth = GrowthSplit()
         self.guard = Guard(None, logger)  # never take the worker down
         self._admission = None  # host-wide memory admission
+        self._wrap_threads = False  # Worker.active_threads still to be wrapped (_ThreadsSeen)
 
     def __getstate__(self):
         return {
@@ -117,6 +118,7 @@ class OomguardWorkerPlugin(WorkerPlugin):
         # Tasks already executing when the plugin arrives at runtime.
         for ts in list(worker.state.executing):
             self._slots[ts.key] = self._recorder.task_started(str(ts.key))
+        self._watch_threads(worker)
         self._stop.clear()
         self._thread = threading.Thread(
             target=self._sample_loop, name="oomguard-sampler", daemon=True
@@ -128,6 +130,47 @@ class OomguardWorkerPlugin(WorkerPlugin):
             worker.log_event(HOST_TOPIC, {"host": socket.gethostname()})
         except Exception:
             self._internal_error("setup")
+
+    def _watch_threads(self, worker: Worker) -> None:
+        """Have each task's thread recorded in its flight slot as the thread starts it: a
+        native crash's dump names the crashing thread, this says which task ran there."""
+        threads = getattr(worker, "active_threads", None)
+        if isinstance(threads, _ThreadsSeen):  # wrapped by an earlier plugin: take it over
+            threads.plugin = self
+            with worker.active_threads_lock:
+                for ident, key in list(threads.items()):  # tasks running now
+                    self._task_thread(key, ident)
+        elif type(threads) is dict:
+            self._wrap_threads = True
+            self._wrap_when_idle()
+        else:
+            logger.warning(
+                "oomguard: Worker.active_threads is %s, not a dict: a native crash cannot be "
+                "charged to the thread that crashed on this worker",
+                type(threads).__name__,
+            )
+
+    def _wrap_when_idle(self) -> None:
+        """Wrap Dask's dict once no task runs (event loop): a dispatched task holds the
+        dict it was given and deletes its entry from that one, so a copy made while tasks
+        run would keep their entries for ever. Until then the sampler's thread serves."""
+        worker = self._worker
+        if worker is None or worker.state.executing or getattr(worker.state, "long_running", ()):
+            return
+        with worker.active_threads_lock:
+            threads = _ThreadsSeen(worker.active_threads)
+            threads.plugin = self
+            worker.active_threads = threads
+        self._wrap_threads = False
+
+    def _task_thread(self, key, ident: int) -> None:
+        # Called on the task's own thread (`_ThreadsSeen`): O(1), never raises.
+        try:
+            slot = self._slots.get(key)
+            if slot is not None and self._recorder is not None:
+                self._recorder.task_thread(slot, ident)
+        except Exception:
+            self._internal_error("task_thread")
 
     def _wait_for_signals(self, recorder: FlightRecorder) -> None:
         """Record the senders of the catchable signals, where the nanny blocked them."""
@@ -152,6 +195,8 @@ class OomguardWorkerPlugin(WorkerPlugin):
             self._signals.stop()
             self._signals = None
         self._stop.set()
+        if isinstance(threads := getattr(worker, "active_threads", None), _ThreadsSeen):
+            threads.plugin = None
         if self._admission is not None:  # host-wide memory admission
             self._admission.uninstall(worker)
             self._admission = None
@@ -177,6 +222,8 @@ class OomguardWorkerPlugin(WorkerPlugin):
     # Hot path: called for every task transition on the worker's event loop.
     def transition(self, key, start, finish, **kwargs) -> None:
         try:
+            if self._wrap_threads and start in ("executing", "long-running"):
+                self._wrap_when_idle()  # O(1): two set sizes, most times
             if finish == "executing":
                 rec = self._recorder
                 if rec is not None:
@@ -246,6 +293,19 @@ class OomguardWorkerPlugin(WorkerPlugin):
     @property
     def errors(self) -> int:
         return self.guard.count
+
+
+class _ThreadsSeen(dict):
+    """`Worker.active_threads` ({thread ident: key}), which Dask's `_run_task` fills from
+    the task's own thread as it starts the task: each entry also goes to the flight record.
+    Never replaced back (a running task still deletes its entry from this object)."""
+
+    plugin: OomguardWorkerPlugin | None = None
+
+    def __setitem__(self, ident, key) -> None:
+        super().__setitem__(ident, key)
+        if (plugin := self.plugin) is not None:
+            plugin._task_thread(key, ident)
 
 
 def _stacks(idents) -> dict[int, list[list]]:
