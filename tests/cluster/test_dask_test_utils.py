@@ -58,6 +58,7 @@ async def test_a_scheduler_from_a_scheduler_file_closes_everything_it_started(tm
         assert "oomguard" in s.plugins
         async with Client(scheduler_file=path, asynchronous=True) as c:
             assert c.scheduler.address == s.address
+    assert "stop" not in vars(s)  # the hook on Scheduler.stop() went with the plugin
     # gen_test's own check fails the test if an oomguard thread is left running.
 
 
