@@ -7,6 +7,7 @@ browser is Debian's, never one downloaded by `playwright install`.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import time
@@ -15,8 +16,10 @@ import urllib.request
 import pytest
 from distributed import Client, LocalCluster
 
+from _cli_run import report
 from capabilities import require
 from oomguard._models import FailureEvent, PipelineStatus
+from oomguard._signature import fingerprint
 from oomguard.scheduler_plugin import OomguardSchedulerPlugin
 from oomguard.scheduler_plugin._dashboard import (
     MENU_PATH,
@@ -46,7 +49,36 @@ ValueError: bad row {XSS} with <b>bold</b> markup {XSS_IMG}
 """
 OOM_TITLE = "MemoryError in parse_block"
 XSS_TITLE = "ValueError in render <b>bold</b>"
-SEGV_TITLE = "SIGSEGV in libfoo.so decode"
+SEGV_TITLE = "SIGSEGV in libfoo.so decode_columnar_block_with_a_name_far_too_long_to_fit_its_cell"
+# Real signature ids (16 hex digits), as the scheduler makes them.
+OOM_ID, XSS_ID, SEGV_ID = (fingerprint(t).id for t in ("oom", XSS_TRACE, "segv"))
+# Longer than their columns: the cells cut them, their hover text holds them whole.
+LONG_PIPELINE = "backfill-2024-" + "-".join(["orders", "customers", "returns", "ledger"] * 4)
+LONG_SUMMARY = (
+    "aborted: shard ('parse-1a', 2) was OOM-killed 3 times on node-0, node-1 and node-2; "
+    "its signature repeats each time, so retrying it again would only "
+    "kill a fourth worker. Read `oomguard report --pipeline` for every event and its evidence."
+)
+SIGNATURE_HEADERS = [
+    "signature id",
+    "count",
+    "hosts",
+    "first seen",
+    "last seen",
+    "causes",
+    "title",
+]
+PIPELINE_HEADERS = [
+    "pipeline",
+    "status",
+    "source",
+    "done",
+    "failed",
+    "aborted",
+    "infra",
+    "user",
+    "summary",
+]
 
 
 @pytest.fixture
@@ -89,7 +121,7 @@ def seed(plugin) -> None:
                     "nightly",
                     f"tcp://w{i}",
                     f"node-{i}",
-                    "sig-oom",
+                    OOM_ID,
                     OOM_TITLE,
                     {"oom_kill_delta": 1},
                     time=now - 3000 + 600 * i,
@@ -107,7 +139,7 @@ def seed(plugin) -> None:
                     "nightly",
                     "tcp://w0",
                     "node-0",
-                    "sig-xss",
+                    XSS_ID,
                     XSS_TITLE,
                     {"exception": f"ValueError: {XSS}"},
                     time=now - 900 + 300 * i,
@@ -125,7 +157,7 @@ def seed(plugin) -> None:
                     "",
                     "tcp://w1",
                     "node-1",
-                    "sig-segv",
+                    SEGV_ID,
                     SEGV_TITLE,
                     {"signal": "SIGSEGV"},
                     time=now - 60,
@@ -137,16 +169,7 @@ def seed(plugin) -> None:
     for event, trace in events:
         assert plugin.store.add(event, example=trace)
     plugin.store.upsert_pipeline(
-        PipelineStatus(
-            "backfill-2024",
-            "aborted",
-            10,
-            1,
-            4,
-            3,
-            0,
-            "aborted: shard ('parse-1a', 2) was OOM-killed 3 times",
-        )
+        PipelineStatus(LONG_PIPELINE, "aborted", 10, 1, 4, 3, 0, LONG_SUMMARY)
     )
     assert plugin.store.flush()
 
@@ -155,7 +178,14 @@ def submit_live_pipeline(dask_scheduler):
     dask_scheduler.plugins["oomguard"].policy.pipeline_submitted("live-etl", ["a", "b"])
 
 
-def test_dashboard_page_in_a_browser(cluster, tmp_path, artifacts_dir):
+def headers(page, table: str) -> list[str]:
+    return [
+        h.strip()
+        for h in page.locator(f".oomguard-{table} .slick-header-column").all_inner_texts()
+    ]
+
+
+def test_dashboard_page_in_a_browser(cluster, tmp_path, artifacts_dir, capsys):
     require(os.path.exists(CHROMIUM), "no chromium: apt-get install chromium")
     require(
         importlib.util.find_spec("playwright") is not None,
@@ -200,6 +230,28 @@ def test_dashboard_page_in_a_browser(cluster, tmp_path, artifacts_dir):
             page.locator(".slick-row", has_text="backfill-2024").filter(
                 has_text="aborted"
             ).first.wait_for()
+
+            # Every column has a header, the signature id first.
+            assert headers(page, "signature-table") == SIGNATURE_HEADERS
+            assert headers(page, "pipeline-table") == PIPELINE_HEADERS
+            # The id shown is the store's, the one `oomguard report --signature` takes.
+            stored = {r.title: r.id for r in plugin.store.signatures()}
+            for title in (OOM_TITLE, XSS_TITLE, SEGV_TITLE):
+                row = page.locator(".oomguard-signature-table .slick-row", has_text=title)
+                shown = row.locator(".slick-cell").first.inner_text().strip()
+                assert shown == stored[title], (title, shown)
+                id_cell = row.locator(".slick-cell").first
+                assert id_cell.evaluate("c => c.scrollWidth <= c.clientWidth")  # all of it
+                store = tmp_path / "s.sqlite3"
+                rc, out, _ = report(capsys, "--store", store, "--signature", shown, "--json")
+                found = {e["signature_title"] for e in json.loads(out)["events"]}
+                assert rc == 0 and found == {title}, (rc, found)
+            # Cut text is whole on hover: the cell's title attribute, as text.
+            for text in (SEGV_TITLE, XSS_TITLE, LONG_PIPELINE, LONG_SUMMARY):
+                cell = page.locator(".slick-cell [title]", has_text=text[:20]).first
+                assert cell.get_attribute("title") == text
+            cut = page.locator(".slick-cell", has_text=LONG_SUMMARY[:20]).first
+            assert cut.evaluate("c => c.scrollWidth > c.clientWidth")  # it is cut
 
             # The plot is drawn, and its data holds every seeded failure by cause.
             canvas = page.locator("canvas").first

@@ -70,6 +70,10 @@ COLORS = (
     "#c7c7c7",
 )
 _BOKEH_MISSING = 'oomguard\'s dashboard page needs Bokeh: pip install "bokeh>=3.1"'
+#: A text cell whose whole text is its hover text (a cell cuts what is wider than it).
+#: `<%- %>` is Underscore's escaping interpolation: the value stays text in the attribute
+#: and in the cell; `<%= %>` would make it markup.
+HOVER_TEXT = '<span title="<%- value %>"><%- value %></span>'
 
 
 # -- the Bokeh page ----------------------------------------------------------------------------
@@ -87,6 +91,7 @@ class OomguardPage:
             DateFormatter,
             Div,
             HoverTool,
+            HTMLTemplateFormatter,
             NumberFormatter,
             PreText,
             TableColumn,
@@ -136,20 +141,24 @@ class OomguardPage:
 
         self.signatures = ColumnDataSource(signature_columns([]), name="oomguard-signatures")
         when = DateFormatter(format="%Y-%m-%d %H:%M:%S")
+        whole = HTMLTemplateFormatter(template=HOVER_TEXT)
         self.table = DataTable(
             source=self.signatures,
             columns=[
+                # The id `oomguard report --signature ID` takes.
+                TableColumn(field="id", title="signature id", formatter=whole, width=140),
                 TableColumn(field="count", title="count", width=60),
                 TableColumn(field="hosts", title="hosts", width=50),
                 TableColumn(field="first_seen", title="first seen", formatter=when, width=150),
                 TableColumn(field="last_seen", title="last seen", formatter=when, width=150),
-                TableColumn(field="causes", title="causes", width=120),
-                TableColumn(field="title", title="title", width=600),
+                TableColumn(field="causes", title="causes", formatter=whole, width=120),
+                TableColumn(field="title", title="title", formatter=whole, width=600),
             ],
             index_position=None,
             height=240,
             sizing_mode="stretch_width",
             name="oomguard-signature-table",
+            css_classes=["oomguard-signature-table"],
         )
         self.signatures.selected.on_change("indices", self._on_select)
         self.detail = PreText(
@@ -164,20 +173,22 @@ class OomguardPage:
         self.pipeline_table = DataTable(
             source=self.pipelines,
             columns=[
-                TableColumn(field="name", title="pipeline", width=160),
-                TableColumn(field="status", title="status", width=170),
-                TableColumn(field="source", title="", width=50),
+                TableColumn(field="name", title="pipeline", formatter=whole, width=160),
+                TableColumn(field="status", title="status", formatter=whole, width=170),
+                # "live": the scheduler's, in memory; "stored": finished, from the store.
+                TableColumn(field="source", title="source", width=60),
                 TableColumn(field="shards_done", title="done", formatter=n, width=60),
                 TableColumn(field="shards_failed", title="failed", formatter=n, width=60),
                 TableColumn(field="shards_aborted", title="aborted", formatter=n, width=60),
                 TableColumn(field="infra_failures", title="infra", formatter=n, width=50),
                 TableColumn(field="user_failures", title="user", formatter=n, width=50),
-                TableColumn(field="summary", title="summary", width=600),
+                TableColumn(field="summary", title="summary", formatter=whole, width=600),
             ],
             index_position=None,
             height=180,
             sizing_mode="stretch_width",
             name="oomguard-pipeline-table",
+            css_classes=["oomguard-pipeline-table"],
         )
 
         def title(text: str) -> Div:

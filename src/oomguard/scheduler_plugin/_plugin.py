@@ -72,6 +72,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
     _workers: dict[str, WorkerState]  # address -> WorkerState, to read after removal
     _hostnames: dict[str, str]  # address -> the hostname its worker plugin sent
     _persisted: dict[str, PipelineStatus]  # run -> last status written
+    _undo_stop: Callable[[], None]  # takes back the hook on Scheduler.stop() (_setup.on_stop)
 
     def __init__(self, **config: Any):
         # Keys as in oomguard.scheduler.* with dashes or underscores; unset ones come from
@@ -98,6 +99,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         self._workers = {}
         self._hostnames = {}
         self._persisted = {}
+        self._undo_stop = _nothing
 
     def __getstate__(self):
         return {"config": self.config}
@@ -185,6 +187,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         self.intake = ReportIntake(self.handlers.on_reports, room=self.handlers.room)
         self.intake.start(asyncio.get_running_loop())
         self.scheduler = scheduler
+        self._undo_stop = _setup.on_stop(scheduler, self._stopped)
         self.actions = DaskActions(
             scheduler,
             self.store,
@@ -241,16 +244,46 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
                 self.handlers.prune_unguarded()
 
     async def close(self) -> None:
-        scheduler = self.scheduler
-        if scheduler is None:
+        if self.scheduler is None:
             return
-        for task in self._tasks:
-            # close() may run inside the tick loop itself (plugin removed).
-            if task is not asyncio.current_task():
-                task.cancel()
-        self.metrics.unregister()
+        self._stop_loops()
         if self.intake is not None:
             await asyncio.to_thread(self.intake.close)
+        store = self._detach()
+        if store is not None:
+            await asyncio.to_thread(store.close)
+        self.scheduler = None
+
+    def _stopped(self) -> None:
+        """`Scheduler.stop()` ran without close() (some of Dask's tests stop a scheduler
+        so): the same as close(), blocking the loop for the threads to finish, since
+        nothing may outlive the scheduler (Dask's tests fail on a leaked thread)."""
+        if self.scheduler is None:
+            return
+        with self.guard("close"):
+            self._stop_loops()
+            if self.intake is not None:
+                self.intake.close()
+            store = self._detach()
+            if store is not None:
+                store.close()
+        self.scheduler = None
+
+    def _stop_loops(self) -> None:
+        try:
+            current = asyncio.current_task()
+        except RuntimeError:  # Scheduler.stop() called off the event loop
+            current = None
+        for task in self._tasks:
+            # close() may run inside the tick loop itself (plugin removed).
+            if task is not current:
+                task.cancel()
+        self.metrics.unregister()
+
+    def _detach(self) -> FailureStore | None:
+        """Give the scheduler back what start() changed; the store to close, if any."""
+        scheduler = self.scheduler
+        self._undo_stop()
         with self.guard("close"):
             self.apply(self.core.close())
         if self._saved_allowed_failures is not None:
@@ -260,8 +293,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             scheduler.stream_handlers["task-erred"] = self._original_task_erred
         if self.store is not None:
             self.persist_pipelines(final=True)
-            await asyncio.to_thread(self.store.close)
-        self.scheduler = None
+        return self.store
 
     # --- Dask's hooks -> events (hot path: O(1), no I/O) ------------------------------
 
@@ -444,6 +476,10 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
                 pending_deaths=len(core.pairing),
             )
         return out
+
+
+def _nothing() -> None:
+    pass
 
 
 def _prefix_path(scheduler, keys, steps: int = 64):

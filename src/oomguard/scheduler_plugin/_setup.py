@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import pickle
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from distributed.core import Status
@@ -40,6 +41,33 @@ def register_metrics(plugin: Any) -> None:
         _metrics_holder = plugin
     else:
         logger.warning("oomguard: another oomguard in this process holds the metrics")
+
+
+def on_stop(scheduler: Scheduler, callback: Callable[[], None]) -> Callable[[], None]:
+    """Run `callback` when `scheduler.stop()` runs, before Dask's own stop; returns the undo.
+
+    `Server.stop()` is synchronous and calls no plugin hook: `Scheduler.close()` calls it
+    last, after every plugin's close(), but some of Dask's own tests call it alone, and a
+    plugin's threads then outlive the scheduler. The method is shadowed on the instance
+    (as the nanny plugin does `_on_worker_exit_sync`); Dask's runs whatever the callback
+    does (which should not raise: guard it).
+    """
+    original = scheduler.stop
+
+    def stop(*args: Any, **kwargs: Any) -> Any:
+        try:
+            callback()
+        finally:
+            return_value = original(*args, **kwargs)
+        return return_value
+
+    scheduler.stop = stop  # type: ignore[method-assign]
+
+    def undo() -> None:
+        if scheduler.__dict__.get("stop") is stop:
+            del scheduler.stop
+
+    return undo
 
 
 async def install_worker_side(scheduler: Scheduler) -> None:
