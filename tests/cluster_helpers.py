@@ -7,8 +7,11 @@ capabilities.py, every test folder can import it (`from cluster_helpers import w
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 from capabilities import require
@@ -54,3 +57,25 @@ def require_worker_groups(info: CgroupInfo | None = None) -> None:
     cannot be made: a real probe, `can_create_child`."""
     ok, reason = can_create_child(info)
     require(ok, f"per-worker memory cgroups cannot be made here: {reason}")
+
+
+def dask_worker(
+    address: str,
+    *,
+    nthreads: int = 1,
+    env: Mapping[str, str] | None = None,
+    own_session: bool = False,
+    stderr=subprocess.DEVNULL,
+) -> subprocess.Popen:
+    """A real `dask worker` (one nanny, one worker) with oomguard's nanny preload, as a user
+    starts one. `own_session`: its own process group, so that nanny and worker can be
+    killed together (a lost host)."""
+    dask_cli = os.path.join(os.path.dirname(sys.executable), "dask")
+    return subprocess.Popen(
+        [dask_cli, "worker", address, "--nworkers", "1", "--nthreads", str(nthreads)]
+        + ["--no-dashboard", "--preload-nanny", "oomguard.worker_plugin"],
+        env=dict(env) if env is not None else None,
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        start_new_session=own_session,
+    )

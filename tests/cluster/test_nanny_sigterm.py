@@ -10,7 +10,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import dask
@@ -19,7 +18,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 import oomguard
-from cluster_helpers import wait_for
+from cluster_helpers import dask_worker, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -33,24 +32,7 @@ def test_sigterm_to_the_nanny_is_a_logged_stop_with_its_tasks(tmp_path, caplog):
     ):
         oomguard.install(client, store=str(tmp_path / "s.sqlite3"))
         env = {**os.environ, "DASK_OOMGUARD__WORKER__CRASH_DIR": str(tmp_path / "crash")}
-        dask_cli = os.path.join(os.path.dirname(sys.executable), "dask")
-        worker = subprocess.Popen(
-            [
-                dask_cli,
-                "worker",
-                cluster.scheduler_address,
-                "--nworkers",
-                "1",
-                "--nthreads",
-                "1",
-                "--no-dashboard",
-                "--preload-nanny",
-                "oomguard.worker_plugin",
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        worker = dask_worker(cluster.scheduler_address, env=env)
         try:
             client.wait_for_workers(1, timeout=60)
             fut = client.submit(time.sleep, 60, key="sleepy-evicted", pure=False)
@@ -86,24 +68,7 @@ def test_sigterm_to_the_nanny_is_a_logged_stop_with_its_tasks(tmp_path, caplog):
 
 
 def _dask_worker(address: str, env: dict, nthreads: int) -> subprocess.Popen:
-    dask_cli = os.path.join(os.path.dirname(sys.executable), "dask")
-    return subprocess.Popen(
-        [
-            dask_cli,
-            "worker",
-            address,
-            "--nworkers",
-            "1",
-            "--nthreads",
-            str(nthreads),
-            "--no-dashboard",
-            "--preload-nanny",
-            "oomguard.worker_plugin",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    return dask_worker(address, nthreads=nthreads, env=env)
 
 
 def test_shards_moved_off_a_stopped_worker_are_said_as_they_were(tmp_path, caplog):

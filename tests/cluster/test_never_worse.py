@@ -16,7 +16,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 import oomguard
-from cluster_helpers import wait_installed
+from cluster_helpers import dask_worker, wait_installed
 
 pytestmark = pytest.mark.timeout(300)
 MiB = 2**20
@@ -253,8 +253,6 @@ def test_a_killer_that_takes_its_host_on_saturated_workers_is_bounded(tmp_path):
     """No death report ever comes (the nanny dies too), and each worker holds more tasks
     than threads: the killer is still charged every death and stops within Dask's bound."""
     import functools
-    import subprocess
-    import sys
 
     hosts = []
     with dask.config.set(
@@ -270,26 +268,7 @@ def test_a_killer_that_takes_its_host_on_saturated_workers_is_bounded(tmp_path):
             oomguard.install(client, store=str(tmp_path / "f.sqlite3"))
             try:
                 for _ in range(3):  # three "hosts": a nanny and its worker in one session
-                    hosts.append(
-                        subprocess.Popen(
-                            [
-                                sys.executable,
-                                "-m",
-                                "distributed.cli.dask_worker",
-                                cl.scheduler_address,
-                                "--nworkers",
-                                "1",
-                                "--nthreads",
-                                "1",
-                                "--preload-nanny",
-                                "oomguard.worker_plugin",
-                                "--no-dashboard",
-                            ],
-                            start_new_session=True,
-                            stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL,
-                        )
-                    )
+                    hosts.append(dask_worker(cl.scheduler_address, own_session=True))
                 client.wait_for_workers(3, timeout=120)
                 with distributed.span("host-killer"):
                     # Builtins only: the external workers cannot import this module.

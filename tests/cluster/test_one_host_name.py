@@ -16,7 +16,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 import dask
@@ -24,7 +23,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 import oomguard
-from cluster_helpers import wait_for
+from cluster_helpers import dask_worker, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -51,20 +50,14 @@ def nap(seconds):
 
 
 def _dask_worker(address: str, crash_dir: str) -> subprocess.Popen:
-    dask_cli = os.path.join(os.path.dirname(sys.executable), "dask")
-    return subprocess.Popen(
-        [dask_cli, "worker", address, "--nworkers", "1", "--nthreads", "1"]
-        + ["--no-dashboard", "--preload-nanny", "oomguard.worker_plugin"],
-        env={
-            **os.environ,
-            "DASK_OOMGUARD__WORKER__CRASH_DIR": crash_dir,
-            # The tasks below are this module's functions, pickled by reference.
-            "PYTHONPATH": os.pathsep.join(filter(None, [HERE, str(TESTS), PATH])),
-        },
-        stdout=subprocess.DEVNULL,
-        stderr=open(os.environ.get("DBG_WORKER_LOG", os.devnull), "w"),
-        start_new_session=True,  # its own process group: nanny and worker die together
-    )
+    env = {
+        **os.environ,
+        "DASK_OOMGUARD__WORKER__CRASH_DIR": crash_dir,
+        # The tasks below are this module's functions, pickled by reference.
+        "PYTHONPATH": os.pathsep.join(filter(None, [HERE, str(TESTS), PATH])),
+    }
+    log = open(os.environ.get("DBG_WORKER_LOG", os.devnull), "w")
+    return dask_worker(address, env=env, own_session=True, stderr=log)
 
 
 def test_exceptions_and_deaths_on_one_machine_share_one_host_name(tmp_path):

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import dask
@@ -14,7 +12,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 import oomguard
-from cluster_helpers import wait_for
+from cluster_helpers import dask_worker, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -65,24 +63,7 @@ def test_lost_with_its_nanny_is_worker_lost(tmp_path):
             Client(cl) as client,
         ):
             oomguard.install(client, store=str(tmp_path / "s.sqlite3"))
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "distributed.cli.dask_worker",
-                    cl.scheduler_address,
-                    "--nworkers",
-                    "1",
-                    "--nthreads",
-                    "1",
-                    "--preload-nanny",
-                    "oomguard.worker_plugin",
-                    "--no-dashboard",
-                ],
-                start_new_session=True,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+            proc = dask_worker(cl.scheduler_address, own_session=True)
             try:
                 client.wait_for_workers(1, timeout=60)
                 with distributed.span("lost"):
@@ -174,24 +155,7 @@ def test_a_host_lost_while_a_task_waited_behind_the_running_one_is_one_death(tmp
             Client(cl) as client,
         ):
             oomguard.install(client, store=str(tmp_path / "s.sqlite3"))
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "distributed.cli.dask_worker",
-                    cl.scheduler_address,
-                    "--nworkers",
-                    "1",
-                    "--nthreads",
-                    "1",
-                    "--preload-nanny",
-                    "oomguard.worker_plugin",
-                    "--no-dashboard",
-                ],
-                start_new_session=True,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+            proc = dask_worker(cl.scheduler_address, own_session=True)
             try:
                 client.wait_for_workers(1, timeout=60)
                 with distributed.span("naps"):
