@@ -13,16 +13,13 @@ import threading
 import time
 
 import dask
+import dask.array as da
 import distributed
 import pytest
 from distributed import Client, LocalCluster
 
 import oomguard
 from cluster_helpers import wait_for, wait_installed
-
-pytest.importorskip("pandas")
-pytest.importorskip("pyarrow")
-dd = pytest.importorskip("dask.dataframe")
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -137,7 +134,6 @@ def test_every_kind_of_work_in_one_block_is_one_job(cluster):
     (set_index's divisions), each its own graph, keys released between them: one job per
     block; nested spans name theirs outer/inner; the annotation alone, one per client."""
     client = cluster
-    da = pytest.importorskip("dask.array")
     df = dask.datasets.timeseries(start="2000-01-01", end="2000-01-03", freq="60s", seed=2)
     with distributed.span("mixed"):
         assert da.ones((40, 40), chunks=10).sum().compute() == 1600
