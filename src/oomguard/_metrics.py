@@ -344,16 +344,11 @@ class OomguardMetrics(Collector):
 
 def store_totals(store: FailureStore) -> tuple[int, int]:
     """(distinct signatures, most distinct hosts of one signature) from a failure store,
-    for `set_signatures` / `set_signature_max_hosts`. Blocking SQLite reads: call it from a
-    thread (`asyncio.to_thread`), never on the event loop.
+    for `set_signatures` / `set_signature_max_hosts`: two aggregates in SQL, no row read
+    into Python (`FailureStore.totals`). Blocking SQLite reads: call it from a thread
+    (`asyncio.to_thread`), never on the event loop.
 
     >>> store_totals(store)
     (4, 3)
     """
-    rows = store.signatures(limit=None)
-    # Each row lists at most member_cap hosts; distinct_counts() has the true number then.
-    hosts = [
-        store.distinct_counts(r.id)["hosts"] if len(r.hosts) >= store.member_cap else len(r.hosts)
-        for r in rows
-    ]
-    return len(rows), max(hosts, default=0)
+    return store.totals()

@@ -88,6 +88,8 @@ def uninstall(client: Client) -> None:
 #: The default limits, as `oomguard report` has them (its `DEFAULT_LIMITS`).
 _EVENTS_LIMIT, _SIGNATURES_LIMIT, _PIPELINES_LIMIT = 1000, 100, 100
 _KNOWN_SHOWN = 10  # pipeline names a KeyError lists
+#: Rows asked for per call; the scheduler may answer fewer (its reply is capped in bytes).
+_PAGE_ROWS = 1000
 
 
 class Failures:
@@ -130,7 +132,7 @@ class Failures:
             return f"<Failures {address}>"  # a query would return a coroutine
         timeout = min(self.timeout or self.repr_timeout, self.repr_timeout)
         try:
-            events = self._query("events", limit=_EVENTS_LIMIT + 1, timeout=timeout)
+            events = self._pages("events", _EVENTS_LIMIT + 1, _before, timeout=timeout)
             signatures = self._query("signatures", limit=_SIGNATURES_LIMIT + 1, timeout=timeout)
         except TimeoutError:
             return f"<Failures {address} (no answer in {timeout:g} s: busy, or no oomguard)>"
@@ -147,7 +149,7 @@ class Failures:
         return f"<Failures {address} {', '.join(counts)}>"
 
     def _query(self, what: str, *, timeout: float | None = None, **filters: Any) -> Any:
-        # An unset filter is left out; limit=None is sent, and means every row.
+        # An unset filter is left out; limit=None is sent (the scheduler caps every reply).
         filters = {k: v for k, v in filters.items() if v is not None or k == "limit"}
         return self.client.sync(
             self.client.scheduler.oomguard_query,
@@ -155,6 +157,32 @@ class Failures:
             callback_timeout=self.timeout if timeout is None else timeout,
             **filters,
         )
+
+    def _pages(
+        self,
+        what: str,
+        limit: int | None,
+        cursor: Any,
+        *,
+        timeout: float | None = None,
+        **filters: Any,
+    ) -> list[dict[str, Any]]:
+        """Up to `limit` rows (None: every row) of a list query, page by page: the
+        scheduler answers at most a page per call (rows and bytes capped there).
+        `cursor(page)` gives the filters that ask for the rows after `page`."""
+        rows: list[dict[str, Any]] = []
+        after: dict[str, Any] = {}
+        while True:
+            want = _PAGE_ROWS if limit is None else min(_PAGE_ROWS, limit - len(rows))
+            page = self._query(what, limit=want, timeout=timeout, **filters, **after)
+            if not isinstance(page, list | tuple):
+                return page  # no oomguard there: Dask answers None
+            if not page:
+                return rows
+            rows += page
+            if limit is not None and len(rows) >= limit:
+                return rows
+            after = cursor(page)
 
     def events(
         self,
@@ -178,15 +206,16 @@ class Failures:
 
         >>> failures.events(cause="oom_kill", since="1h").to_pandas()   # doctest: +SKIP
         """
-        rows = self._query(
+        rows = self._pages(
             "events",
+            _filters.limit(limit),
+            _before,
             kind=_filters.kind(kind),
             cause=_filters.cause(cause),
             pipeline=_filters.text(pipeline, "pipeline"),
             shard=_filters.shard(shard),
             signature=_filters.text(signature, "signature", "a signature id"),
             since=_filters.since(since),
-            limit=_filters.limit(limit),
             killer=_filters.killer(killer),
         )
         if not rows:
@@ -221,13 +250,22 @@ class Failures:
     ) -> SignatureList:
         """Crash signatures seen with ``cause`` / in ``pipeline`` / last seen at or after
         ``since`` (as for `events`), most frequent first."""
-        rows = self._query(
+        fetched = [0]
+
+        def next_page(page: list[dict[str, Any]]) -> dict[str, Any]:
+            fetched[0] += len(page)
+            return {"offset": fetched[0]}
+
+        # A count that grows between two pages can move a row: each id once.
+        rows = self._pages(
             "signatures",
+            _filters.limit(limit),
+            next_page,
             cause=_filters.cause(cause),
             pipeline=_filters.text(pipeline, "pipeline"),
             since=_filters.since(since),
-            limit=_filters.limit(limit),
         )
+        rows = list({r["id"]: r for r in rows}.values())
         if not rows:
             self._hint(pipeline=pipeline)
         return SignatureList((SignatureRow.from_dict(r) for r in rows), "most frequent first")
@@ -235,7 +273,9 @@ class Failures:
     def shard(self, key: Any) -> EventList:
         """The failure history of one shard (task key, or its str), oldest first."""
         key = str(key)
-        rows = self._query("shard", key=key)
+        rows = self._pages(
+            "shard", None, lambda page: {"after": [page[-1]["time"], page[-1]["id"]]}, key=key
+        )
         return EventList(
             (FailureEvent.from_dict(r) for r in rows), f"shard {shorten(key, 60)}, oldest first"
         )
@@ -287,6 +327,11 @@ class Failures:
         return PipelineList(
             (PipelineStatus.from_dict(r) for r in rows), "most recently updated first"
         )
+
+
+def _before(page: list[dict[str, Any]]) -> dict[str, Any]:
+    """The cursor of the events after `page` (newest first)."""
+    return {"before": [page[-1]["time"], page[-1]["id"]]}
 
 
 def _count(n: int, cap: int, noun: str) -> str:

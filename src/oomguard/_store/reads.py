@@ -7,6 +7,7 @@ import functools
 import json
 import sqlite3
 import threading
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from .._models import FailureEvent, PipelineStatus, SignatureRow
@@ -100,10 +101,16 @@ class ReaderMixin:
         since: float | None = None,
         limit: int | None = 1000,
         killer: str | None = None,
+        before: tuple[float, int] | None = None,
+        max_bytes: int | None = None,
     ) -> list[FailureEvent]:
-        """Stored events, newest first (by event time), matching every filter given.
+        """Stored events, newest first (by event time, then id), matching every filter given.
         `shard` and `pipeline` also match the one event of a death that named no shard
         when it lists the value among its (first 20) suspects or their pipelines.
+
+        Pages: `before` (time, id) of the last event of the previous page gives the ones
+        after it in this order. `max_bytes` stops once the rows read hold that many
+        characters of text (always at least one row): a page's memory is bounded.
 
         >>> [e.shard for e in store.events(cause="oom_kill", since=time.time() - 3600)]
         ["('load-0a1b', 17)"]
@@ -128,23 +135,41 @@ class ReaderMixin:
         if since is not None:
             where.append("time >= ?")
             args.append(since)
+        if before is not None:
+            # (time, id) < before, with a range on `time` an index can take.
+            where.append("time <= ? AND (time < ? OR id < ?)")
+            args += [before[0], before[0], before[1]]
         sql = f"SELECT {_EVENT_COLUMNS} FROM events"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY time DESC, id DESC LIMIT ?"
         args.append(_limit(limit))
-        return [_event(r) for r in self._reader().execute(sql, args)]
+        return [_event(r) for r in _within(self._reader().execute(sql, args), max_bytes)]
 
     @_read
-    def shard(self, key: str) -> list[FailureEvent]:
+    def shard(
+        self,
+        key: str,
+        *,
+        limit: int | None = None,
+        after: tuple[float, int] | None = None,
+        max_bytes: int | None = None,
+    ) -> list[FailureEvent]:
         """One shard's own history, oldest first: the failures that name it (not a death
-        it was only one suspect of; `events(shard=...)` finds those too).
+        it was only one suspect of; `events(shard=...)` finds those too). Pages as
+        `events` does, `after` (time, id) the last event of the previous page.
 
         >>> [(e.attempt, e.cause) for e in store.shard("('load-0a1b', 17)")]
         [(1, 'oom_kill'), (2, 'oom_kill')]
         """
-        sql = f"SELECT {_EVENT_COLUMNS} FROM events WHERE shard = ? ORDER BY time, id"
-        return [_event(r) for r in self._reader().execute(sql, (key,))]
+        sql = f"SELECT {_EVENT_COLUMNS} FROM events WHERE shard = ?"
+        args: list[Any] = [key]
+        if after is not None:
+            sql += " AND time >= ? AND (time > ? OR id > ?)"
+            args += [after[0], after[0], after[1]]
+        sql += " ORDER BY time, id LIMIT ?"
+        args.append(_limit(limit))
+        return [_event(r) for r in _within(self._reader().execute(sql, args), max_bytes)]
 
     @_read
     def signatures(
@@ -154,15 +179,22 @@ class ReaderMixin:
         pipeline: str | None = None,
         since: float | None = None,
         limit: int | None = 100,
+        offset: int = 0,
+        max_bytes: int | None = None,
     ) -> list[SignatureRow]:
         """Signatures seen with `cause` / in `pipeline` / last seen at or after `since`,
         by count (lifetime, across every host) descending, then last seen descending.
+        Pages: skip the first `offset`; `max_bytes` as for `events`.
 
         >>> [(s.title, s.count, len(s.hosts)) for s in store.signatures(limit=20)]
         [('MemoryError in parse_block', 3, 3)]
         """
         where = []
-        args: dict[str, Any] = {"cap": self.member_cap, "limit": _limit(limit)}
+        args: dict[str, Any] = {
+            "cap": self.member_cap,
+            "limit": _limit(limit),
+            "offset": max(0, int(offset)),
+        }
         for code, value in ((4, cause), (3, pipeline)):
             if value is not None:
                 where.append(
@@ -177,8 +209,24 @@ class ReaderMixin:
         sql = _SELECT_SIGNATURE
         if where:
             sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY count DESC, last_seen DESC LIMIT :limit"
-        return [_signature(r) for r in self._reader().execute(sql, args)]
+        sql += " ORDER BY count DESC, last_seen DESC, id LIMIT :limit OFFSET :offset"
+        return [_signature(r) for r in _within(self._reader().execute(sql, args), max_bytes)]
+
+    @_read
+    def totals(self) -> tuple[int, int]:
+        """(signatures, the most distinct hosts of one signature), counted in SQL: no row
+        is read into Python (the signature gauges, every few seconds).
+
+        >>> store.totals()
+        (4, 3)
+        """
+        db = self._reader()
+        (n,) = db.execute("SELECT count(*) FROM signatures").fetchone()
+        (hosts,) = db.execute(
+            "SELECT coalesce(max(n), 0) FROM signature_distinct WHERE field = ?",
+            (MEMBER_FIELDS.index("hosts"),),
+        ).fetchone()
+        return n, hosts
 
     @_read
     def signature(self, signature_id: str) -> SignatureRow | None:
@@ -324,6 +372,18 @@ def _signature(r: tuple) -> SignatureRow:
         example=r[6],
         **lists,
     )
+
+
+def _within(rows: Iterable[tuple], max_bytes: int | None) -> Iterator[tuple]:
+    """The rows until their text holds more than `max_bytes` characters (the first row
+    always): the cursor is read no further, so the rows left never reach Python."""
+    total = 0
+    for i, r in enumerate(rows):
+        if max_bytes is not None:
+            total += sum(len(v) for v in r if isinstance(v, str))
+            if total > max_bytes and i:
+                return
+        yield r
 
 
 def _limit(limit: int | None) -> int:

@@ -28,6 +28,7 @@ from .._protocol import (
     UNKNOWN_SENDER,
     WORKER_GROUP_PREFIX,
 )
+from ._query_bounds import bounded
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -337,7 +338,7 @@ class Handlers:
                 f"{', '.join(sorted(readers) + ['known', 'pipeline', 'pipelines', 'stats'])}"
             )
         await asyncio.to_thread(store.flush)
-        rows = await asyncio.to_thread(readers[what], **filters)
+        rows = await asyncio.to_thread(readers[what], **bounded(what, filters))
         if rows is None:
             return None
         if isinstance(rows, list):

@@ -1,0 +1,151 @@
+"""Issue 28, items 5 and 6: the signature gauges are counted in SQL (no row objects), and an
+`oomguard_query` reply is capped in rows and bytes whatever the client asks, while
+`oomguard.Failures` reads a long list page by page and still gets all of it."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import pytest
+from distributed import Client, LocalCluster
+
+import oomguard
+from oomguard import FailureEvent
+from oomguard._metrics import store_totals
+from oomguard._store import FailureStore
+from oomguard.scheduler_plugin._query_bounds import QUERY_MAX_BYTES, QUERY_MAX_ROWS, bounded
+
+T0 = 1_790_000_000.0
+BIG = 200 * 1024  # characters of evidence of each big event
+N_BIG, N_SMALL, N_SHARD, N_SIGS = 30, 1200, 1100, 150
+
+
+def _event(i: int, *, shard: str = "", sig: str = "", host: str = "h", evidence=None, t=None):
+    return FailureEvent(
+        "infra",
+        "oom_kill",
+        shard or f"('load', {i})",
+        "etl",
+        f"tcp://{host}:4000",
+        host,
+        sig or f"sig-{i % N_SIGS}",
+        f"title {i % N_SIGS}",
+        evidence or {"n": i},
+        time=T0 + i // 3 if t is None else t,  # three events share each time: ties
+    )
+
+
+def _old_totals(store: FailureStore) -> tuple[int, int]:
+    """store_totals as main computed it: every signature read as a row."""
+    rows = store.signatures(limit=None)
+    hosts = [
+        store.distinct_counts(r.id)["hosts"] if len(r.hosts) >= store.member_cap else len(r.hosts)
+        for r in rows
+    ]
+    return len(rows), max(hosts, default=0)
+
+
+def test_gauge_totals_equal_the_per_row_count_and_read_no_rows(tmp_path):
+    store = FailureStore(str(tmp_path / "s.sqlite3"), member_rows=5)
+    store.member_cap = 5  # a signature past the cap takes its count from signature_distinct
+    store.start()
+    try:
+        assert store_totals(store) == (0, 0)
+        example = "Traceback line\n" * 4096  # 60 KiB, as a real example may be
+        for i in range(400):
+            hosts = 9 if i % 200 == 7 else 1 + i % 3  # signature 7 is seen on 9 hosts
+            store.add(_event(i, sig=f"sig-{i % 200}", host=f"h{i % hosts}"), example=example)
+        for h in range(9):
+            store.add(_event(1000 + h, sig="sig-7", host=f"h{h}"))
+        assert store.flush(), store.last_error
+        expected = _old_totals(store)
+        assert expected == (200, 9)
+        assert store_totals(store) == expected
+        tracemalloc.start()
+        try:
+            store_totals(store)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        # main read 200 examples of 60 KiB each (12 MiB); counting needs next to nothing.
+        assert peak < 256 * 1024, f"store_totals allocated {peak} bytes"
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    ("filters", "field"),
+    [
+        ({"limit": -1}, "limit"),
+        ({"limit": "all"}, "limit"),
+        ({"before": [1.0]}, "before"),
+        ({"before": ["x", 1]}, "before"),
+        ({"before": [float("nan"), 1]}, "before"),
+        ({"max_bytes": -5}, "max_bytes"),
+    ],
+)
+def test_a_bad_limit_or_cursor_is_refused_naming_it(filters, field):
+    with pytest.raises(ValueError, match=f"^{field}="):
+        bounded("events", filters)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    store = tmp_path_factory.mktemp("bounds") / "failures.sqlite3"
+    with (
+        LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
+        oomguard.install(client, store=str(store))
+        plugin = cluster.scheduler.plugins["oomguard"]
+        for i in range(N_SMALL):
+            assert plugin.store.add(_event(i))
+        for i in range(N_BIG):
+            assert plugin.store.add(_event(N_SMALL + i, evidence={"blob": "x" * BIG}))
+        for i in range(N_SHARD):
+            assert plugin.store.add(_event(i, shard="('hot', 1)", t=T0 - 10_000 + i // 2))
+        assert plugin.store.flush(), plugin.store.last_error
+        yield client, plugin.store
+
+
+def _rpc(client: Client, **filters):
+    return client.sync(client.scheduler.oomguard_query, **filters)
+
+
+def test_a_query_for_everything_gets_one_capped_reply(cluster):
+    client, _ = cluster
+    rows = _rpc(client, what="events", limit=None)
+    assert 0 < len(rows) <= QUERY_MAX_ROWS
+    text = sum(len(str(r["evidence"])) for r in rows)
+    assert text <= QUERY_MAX_BYTES + BIG + 1024, text  # the budget, and at most one row past it
+    # The newest events are the big ones: the bytes, not the rows, ended this page.
+    assert len(rows) < N_BIG
+    assert len(_rpc(client, what="shard", key="('hot', 1)")) == QUERY_MAX_ROWS
+    assert len(_rpc(client, what="signatures", limit=None)) <= QUERY_MAX_ROWS
+
+
+def test_failures_reads_page_by_page_and_gets_every_event_once_in_order(cluster):
+    client, store = cluster
+    failures = oomguard.Failures(client)
+    expected = [(e.time, e.id) for e in store.events(limit=None)]
+    got = failures.events(limit=None)
+    assert [(e.time, e.id) for e in got] == expected
+    assert len(expected) == N_SMALL + N_BIG + N_SHARD
+    assert len(failures.events(limit=1500)) == 1500
+    assert [(e.time, e.id) for e in failures.events(limit=1500)] == expected[:1500]
+    hot = failures.shard(("hot", 1))
+    assert [(e.time, e.id) for e in hot] == [(e.time, e.id) for e in store.shard("('hot', 1)")]
+    assert len(hot) == N_SHARD
+    sigs = failures.signatures(limit=None)
+    assert sorted(s.id for s in sigs) == sorted(s.id for s in store.signatures(limit=None))
+
+
+def test_a_page_is_bounded_in_memory_on_the_scheduler(cluster):
+    _, store = cluster
+    tracemalloc.start()
+    try:
+        rows = store.events(**bounded("events", {"limit": None}))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert rows and peak < 8 * QUERY_MAX_BYTES, peak
