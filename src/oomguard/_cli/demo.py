@@ -9,6 +9,7 @@ import time
 from collections import Counter
 
 from .demo_run import CRASHER, FLAKY, SEGFAULTER, DemoResult, progress_bar, run_demo
+from .terminal import echo
 
 
 def add_parser(sub) -> None:
@@ -37,14 +38,14 @@ def run(args) -> int:
         f"shard {SEGFAULTER} segfaults once; shard {FLAKY} raises once (retries=1)"
     )
     result = run_demo(args.shards, progress=progress_bar)
-    print(render_text(result))
+    echo(render_text(result))
     if args.html:
         with open(args.html, "w") as f:
             f.write(render_html(result))
         print(f"HTML report written to {args.html}")
     if result.problems:
         for problem in result.problems:
-            print(f"oomguard demo: {problem}", file=sys.stderr)
+            echo(f"oomguard demo: {problem}", file=sys.stderr)
         return 1
     return 0
 

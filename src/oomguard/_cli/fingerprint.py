@@ -38,6 +38,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from .._signature import fingerprint
+    from .terminal import echo
 
     status = 0
     for path in args.files:
@@ -45,16 +46,16 @@ def run(args) -> int:
             with open(path, "rb") as f:
                 data = f.read()
         except OSError as exc:
-            print(f"oomguard: {path}: {exc.strerror or exc}", file=sys.stderr)
+            echo(f"oomguard: {path}: {exc.strerror or exc}", file=sys.stderr)
             status = 1
             continue
         sig = fingerprint(data)
         if args.json:
             print(json.dumps({**sig.to_dict(), "path": path}))
         else:
-            print(f"{sig.id}\t{path}")
+            echo(f"{sig.id}\t{path}")
         if sig.input_kind == "unparsed":
-            print(f"oomguard: {path}: not a trace: {sig.reason}", file=sys.stderr)
+            echo(f"oomguard: {path}: not a trace: {sig.reason}", file=sys.stderr)
             status = 1
         sys.stdout.flush()
     return status

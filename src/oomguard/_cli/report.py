@@ -45,6 +45,7 @@ from .report_source import (
     store_source,
 )
 from .report_tables import render_events, render_pipelines, render_signatures
+from .terminal import echo, printable
 
 PROG = "oomguard report"
 #: The failure history: printed when no section is asked for.
@@ -158,7 +159,7 @@ def _seconds(text: str) -> float:
 
 
 def _usage_error(message: str) -> None:
-    print(f"{PROG}: {' '.join(str(message).split())}", file=sys.stderr)
+    echo(f"{PROG}: {' '.join(str(message).split())}", file=sys.stderr)
     sys.exit(2)
 
 
@@ -274,7 +275,7 @@ def run(args: argparse.Namespace) -> int:
 
         args.scheduler = dask.config.get("scheduler-address", None) or None
         if args.scheduler is None and history:
-            print(
+            echo(
                 f"{PROG}: give --scheduler ADDRESS or --store PATH (or set "
                 "DASK_SCHEDULER_ADDRESS)",
                 file=sys.stderr,
@@ -291,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             ledger = _peaks.configured_ledger()
         except Exception as e:  # ConfigError: a bad oomguard setting here
-            print(
+            echo(
                 f"{PROG}: cannot tell where this host's memory ledger is: {one_line(e)}",
                 file=sys.stderr,
             )
@@ -312,18 +313,16 @@ def run(args: argparse.Namespace) -> int:
         if ledger is not None:
             data["peaks"] = peaks_from_file(ledger)
     except ReportFailed as e:
-        print(f"{PROG}: {one_line(e)}", file=sys.stderr)
+        echo(f"{PROG}: {one_line(e)}", file=sys.stderr)
         return 1
     except Exception as e:  # anything else is still one line, never a traceback
         where = f"the scheduler at {args.scheduler}" if args.scheduler else args.store or ledger
-        print(
-            f"{PROG}: reading {where} failed: {type(e).__name__}: {one_line(e)}", file=sys.stderr
-        )
+        echo(f"{PROG}: reading {where} failed: {type(e).__name__}: {one_line(e)}", file=sys.stderr)
         return 1
     unknown = data.pop("unknown", None)
     if unknown:  # a mistyped name is not an empty history: say so, exit 3
         for line in unknown:
-            print(f"{PROG}: {line}", file=sys.stderr)
+            echo(f"{PROG}: {line}", file=sys.stderr)
         return 3
     return _print(data, sections, args)
 
@@ -348,7 +347,7 @@ def _print(data: dict[str, Any], sections: tuple[str, ...], args: argparse.Names
         }
         text = json.dumps(doc, indent=2)
         for note in data["peaks"].notes if "peaks" in data else ():  # the document has rows only
-            print(f"{PROG}: note: {one_line(note)}", file=sys.stderr)
+            echo(f"{PROG}: note: {one_line(note)}", file=sys.stderr)
     else:
         width = output_width()
         blocks = []
@@ -386,7 +385,7 @@ def _print(data: dict[str, Any], sections: tuple[str, ...], args: argparse.Names
     try:
         with contextlib.suppress(AttributeError, ValueError):
             sys.stdout.reconfigure(errors="replace")  # type: ignore[union-attr]
-        sys.stdout.write(text + "\n")
+        sys.stdout.write((text if args.json else printable(text)) + "\n")
         sys.stdout.flush()
     except BrokenPipeError:  # `oomguard report | head`
         with contextlib.suppress(OSError):

@@ -36,10 +36,11 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from ..terminal import printable
     from .checks import diagnose
 
     d = diagnose()
-    print(json.dumps(d.to_dict(), indent=2) if args.json else render_text(d))
+    print(json.dumps(d.to_dict(), indent=2) if args.json else printable(render_text(d)))
     return 0
 
 
