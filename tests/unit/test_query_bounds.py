@@ -4,12 +4,14 @@
 
 from __future__ import annotations
 
+import json
 import tracemalloc
 
 import pytest
 from distributed import Client, LocalCluster
 
 import oomguard
+from _cli_run import report
 from oomguard import FailureEvent
 from oomguard._metrics import store_totals
 from oomguard._store import FailureStore
@@ -149,3 +151,13 @@ def test_a_page_is_bounded_in_memory_on_the_scheduler(cluster):
     finally:
         tracemalloc.stop()
     assert rows and peak < 8 * QUERY_MAX_BYTES, peak
+
+
+def test_the_report_reads_page_by_page_too(capsys, cluster):
+    client, store = cluster
+    rc, out, err = report(
+        capsys, "--scheduler", client.scheduler.address, "--events", "--json", "--limit", 1500
+    )
+    assert rc == 0, err
+    got = [(e["time"], e["id"]) for e in json.loads(out)["events"]]
+    assert got == [(e.time, e.id) for e in store.events(limit=1500)]
