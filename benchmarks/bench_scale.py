@@ -272,7 +272,10 @@ async def check(client, farm: Farm) -> dict:
         ):
             break
         await asyncio.sleep(0.2)
-    events = await query(what="events", limit=None)
+    events, cursor = [], {}  # page by page: one reply is capped in rows and bytes
+    while page := await query(what="events", limit=None, **cursor):
+        events += page
+        cursor = {"before": [page[-1]["time"], page[-1]["id"]]}
     problems = []
     by_worker: dict[str, list] = {}
     for e in events:

@@ -70,11 +70,21 @@ def _start_scheduler(tmp_path, store, tag):
     raise AssertionError("the scheduler did not start")
 
 
+async def _all_events(s) -> list[dict]:
+    """Every stored event, page by page (one reply is capped in rows and bytes)."""
+    rows: list[dict] = []
+    cursor: dict = {}
+    while page := await s.oomguard_query(what="events", limit=1_000_000, **cursor):
+        rows += page
+        cursor = {"before": [page[-1]["time"], page[-1]["id"]]}
+    return rows
+
+
 async def _events(address):
     async with rpc(address) as s:
         for _ in range(100):
             try:
-                return await s.oomguard_query(what="events", limit=1_000_000)
+                return await _all_events(s)
             except Exception:  # the plugin may still be starting (preload)
                 await asyncio.sleep(0.2)
     raise AssertionError("no oomguard_query answer")
@@ -101,7 +111,7 @@ async def _stream_and_kill(address, proc, min_acked, max_seconds):
                     return acked, sent, killed_at_send
                 sent += 1
             try:
-                rows = await s.oomguard_query(what="events", limit=1_000_000)
+                rows = await _all_events(s)
             except Exception:
                 return acked, sent, killed_at_send
             for row in rows:
