@@ -78,3 +78,12 @@ def test_fingerprint_shows_a_hostile_path_escaped(capsys, tmp_path):
     assert main(["fingerprint", str(path)]) == 0
     out = capsys.readouterr().out
     assert not RAW.search(out) and f"trace{SHOWN}.txt" in out, repr(out)
+
+
+def test_an_escaped_key_keeps_its_table_aligned():
+    from oomguard._cli.layout import table
+
+    rows = [[f"('a', '{KEY}')", 1], ["x", 22]]
+    header, hostile, plain = table(["SHARD", "N"], rows, right=frozenset({1}))
+    assert SHOWN in hostile and not RAW.search(hostile)
+    assert len(header) == len(hostile) == len(plain)  # the widths count what is shown

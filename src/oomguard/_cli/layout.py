@@ -17,6 +17,7 @@ import textwrap
 from typing import Any, NamedTuple
 
 from .._display import clip, one_line
+from .terminal import printable
 
 
 class Column(NamedTuple):
@@ -59,7 +60,8 @@ def output_width() -> int | None:
 
 
 def _cell(value: Any) -> str:
-    return one_line("" if value is None else value)
+    # Escaped before the widths are taken, so a key with ESC in it still lines up.
+    return printable(one_line("" if value is None else value))
 
 
 def table(
@@ -95,9 +97,9 @@ def table(
 
 def wrap(text: str, width: int | None, indent: str, hold: tuple[str, ...] = ()) -> list[str]:
     """`text` wrapped at `width`, never breaking a word, a string in `hold` or a shard."""
-    text = one_line(text)
+    text = printable(one_line(text))
     for s in hold:
-        s = one_line(s)
+        s = printable(one_line(s))
         text = text.replace(s, s.replace(" ", _HOLD)) if s else text
     text = _KEY_IN_PROSE.sub(lambda m: m.group().replace(" ", _HOLD), text)
     lines = textwrap.wrap(
@@ -113,6 +115,7 @@ def wrap(text: str, width: int | None, indent: str, hold: tuple[str, ...] = ()) 
 
 def key_line(prefix: str, key: str, width: int | None) -> list[str]:
     """`prefix key` on one line, or the key whole on the next when that is too wide."""
+    key = printable(key)
     if width is None or len(prefix) + 1 + len(key) <= width:
         return [f"{prefix} {key}"]
     return [prefix, prefix[: len(prefix) - len(prefix.lstrip())] + key]
