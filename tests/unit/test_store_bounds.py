@@ -224,3 +224,29 @@ def test_a_flood_of_new_signatures_stays_bounded_in_one_batch(tmp_path):
         again.close()
     finally:
         store.close()
+
+
+def test_the_stores_counts_reach_oomguard_store_errors_total(tmp_path):
+    from prometheus_client import CollectorRegistry
+
+    from oomguard._metrics import OomguardMetrics
+    from oomguard.scheduler_plugin._setup import _StoreCounts
+
+    metrics, registry = OomguardMetrics(), CollectorRegistry()
+    registry.register(metrics)
+    store = FailureStore(str(tmp_path / "f.sqlite3"), queue_bytes=2**20)
+    counts = _StoreCounts()
+
+    def value(kind):
+        return registry.get_sample_value("oomguard_store_errors_total", {"kind": kind})
+
+    assert value("queue_full") == 0.0 and value("disk_full") == 0.0
+    for n in range(30):
+        store.add(ev(n, pad=100_000))
+    counts.sync(store, metrics)
+    counts.sync(store, metrics)  # increments, not totals: counted once
+    assert value("queue_full") == store.overflow > 0
+    store.disk_full = 2  # as the writer counts it
+    counts.sync(store, metrics)
+    assert value("disk_full") == 2.0
+    store.close()
