@@ -144,6 +144,7 @@ LIVE_SCHEDULER_KEYS = frozenset(
         "abort-on-repeat-signature",
         "memory-retry-larger-only",
         "max-events",
+        "max-signatures",
     }
 )
 
@@ -154,6 +155,9 @@ _SCHEDULER_GETTERS: dict[str, tuple[Any, tuple]] = {
     "memory-retry-larger-only": (get_bool, ()),
     "store": (get_optional_path, ()),
     "max-events": (get_int, (1,)),
+    "store-errors": (get_choice, (("recover", "fail"),)),
+    "max-signatures": (get_int, (1,)),
+    "store-queue-limit": (get_bytes, ()),
     "kubernetes.enabled": (get_bool, ()),
     "kubernetes.namespace": (get_optional_str, ()),
     "kubernetes.label-selector": (get_optional_str, ()),

@@ -26,6 +26,8 @@ oomguard_signature_max_hosts        gauge      most distinct hosts any one signa
 oomguard_cgroup_workers             gauge      workers running under a per-worker cgroup
 oomguard_unguarded_nannies          gauge      nannies running their worker without oomguard
 oomguard_internal_errors_total      counter    oomguard's own bugs caught, by {where}
+oomguard_store_errors_total         counter    failure store troubles, by {kind}
+                                               (STORE_ERROR_KINDS)
 ==================================  =========  ===========================================
 """
 
@@ -75,6 +77,11 @@ _KINDS = frozenset(k.value for k in Kind)
 _DEATH_CAUSES = frozenset(c.value for c in DEATH_CAUSES)
 _KILLERS = frozenset(k.value for k in Killer)
 _REASONS = REJECT_REASONS
+#: A store that could not be opened (one per start: corrupt, newer_schema, foreign,
+#: unwritable), events refused at the queue's cap, times the disk was full, writes lost.
+STORE_ERROR_KINDS = frozenset(
+    {"corrupt", "newer_schema", "foreign", "unwritable", "queue_full", "disk_full", "write_failed"}
+)
 
 
 def _label(value: Any, allowed: frozenset[str]) -> str:
@@ -121,6 +128,7 @@ class OomguardMetrics(Collector):
     cgroup_workers: Gauge
     unguarded_nannies: Gauge
     internal_errors: Counter
+    store_errors: Counter
 
     def __init__(self) -> None:
         # registry=None: the metrics belong to this collector, not to the global registry.
@@ -185,6 +193,13 @@ class OomguardMetrics(Collector):
             ["where"],
             registry=None,
         )
+        self.store_errors = Counter(
+            "oomguard_store_errors_total",
+            "Failure store troubles: a store that could not be opened (by why), events "
+            "refused at the write queue's cap, times the disk was full, writes lost.",
+            ["kind"],
+            registry=None,
+        )
         self._metrics = (
             self.failures,
             self.worker_deaths,
@@ -197,6 +212,7 @@ class OomguardMetrics(Collector):
             self.cgroup_workers,
             self.unguarded_nannies,
             self.internal_errors,
+            self.store_errors,
         )
         # Pre-create every known series at 0: rate() and absent() alerts need them to exist.
         for cause in Cause:
@@ -208,6 +224,8 @@ class OomguardMetrics(Collector):
             self.reports_rejected.labels(reason=reason)
         for where in INTERNAL_ERROR_SITES | {OTHER}:
             self.internal_errors.labels(where=where)
+        for kind in STORE_ERROR_KINDS | {OTHER}:
+            self.store_errors.labels(kind=kind)
 
     # -- the collector protocol ---------------------------------------------------------
 
@@ -333,6 +351,17 @@ class OomguardMetrics(Collector):
         >>> metrics.internal_error("transition")
         """
         self.internal_errors.labels(where=_label(where, INTERNAL_ERROR_SITES)).inc()
+
+    def store_error(self, kind: str, n: int = 1) -> None:
+        """`n` store troubles of `kind` (see STORE_ERROR_KINDS).
+
+        >>> metrics.store_error("disk_full")
+        """
+        amount = _count(n)
+        if amount is None:
+            self.internal_error("metrics")
+            return
+        self.store_errors.labels(kind=_label(kind, STORE_ERROR_KINDS)).inc(amount)
 
     def _set(self, gauge: Gauge, n: Any) -> None:
         value = _count(n)

@@ -3,8 +3,9 @@ last status of every pipeline run, in one SQLite file (stdlib `sqlite3`). Knows 
 Dask.
 
 Writes never touch the disk on the caller's thread: `add()` and `upsert_pipeline()` append
-to a bounded in-memory queue (O(1), no I/O, never blocks; a full queue returns False and is
-counted in `overflow`). One writer thread commits the queue in batches, one transaction
+to a bounded in-memory queue (O(1), no I/O, never blocks; bounded in items, `queue_size`,
+and in encoded bytes, `queue_bytes`; a full queue refuses the newest, returns False and
+counts it in `overflow`, with one WARNING per time it fills). One writer thread commits the queue in batches, one transaction
 each, every `batch_interval` seconds or every `BATCH_EVENTS` items. Reads run on the
 caller's thread with that thread's own connection; the file is in WAL mode, so a read never
 waits for the writer. Exactly one `FailureStore` may write a given file at a time.
@@ -28,14 +29,23 @@ older oomguard, or a larger `member_rows`) are kept.
 A pipeline is stored per run, keyed by (name, `started`): a second run of "etl", or the
 name reused by a new scheduler, does not overwrite the first.
 
+A full disk: a batch that does not fit is committed in halves, down to single items, so
+what fits is written; the rest stays at the head of the queue (bounded by it), is retried
+every `full_retry` seconds one item first, and written once there is room (one WARNING
+each way, `disk_full` counts the times). At close with the disk still full it is lost,
+counted in `write_errors`.
+
 Retention, in the writer's commits: past `max_events` the oldest events (in insertion
-order) are deleted, signatures never, so counts survive; past `max_pipelines` runs the
-least recently updated finished ones, never a running one.
+order) are deleted, signatures not, so counts survive; past `max_signatures` the least
+recently seen signatures (with their members; their events stay); past `max_pipelines`
+runs the least recently updated finished ones, never a running one.
 
 Schema: `PRAGMA user_version` is the number of migrations applied; `MIGRATIONS[i]` takes
 version i to i+1 in one transaction. `PRAGMA application_id` marks the file as ours. A
 file from a newer oomguard, from another application, or that is not SQLite is refused
-with `StoreError` naming the path, and left byte-for-byte untouched.
+with `StoreError` naming the path (its `kind` says why), and left byte-for-byte untouched.
+`recover.open_store` is what a scheduler uses: such a file is moved aside, or left alone,
+and a fresh store opened, so a diagnostics file never stops a cluster.
 """
 
 from __future__ import annotations

@@ -108,6 +108,22 @@ def pipeline_row(p: PipelineStatus, updated: float) -> tuple:
     )
 
 
+#: What an item costs beyond its strings: the tuple, its floats and ints, the deque's slot.
+ITEM_OVERHEAD = 256
+
+
+def item_size(item: tuple) -> int:
+    """The bytes a queued item holds, near enough: its strings' lengths (the evidence is
+    ASCII JSON) plus ITEM_OVERHEAD. O(fields), no encoding."""
+    n = ITEM_OVERHEAD
+    for value in item:
+        if type(value) is str:
+            n += len(value)
+        elif type(value) is tuple:
+            n += item_size(value)
+    return n
+
+
 def describe_event(event: Any) -> str:
     try:
         return f"event of shard {event.shard!r} (signature {event.signature_id!r})"

@@ -133,6 +133,19 @@ PIPELINE_COLUMNS = (
 )
 
 
+def refusal(kind: str, message: str) -> StoreError:
+    """A StoreError whose `kind` says why (one of `STORE_PROBLEMS`): the plugin's recovery
+    (`oomguard._store.recover`) moves a "corrupt" or "newer_schema" file aside and leaves a
+    "foreign" or "unwritable" one where it is."""
+    err = StoreError(message)
+    err.kind = kind  # type: ignore[attr-defined]
+    return err
+
+
+#: Why a store file could not be opened; see `refusal`.
+STORE_PROBLEMS = ("corrupt", "newer_schema", "foreign", "unwritable")
+
+
 def connect(file: str) -> sqlite3.Connection:
     # Autocommit mode: transactions are explicit. check_same_thread off so close() can close
     # every connection; each is still used by one thread only.
@@ -149,43 +162,49 @@ def check_file(file: str, known: int) -> None:
         with open(file, "rb") as f:
             magic = f.read(16)
     except OSError as e:
-        raise StoreError(f"Cannot read the failure store {file}: {e}.") from e
+        raise refusal("unwritable", f"Cannot read the failure store {file}: {e}.") from e
     if magic != b"SQLite format 3\x00":
         # SQLite would take a file shorter than its header for an empty database and
         # write over it; whatever it is, it is not ours.
-        raise StoreError(
+        raise refusal(
+            "corrupt",
             f"The failure store {file} is not a SQLite database (it does not start with the "
             "SQLite header). oomguard left it untouched: move it aside, or point "
-            "oomguard.scheduler.store at another path."
+            "oomguard.scheduler.store at another path.",
         )
     uri = pathlib.Path(file).as_uri() + "?mode=ro"
     try:
         conn = sqlite3.connect(uri, uri=True, isolation_level=None)
     except sqlite3.Error as e:
-        raise StoreError(f"Cannot open the failure store {file}: {e}.") from e
+        raise refusal("unwritable", f"Cannot open the failure store {file}: {e}.") from e
     try:
         app = conn.execute("PRAGMA application_id").fetchone()[0]
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+    except sqlite3.OperationalError as e:  # e.g. a read-only directory: no -shm for WAL
+        raise refusal("unwritable", f"Cannot open the failure store {file}: {e}.") from e
     except sqlite3.DatabaseError as e:
-        raise StoreError(
+        raise refusal(
+            "corrupt",
             f"The failure store {file} is not a usable SQLite database ({e}). oomguard left "
-            "it untouched: move it aside, or point oomguard.scheduler.store at another path."
+            "it untouched: move it aside, or point oomguard.scheduler.store at another path.",
         ) from e
     finally:
         conn.close()
     if app not in (0, APPLICATION_ID) or (app == 0 and tables):
-        raise StoreError(
+        raise refusal(
+            "foreign",
             f"{file} is a SQLite database of another application (application_id {app}, "
             f"{tables} schema objects), not an oomguard failure store. oomguard left it "
-            "untouched: point oomguard.scheduler.store at another path."
+            "untouched: point oomguard.scheduler.store at another path.",
         )
     if version > known:
-        raise StoreError(
+        raise refusal(
+            "newer_schema",
             f"The failure store {file} has schema version {version}, but this oomguard "
             f"knows versions up to {known}: it was written by a newer oomguard. Upgrade "
             "oomguard, or point oomguard.scheduler.store at another path. The file was left "
-            "untouched."
+            "untouched.",
         )
 
 
@@ -212,8 +231,10 @@ def migrate(conn: sqlite3.Connection, file: str, migrations: tuple[tuple[str, ..
         except sqlite3.Error as e:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            raise StoreError(
+            kind = "unwritable" if isinstance(e, sqlite3.OperationalError) else "corrupt"
+            raise refusal(
+                kind,
                 f"Migrating the failure store {file} from schema version {target - 1} to "
                 f"{target} failed ({e}); it was rolled back and the file is at version "
-                f"{target - 1}."
+                f"{target - 1}.",
             ) from e

@@ -10,9 +10,10 @@ import sqlite3
 import tempfile
 import threading
 
+from .batch import CREATE_BATCH_MEMBERS
 from .reads import ReaderMixin
 from .schema import MIGRATIONS, check_file, connect, migrate, require_json
-from .writer import CREATE_BATCH_MEMBERS, WAL_CHECKPOINT_PAGES, WRITER_CACHE_KIB, WriterMixin
+from .writer import FULL_RETRY, WAL_CHECKPOINT_PAGES, WRITER_CACHE_KIB, WriterMixin
 
 
 class FailureStore(WriterMixin, ReaderMixin):
@@ -41,6 +42,7 @@ class FailureStore(WriterMixin, ReaderMixin):
     written: int  # events committed by this instance
     overflow: int  # items refused because the queue was full
     write_errors: int  # items refused as bad data, or lost with a failed transaction
+    disk_full: int  # times the writer found the disk full (see WriterMixin._write_batch)
     last_error: str
 
     def __init__(
@@ -48,13 +50,19 @@ class FailureStore(WriterMixin, ReaderMixin):
         path: str,
         *,
         max_events: int = 1_000_000,
+        max_signatures: int = 100_000,
         queue_size: int = 100_000,
+        queue_bytes: int = 256 * 2**20,
         batch_interval: float = 0.05,
         max_pipelines: int = 10_000,
         member_rows: int = 1_000,
     ) -> None:
         if not isinstance(max_events, int) or max_events < 1:
             raise ValueError(f"max_events must be a positive integer, got {max_events!r}.")
+        if not isinstance(max_signatures, int) or max_signatures < 1:
+            raise ValueError(f"max_signatures must be a positive integer, got {max_signatures!r}.")
+        if not isinstance(queue_bytes, int) or queue_bytes < 1:
+            raise ValueError(f"queue_bytes must be a positive integer, got {queue_bytes!r}.")
         if not isinstance(queue_size, int) or queue_size < 1:
             raise ValueError(f"queue_size must be a positive integer, got {queue_size!r}.")
         if not isinstance(max_pipelines, int) or max_pipelines < 1:
@@ -65,17 +73,25 @@ class FailureStore(WriterMixin, ReaderMixin):
             raise ValueError(f"batch_interval must be > 0 seconds, got {batch_interval!r}.")
         self.path = path
         self.max_events = max_events
+        self.max_signatures = max_signatures
         self.queue_size = queue_size
+        self.queue_bytes = queue_bytes
+        self.full_retry = FULL_RETRY
         self.batch_interval = float(batch_interval)
         self.max_pipelines = max_pipelines
         self.member_rows = member_rows
         self.written = 0
         self.overflow = 0
         self.write_errors = 0
+        self.disk_full = 0
         self.last_error = ""
         self._file = ""  # the real file: `path`, or a temporary one for ":memory:"
         self._tmpdir: str | None = None
         self._queue: collections.deque[tuple] = collections.deque()
+        self._sizes: collections.deque[int] = collections.deque()  # item_size of each
+        self._queued_bytes = 0
+        self._refusing = False  # the queue is full: the WARNING was logged
+        self._full_since: float | None = None  # monotonic time the disk was found full
         self._lock = threading.Lock()  # makes "check length, append, count" one step
         self._enqueued = 0  # items ever queued; an item's sequence number is its rank
         self._processed = 0  # items taken from the queue: committed, or lost (see _lost)
@@ -93,6 +109,7 @@ class FailureStore(WriterMixin, ReaderMixin):
         self._reads = 0
         self._reads_done = threading.Condition(self._lock)
         self._event_count = 0
+        self._signature_count = 0
         self._last_log = 0.0
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -127,6 +144,7 @@ class FailureStore(WriterMixin, ReaderMixin):
             migrate(conn, self._file, self.migrations)
             conn.execute(CREATE_BATCH_MEMBERS)  # TEMP: the connection's own, not the file's
             self._event_count = conn.execute("SELECT count(*) FROM events").fetchone()[0]
+            self._signature_count = conn.execute("SELECT count(*) FROM signatures").fetchone()[0]
         except BaseException:
             conn.close()
             raise

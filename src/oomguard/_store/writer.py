@@ -11,8 +11,8 @@ import threading
 import time
 
 from .._models import FailureEvent, PipelineStatus
-from .items import ROW, describe_event, event_item, pipeline_row
-from .schema import PIPELINE_COLUMNS
+from .batch import Limits, commit_batch, disk_full
+from .items import describe_event, event_item, item_size, pipeline_row
 
 logger = logging.getLogger("oomguard.store")
 
@@ -23,110 +23,8 @@ BATCH_EVENTS = 50_000
 #: The writer's page cache (KiB) and WAL checkpoint interval (pages): same reason.
 WRITER_CACHE_KIB = 32 * 1024
 WAL_CHECKPOINT_PAGES = 16_384
-
-
-class _MultiRow:
-    """An INSERT of many rows per statement: each sqlite3 step releases and retakes the
-    GIL, so 10,000 single-row steps would fight the event loop's thread 10,000 times."""
-
-    def __init__(self, head: str, columns: int) -> None:
-        # 999: the oldest SQLITE_MAX_VARIABLE_NUMBER still shipped (before SQLite 3.32).
-        self.rows = max(1, min(100, 999 // columns))
-        one = "(" + ", ".join("?" * columns) + ")"
-        self.single = f"{head} {one}"
-        self.many = f"{head} {', '.join([one] * self.rows)}"
-
-
-def _insert(conn: sqlite3.Connection, stmt: _MultiRow, rows: list[tuple]) -> None:
-    n = stmt.rows
-    full = len(rows) - len(rows) % n
-    for i in range(0, full, n):
-        conn.execute(stmt.many, [v for row in rows[i : i + n] for v in row])
-    if full < len(rows):
-        conn.executemany(stmt.single, rows[full:])
-
-
-_LOST_EVENTS = (
-    "SELECT id, signature_id FROM events WHERE worker = ? AND cause = 'worker_lost' AND time ="
-    " (SELECT max(time) FROM events WHERE worker = ? AND cause = 'worker_lost')"
-)
-_LOST_EVENTS_AT = (
-    "SELECT id, signature_id FROM events WHERE worker = ? AND cause = 'worker_lost' AND time = ?"
-)
-_INSERT_EVENT = _MultiRow(
-    "INSERT INTO events (time, kind, cause, shard, pipeline, worker, host, signature_id,"
-    " signature_title, evidence, attempt, grouping_version, killer, killer_how,"
-    " killer_confidence, killer_summary) VALUES",
-    ROW,
-)
-# Per batch: one row per signature of the events with id > ?; title and grouping version
-# from the batch's latest event. NOT INDEXED: a rowid range scan, not a full index scan.
-# ("WHERE true" tells the parser that ON CONFLICT is not part of the join.)
-_UPSERT_SIGNATURES = """
-    INSERT INTO signatures (id, title, grouping_version, count, first_seen, last_seen, example)
-    SELECT e.signature_id, e.signature_title, e.grouping_version, g.n, g.t0, g.t1, ''
-    FROM (SELECT signature_id, count(*) AS n, min(time) AS t0, max(time) AS t1,
-                 max(id) AS latest
-          FROM events NOT INDEXED WHERE id > ? GROUP BY signature_id) AS g
-    JOIN events AS e ON e.id = g.latest
-    WHERE true
-    ON CONFLICT (id) DO UPDATE SET
-        count = count + excluded.count,
-        first_seen = min(first_seen, excluded.first_seen),
-        last_seen = max(last_seen, excluded.last_seen),
-        title = excluded.title,
-        grouping_version = excluded.grouping_version
-"""
-_SET_EXAMPLE = "UPDATE signatures SET example = ? WHERE id = ? AND example = ''"
-# Per batch, the members of the events with id > ? that are not stored yet go through the
-# writer's temp.batch_members (then emptied): each field's first `:rows` are stored, the
-# rest only counted. In key order, so the B-tree cursor walks forward; an empty string
-# means "unknown".
-_MEMBERS = (
-    *(
-        f"INSERT INTO temp.batch_members (signature_id, field, value)"
-        f" SELECT DISTINCT signature_id, {code}, {column} FROM events NOT INDEXED"
-        f" WHERE id > :last AND {column} <> '' ORDER BY 1, 3"
-        for code, column in enumerate(("host", "worker", "shard", "pipeline", "cause"))
-    ),
-    """DELETE FROM temp.batch_members WHERE EXISTS (SELECT 1 FROM signature_members AS m
-        WHERE m.signature_id = batch_members.signature_id AND m.field = batch_members.field
-          AND m.value = batch_members.value)""",
-    # Room for `:rows - stored` more rows per field; the smallest values of the batch take
-    # it. Already in key order: the window walks temp.batch_members by its key.
-    """INSERT INTO signature_members (signature_id, field, value)
-    SELECT b.signature_id, b.field, b.value
-    FROM (SELECT signature_id, field, value,
-                 row_number() OVER (PARTITION BY signature_id, field ORDER BY value) AS k
-          FROM temp.batch_members) AS b
-    LEFT JOIN signature_distinct AS d ON d.signature_id = b.signature_id AND d.field = b.field
-    WHERE b.k <= :rows - coalesce(d.stored, 0)""",
-    # The stored rows and this batch's new values are all distinct and all real, so their
-    # sum is a lower bound of the distinct values; it is the exact count as long as no
-    # earlier batch had a value left unstored. (SET reads the values from before the update.)
-    """INSERT INTO signature_distinct (signature_id, field, n, stored)
-    SELECT signature_id, field, count(*), min(count(*), :rows) FROM temp.batch_members
-    WHERE true GROUP BY signature_id, field
-    ON CONFLICT (signature_id, field) DO UPDATE SET
-        n = max(n, stored + excluded.n),
-        stored = stored + max(0, min(excluded.n, :rows - stored))""",
-    "DELETE FROM temp.batch_members",
-)
-CREATE_BATCH_MEMBERS = """CREATE TEMP TABLE batch_members (
-    signature_id TEXT NOT NULL,
-    field INTEGER NOT NULL,
-    value TEXT NOT NULL,
-    PRIMARY KEY (signature_id, field, value)
-) WITHOUT ROWID"""
-_UPSERT_PIPELINE = f"""
-    INSERT INTO pipelines ({PIPELINE_COLUMNS}, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-    ON CONFLICT (name, started) DO UPDATE SET
-        status = excluded.status, shards_done = excluded.shards_done,
-        shards_failed = excluded.shards_failed, shards_aborted = excluded.shards_aborted,
-        infra_failures = excluded.infra_failures, user_failures = excluded.user_failures,
-        summary = excluded.summary, abort_reason = excluded.abort_reason,
-        updated = excluded.updated
-"""
+#: Seconds between retries while the disk is full (each retry commits one item).
+FULL_RETRY = 1.0
 
 
 class WriterMixin:
@@ -135,17 +33,25 @@ class WriterMixin:
 
     path: str
     max_events: int
+    max_signatures: int
     queue_size: int
+    queue_bytes: int
+    full_retry: float
     batch_interval: float
     max_pipelines: int
     member_rows: int
     written: int
     overflow: int
     write_errors: int
+    disk_full: int
     last_error: str
     _lock: threading.Lock
     _closed: bool
     _queue: collections.deque[tuple]
+    _sizes: collections.deque[int]
+    _queued_bytes: int
+    _refusing: bool
+    _full_since: float | None
     _enqueued: int
     _processed: int
     _lost: collections.deque[tuple[int, int]]
@@ -155,6 +61,7 @@ class WriterMixin:
     _thread: threading.Thread | None
     _conn: sqlite3.Connection | None
     _event_count: int
+    _signature_count: int
     _last_log: float
 
     # -- writes (from the event loop) -----------------------------------------------------
@@ -220,22 +127,58 @@ class WriterMixin:
         self._put((row,))
 
     def _put(self, item: tuple) -> bool:
+        size = item_size(item)
         with self._lock:
             if self._closed:
                 self.write_errors += 1
                 self.last_error = "the store is closed"
                 return False
-            if len(self._queue) >= self.queue_size:
+            if len(self._queue) >= self.queue_size or self._queued_bytes + size > self.queue_bytes:
+                # The newest is refused: what is queued is older history, already accepted.
                 self.overflow += 1
-                return False
-            self._queue.append(item)
-            self._enqueued += 1
-        return True
+                if self._refusing:
+                    return False
+                self._refusing = was_full = True
+            else:
+                self._sizes.append(size)  # before its item: the writer pops both by items
+                self._queue.append(item)
+                self._queued_bytes += size
+                self._enqueued += 1
+                if not self._refusing:
+                    return True
+                self._refusing = was_full = False
+        self._log_queue(was_full)  # once per episode: a flood must not flood the log
+        return not was_full
+
+    def _log_queue(self, full: bool) -> None:
+        if full:
+            logger.warning(
+                "oomguard failure store %s: the write queue is full (%d items, %d of %d "
+                "bytes); new events are refused and counted (oomguard_store_errors_total"
+                '{kind="queue_full"}) until it drains%s',
+                self.path,
+                len(self._queue),
+                self._queued_bytes,
+                self.queue_bytes,
+                " (the disk is full)" if self._full_since is not None else "",
+            )
+        else:
+            logger.info(
+                "oomguard failure store %s: the write queue takes events again "
+                "(%d refused so far)",
+                self.path,
+                self.overflow,
+            )
 
     @property
     def pending(self) -> int:
         """Items queued and not yet committed."""
         return len(self._queue)
+
+    @property
+    def pending_bytes(self) -> int:
+        """The encoded size of the items queued (`items.item_size`), capped by queue_bytes."""
+        return self._queued_bytes
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Block until every item queued before this call is committed. False on timeout, or
@@ -263,119 +206,121 @@ class WriterMixin:
 
     def _run(self) -> None:
         while True:
-            self._wake.wait(self.batch_interval)
+            full = self._full_since is not None
+            self._wake.wait(
+                max(self.full_retry, self.batch_interval) if full else self.batch_interval
+            )
             self._wake.clear()
             stopping = self._stopping
             try:
-                while self._queue:
-                    self._write_batch()
+                while self._queue and self._write_batch():
+                    pass
             except Exception as e:  # never let the writer die: count, log, go on
                 self._error(f"writer: {e!r}")
-            if stopping and not self._queue:
+            if stopping and (not self._queue or self._full_since is not None):
+                self._abandon()
                 return
 
-    def _write_batch(self) -> None:
-        queue = self._queue
-        items = [queue.popleft() for _ in range(min(BATCH_EVENTS, len(queue)))]
-        first = self._processed  # sequence numbers first+1 .. first+len(items)
-        events: list[tuple] = []
-        pipelines: list[tuple] = []
-        amends: list[tuple] = []
-        lost: set[str] = set()  # workers with a worker_lost event in this batch
-        examples: dict[str, str] = {}
-        for item in items:  # as little Python per item as possible: it holds the GIL
-            n = len(item)
-            if n == ROW:
-                events.append(item)
-                if item[2] == "worker_lost":
-                    lost.add(item[5])
-            elif n == 3:  # ("amend", event item, lost_at)
-                worker = item[1][5]
-                when = item[2]
-                if worker in lost:  # its worker_lost events may be in this very batch
-                    mine = [e[0] for e in events if e[5] == worker and e[2] == "worker_lost"]
-                    when = max(mine) if when is None else when
-                    if when in mine:
-                        events = [
-                            e
-                            for e in events
-                            if e[5] != worker or e[2] != "worker_lost" or e[0] != when
-                        ]
-                        when = None
-                if when is not None or worker not in lost:
-                    amends.append((worker, when))
-                events.append(item[1][:ROW])
-                if len(item[1]) == ROW + 1:
-                    examples.setdefault(item[1][7], item[1][ROW])
-            elif n == ROW + 1:  # an event with an example trace (see event_item)
-                events.append(item[:ROW])
-                examples.setdefault(item[7], item[ROW])
-            else:
-                pipelines.append(item[0])
-        conn = self._conn
-        assert conn is not None
-        count = self._event_count + len(events)
-        uncommitted: list[tuple[int, int]] = []
+    def _write_batch(self) -> bool:
+        """Commit the head of the queue; False when the disk is full. A batch that does not
+        fit is committed in halves, down to single items: what fits is written, the rest
+        stays at the head of the queue, in order, and is retried every `full_retry` seconds
+        one item first."""
+        queue, sizes = self._queue, self._sizes
+        n = min(1 if self._full_since is not None else BATCH_EVENTS, len(queue))
+        items = [queue.popleft() for _ in range(n)]
+        taken = [sizes.popleft() for _ in range(n)]
+        done = self._commit_fitting(items, self._processed)
+        if done < n:
+            sizes.extendleft(reversed(taken[done:]))
+            queue.extendleft(reversed(items[done:]))
+        with self._lock:
+            self._queued_bytes -= sum(taken[:done])
+        if done < n and self._full_since is None:
+            self._full_since = time.monotonic()
+            self.disk_full += 1
+            logger.warning(
+                "oomguard failure store %s: the disk is full; %d items (%d bytes) wait in "
+                "memory, up to oomguard.scheduler.store-queue-limit (%d bytes), and are "
+                "written once there is room (retried every %.1f s)",
+                self.path,
+                len(queue),
+                self._queued_bytes,
+                self.queue_bytes,
+                max(self.full_retry, self.batch_interval),
+            )
+        elif done == n and self._full_since is not None:
+            logger.warning(
+                "oomguard failure store %s: the disk has room again after %.0f s; writing "
+                "the %d queued items",
+                self.path,
+                time.monotonic() - self._full_since,
+                len(queue),
+            )
+            self._full_since = None
+        return done == n
+
+    def _commit_fitting(self, items: list[tuple], first: int) -> int:
+        """How many of `items`, from the first, are done (committed, or lost to an error
+        other than a full disk); `first` is the sequence number before them."""
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            # The single writer: every id above `last` is an event of this batch. The
-            # signature and member updates are computed from them by SQLite, which does the
-            # work without holding the GIL (the event loop's thread needs it).
-            last = conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
-            for worker, lost_at in amends:
-                # The death's worker_lost events go; the amended one is inserted below.
-                if lost_at is None:
-                    replaced = conn.execute(_LOST_EVENTS, (worker, worker)).fetchall()
-                else:
-                    replaced = conn.execute(_LOST_EVENTS_AT, (worker, lost_at)).fetchall()
-                conn.executemany("DELETE FROM events WHERE id = ?", [(i,) for i, _ in replaced])
-                conn.executemany(
-                    "UPDATE signatures SET count = count - 1 WHERE id = ?",
-                    [(sid,) for _, sid in replaced],
-                )
-                count -= len(replaced)
-            _insert(conn, _INSERT_EVENT, events)
-            if events:
-                conn.execute(_UPSERT_SIGNATURES, (last,))
-                conn.executemany(_SET_EXAMPLE, [(ex, sid) for sid, ex in examples.items()])
-                members = {"last": last, "rows": self.member_rows}
-                for statement in _MEMBERS:
-                    conn.execute(statement, members)
-            conn.executemany(_UPSERT_PIPELINE, pipelines)
-            if pipelines:
-                runs = conn.execute("SELECT count(*) FROM pipelines").fetchone()[0]
-                if runs > self.max_pipelines:
-                    # The oldest finished runs. Never a running one: pipeline(name) would
-                    # answer with an older run until the next update brought it back.
-                    conn.execute(
-                        "DELETE FROM pipelines WHERE rowid IN (SELECT rowid FROM pipelines"
-                        " WHERE status <> 'running' ORDER BY updated, rowid LIMIT ?)",
-                        (runs - self.max_pipelines,),
-                    )
-            if count > self.max_events:
-                # Oldest first by id (insertion order); signature rows are never recounted.
-                cur = conn.execute(
-                    "DELETE FROM events WHERE id IN (SELECT id FROM events ORDER BY id LIMIT ?)",
-                    (count - self.max_events,),
-                )
-                count -= cur.rowcount
-            conn.execute("COMMIT")
+            self._commit(items)
+        except sqlite3.Error as e:
+            if not disk_full(e):
+                self._finish(first, len(items), e)
+                return len(items)
+            if len(items) == 1:
+                self.last_error = f"writer: the disk is full: {e!r}"
+                return 0
+            half = len(items) // 2
+            done = self._commit_fitting(items[:half], first)
+            if done < half:
+                return done
+            return half + self._commit_fitting(items[half:], first + half)
         except Exception as e:
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            uncommitted = [(first, first + len(items))]
-            self._error(f"writer: a batch of {len(items)} items was not committed: {e!r}")
-        else:
-            self._event_count = count
-            self.written += len(events)
+            self._finish(first, len(items), e)
+            return len(items)
+        self._finish(first, len(items))
+        return len(items)
+
+    def _finish(self, first: int, n: int, error: BaseException | None = None) -> None:
+        if error is not None:
+            self._error(f"writer: a batch of {n} items was not committed: {error!r}")
         with self._done:
-            self._lost.extend(uncommitted)
-            self._processed = first + len(items)
+            if error is not None:
+                self._lost.append((first, first + n))
+            self._processed = first + n
             self._done.notify_all()
 
+    def _abandon(self) -> None:
+        """At close with the disk still full: what is queued is lost, counted and said."""
+        n = len(self._queue)
+        if not n:
+            return
+        self._queue.clear()
+        self._sizes.clear()
+        with self._lock:
+            self._queued_bytes = 0
+        self._finish(self._processed, n, OSError(f"the disk is still full at close ({n} items)"))
+
+    def _commit(self, items: list[tuple]) -> None:
+        """One transaction of `items`; raises (rolled back) when it fails."""
+        assert self._conn is not None
+        limits = Limits(
+            self._event_count,
+            self._signature_count,
+            self.member_rows,
+            self.max_pipelines,
+            self.max_events,
+            self.max_signatures,
+        )
+        count, signatures, written = commit_batch(self._conn, items, limits)
+        self._event_count = count
+        self._signature_count = signatures
+        self.written += written
+
     def _error(self, message: str) -> None:
+        """Count and remember an error; log it once a minute at most."""
         self.write_errors += 1
         self.last_error = message
         now = time.monotonic()

@@ -152,7 +152,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             abort_on_repeat_signature=self.settings["abort-on-repeat-signature"],
             larger_only=self.settings["memory-retry-larger-only"],
         )
-        self.store.max_events = self.settings["max-events"]
+        _setup.configure_store(self.store, self.settings)
         if changed:
             logger.info(
                 "oomguard: settings changed: %s",
@@ -179,11 +179,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             abort_on_repeat_signature=settings["abort-on-repeat-signature"],
             larger_only=settings["memory-retry-larger-only"],
         )
-        path = settings["store"] or os.path.join(
-            scheduler.local_directory or ".", "oomguard.sqlite3"
-        )
-        self.store = FailureStore(path, max_events=settings["max-events"])
-        await asyncio.to_thread(self.store.start)
+        self.store = await _setup.open_store(scheduler, settings, self.metrics)
         self.intake = ReportIntake(self.handlers.on_reports, room=self.handlers.room)
         self.intake.start(asyncio.get_running_loop())
         self.scheduler = scheduler
@@ -223,7 +219,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             self.guard.error("dashboard")
         await _setup.install_worker_side(scheduler)
         self._started = True
-        logger.info("oomguard: watching failures; store at %s", path)
+        logger.info("oomguard: watching failures; store at %s", self.store.path)
 
     async def _tick_loop(self, interval: float) -> None:
         while True:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import pickle
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -120,6 +121,55 @@ def pod_lookup(settings: dict[str, Any], guard: Guard):
     return None
 
 
+async def open_store(
+    scheduler: Scheduler, settings: dict[str, Any], metrics: OomguardMetrics
+) -> FailureStore:
+    """The started failure store: `settings["store"]`, or oomguard.sqlite3 in the
+    scheduler's local directory. One that cannot be opened gives way to a fresh one (see
+    `oomguard._store.recover`), with one WARNING and a count in oomguard_store_errors_total,
+    unless `store-errors` is "fail": then its error stops the start, as it always did."""
+    from .._store.recover import open_store
+
+    path = settings["store"] or os.path.join(scheduler.local_directory or ".", "oomguard.sqlite3")
+    store, problem = await asyncio.to_thread(
+        open_store,
+        path,
+        on_error=settings["store-errors"],
+        max_events=settings["max-events"],
+        max_signatures=settings["max-signatures"],
+        queue_bytes=settings["store-queue-limit"],
+    )
+    if problem is not None:
+        logger.warning("%s", problem.message())
+        metrics.store_error(problem.kind)
+    return store
+
+
+def configure_store(store: FailureStore, settings: dict[str, Any]) -> None:
+    """Take the store's live settings (`install(client, max_events=...)` while running)."""
+    store.max_events = settings["max-events"]
+    store.max_signatures = settings["max-signatures"]
+
+
+class _StoreCounts:
+    """The store's own counters (bumped on its writer thread and in add()) carried into
+    oomguard_store_errors_total by the gauge loop, as increments since the last look."""
+
+    def __init__(self) -> None:
+        self.seen = {"queue_full": 0, "disk_full": 0, "write_failed": 0}
+
+    def sync(self, store: FailureStore, metrics: OomguardMetrics) -> None:
+        now = {
+            "queue_full": store.overflow,
+            "disk_full": store.disk_full,
+            "write_failed": store.write_errors,
+        }
+        for kind, n in now.items():
+            if n > self.seen[kind]:
+                metrics.store_error(kind, n - self.seen[kind])
+                self.seen[kind] = n
+
+
 async def gauge_loop(
     store: FailureStore, metrics: OomguardMetrics, guard: Guard, interval: float
 ) -> None:
@@ -127,8 +177,10 @@ async def gauge_loop(
     from .._metrics import store_totals
 
     seen = None
+    counts = _StoreCounts()
     while True:
         with guard("store"):
+            counts.sync(store, metrics)
             if store.written != seen:
                 seen = store.written
                 n, hosts = await asyncio.to_thread(store_totals, store)
