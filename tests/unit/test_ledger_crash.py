@@ -28,7 +28,7 @@ KILLED_WRITER = """
 import os, signal, sys
 from oomguard._admission.ledger import HostLedger
 ledger = HostLedger(sys.argv[1], available=lambda: 10 * 2**30)
-key = "k" * 3000
+key = "k" * 6000
 assert ledger.try_acquire(key, 2**20).granted
 def kill(fd, length):
     os.kill(os.getpid(), signal.SIGKILL)
@@ -36,6 +36,12 @@ os.ftruncate = kill
 ledger.release(key)
 print("not killed", flush=True)
 """
+
+
+HOLD_LOCK = (
+    "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR); "
+    "fcntl.flock(fd, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(3)"
+)
 
 
 def _ledger(path, available=10 * GiB):
@@ -129,16 +135,7 @@ def test_a_held_lock_does_not_block_the_caller(tmp_path):
     ledger = _ledger(path)
     assert ledger.try_acquire("mine", GiB).granted
     # Another process holds the lock (a stopped worker, or anything that opens the file).
-    locker = subprocess.Popen(
-        [
-            "flock",
-            str(path),
-            sys.executable,
-            "-c",
-            "import time; print('locked', flush=True); time.sleep(3)",
-        ],
-        stdout=subprocess.PIPE,
-    )
+    locker = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(path)], stdout=subprocess.PIPE)
     try:
         assert locker.stdout.readline() == b"locked\n"
         began = time.monotonic()

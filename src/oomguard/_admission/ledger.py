@@ -171,7 +171,7 @@ class HostLedger:
                 self._reclaim(state)
             return mutate(state) or changed or torn or len(state["leases"]) != n
 
-        if not self._tlock.acquire(timeout=self.lock_wait):
+        if not (self._tlock.acquire(False) or self._tlock.acquire(timeout=self.lock_wait)):
             return self._busy(mutate, defer)
         try:
             try:
@@ -291,7 +291,7 @@ class HostLedger:
         queue it: see `withdraw`). `elsewhere`: another process will spend it."""
         pid = self.pid if pid is None else pid
         start = self._start if pid == self.pid else host.proc_start(pid)
-        result: list[Admission] = []
+        result: list = []  # the Admission, then the lease granted
 
         def mutate(state: dict) -> bool:
             leases = state["leases"]
@@ -345,7 +345,7 @@ class HostLedger:
                 lease = [pid, key, nbytes, rss, start]
                 others.append(lease)
                 state["leases"] = others
-                self._held[(pid, key)] = list(lease)
+                result.append(list(lease))
             else:
                 queue.append([pid, key, nbytes, since, now])
             state["queue"] = queue
@@ -353,6 +353,8 @@ class HostLedger:
 
         if self._locked(mutate) is None:  # the lock stayed held: not decided, ask again
             return Admission(False, nbytes, 0, 0, 0, self.floor, 0, busy=True)
+        if len(result) > 1:  # written: held here, put back should the file be torn
+            self._held[(pid, key)] = result[1]
         return result[0]
 
     def _waiting(self, state: dict, now: float) -> list:

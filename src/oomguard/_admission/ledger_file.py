@@ -7,7 +7,8 @@ around every update).
 Crash-safe writes, in place (issue 28). The new JSON is padded with spaces to the old
 length (JSON allows trailing whitespace), so one write replaces the whole old text and
 never leaves a tail of it; only then is the file shrunk. A kill between the write and the
-shrink (where an OOM kill lands) leaves valid JSON followed by blanks. A file that grows
+shrink (where an OOM kill lands) leaves valid JSON followed by blanks (up to `SLACK` of
+them are kept: growing back into them costs nothing). A file that grows
 first reserves its new length (`posix_fallocate`): a full disk fails the update before a
 byte is written, the old state intact; short writes are looped on. Why not write-and-rename:
 every process keeps its descriptor open (an open() per access doubles the cost) and locks
@@ -42,6 +43,9 @@ STARTUP_PEAK = "oomguard:worker-start-up"
 #: How long an update may wait for the lock by default (seconds): a few times the longest
 #: hold seen under load, small beside an event loop's tick.
 LOCK_WAIT = 0.005
+#: Trailing blanks kept after a shrink (bytes): a file that grows back into them needs no
+#: reservation, and one that shrinks by less needs no truncate.
+SLACK = 4096
 
 
 class LedgerFile:
@@ -71,7 +75,7 @@ class LedgerFile:
                     break
                 raw += more
             state = parse(raw)
-            dirty = mutate(state) or not raw.strip()
+            dirty = mutate(state) or not raw or raw.isspace()
             torn = state.pop("torn", False)
             if dirty or torn:
                 _write(fd, json.dumps(state, separators=(",", ":")).encode(), len(raw))
@@ -90,7 +94,7 @@ class LedgerFile:
 
 def _lock(fd: int, wait: float) -> None:
     """flock(LOCK_EX) without blocking: retried with a short sleep until `wait` is spent."""
-    deadline = time.monotonic() + wait
+    deadline = None
     pause = 20e-6
     while True:
         try:
@@ -99,6 +103,8 @@ def _lock(fd: int, wait: float) -> None:
         except OSError as e:
             if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EINTR):
                 raise
+        if deadline is None:
+            deadline = time.monotonic() + wait
         left = deadline - time.monotonic()
         if left <= 0:
             raise BlockingIOError(errno.EWOULDBLOCK, "memory ledger locked by another process")
@@ -108,22 +114,22 @@ def _lock(fd: int, wait: float) -> None:
 
 def _write(fd: int, data: bytes, old: int) -> None:
     """Replace the file's `old` bytes by `data` so that no moment leaves a torn file."""
-    if len(data) < old:
-        data += b" " * (old - len(data))  # one write covers the old text: no tail of it
+    end = len(data)
+    if end < old:
+        data += b" " * (old - end)  # one write covers the old text: no tail of it
     elif len(data) > old:
         try:
             os.posix_fallocate(fd, 0, len(data))  # a full disk fails here, nothing written
         except OSError as e:
             if e.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
                 raise
-    done = 0
-    while done < len(data):
+    done = os.pwrite(fd, data, 0)
+    while done < len(data):  # short writes: go on from where it stopped
         n = os.pwrite(fd, memoryview(data)[done:], done)
         if n <= 0:
             raise OSError(errno.EIO, "memory ledger: short write")
         done += n
-    end = len(data.rstrip(b" "))
-    if end < len(data):
+    if len(data) - end > SLACK:  # blanks are kept up to SLACK: the next growth is free
         os.ftruncate(fd, end)
 
 
@@ -132,7 +138,7 @@ def parse(raw: bytes) -> dict:
     # holds (its leases, the peaks it read) and logs it once.
     torn = False
     try:
-        state = json.loads(raw) if raw.strip() else {}
+        state = json.loads(raw) if raw and not raw.isspace() else {}
     except ValueError:
         state, torn = {}, True
     if not isinstance(state, dict) or state.get("version") != VERSION:
