@@ -7,7 +7,10 @@ Cases (each: take a lease, then release it, as one task does):
 - in a shared cgroup (`admission.cgroup`): its limit and usage are read instead;
 - 3 others: three other live processes hold leases, so their RSS is read too;
 - no need: a task with no annotation and no learned peak (annotation lookup + RSS reads).
-Target: <= 50 us per task for the lease paths.
+- lock held elsewhere: another process holds the ledger's lock (a stopped worker): one
+  attempt, how long the event loop is held before "not decided now" (issue 28; before, it
+  blocked until the holder let go).
+Target: <= 50 us per task for the lease paths; the lock held elsewhere <= LOCK_WAIT + 1 ms.
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ from oomguard._admission.needs import ANNOTATION, PeakEstimator, need_of
 from oomguard._evidence import cgroup as _cgroup
 
 N = 2000
+HOLD_LOCK = (
+    "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR); "
+    "fcntl.flock(fd, fcntl.LOCK_EX); print(1, flush=True); time.sleep(600)"
+)
 
 
 def _time(fn, n=N, repeat=5) -> float:
@@ -85,6 +92,17 @@ def main() -> None:
     rows.append(("no need (no lease)", _time(no_need)))
     annotated = {ANNOTATION: 2**30}
     rows.append(("annotation lookup only", _time(lambda i: need_of("x-1", annotated, est))))
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, ledger.path], stdout=subprocess.PIPE
+    )
+    try:
+        holder.stdout.readline()
+        rows.append(("lock held elsewhere", _time(lambda i: ledger.try_acquire("b", 1), n=40)))
+        assert ledger.busy > 0
+    finally:
+        holder.kill()
+        holder.wait()
 
     print("command: .venv/bin/python benchmarks/bench_admission.py")
     print(f"{'case':<28}{'us/task':>10}")

@@ -14,14 +14,20 @@ from .._units import NO_LIMIT
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def _proc_stat(pid: int) -> tuple[int, str, int] | None:
-    """(start time in clock ticks, state letter, RSS bytes) from one read of
-    /proc/<pid>/stat (fields 22, 3 and 24); None when the process is gone."""
+#: `alive`'s start for a holder whose start time is not recorded (a waiting request).
+ANY = -1
+
+
+def _proc_stat(pid: int) -> tuple[int, str, int, int] | None:
+    """(start time in clock ticks, state letter, RSS bytes, owner uid) from one read of
+    /proc/<pid>/stat (fields 22, 3 and 24; the file's owner is the process's); None when
+    the process is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
+            uid = os.fstat(f.fileno()).st_uid
         fields = data.rsplit(b")", 1)[1].split()
-        return int(fields[19]), fields[0].decode(), int(fields[21]) * PAGE
+        return int(fields[19]), fields[0].decode(), int(fields[21]) * PAGE, uid
     except (OSError, IndexError, ValueError):
         return None
 
@@ -38,18 +44,51 @@ def rss(pid: int) -> int | None:
 
 def alive(pid: int, start: int | None) -> tuple[bool, int | None]:
     """(alive, its RSS) for a lease holder; a reused PID (other start time) or a zombie
-    (killed, not yet reaped: kill(0) still succeeds) is dead."""
+    (killed, not yet reaped: kill(0) still succeeds) is dead, and so is what cannot be an
+    oomguard process sharing this ledger: a process of another user (the file is private
+    to one), or a lease without the start time every writer records (`start` None while
+    /proc shows one). `start` ANY: a waiting request, which records none."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):  # gone, or another user's
         return False, None
-    except PermissionError:
-        pass  # alive, owned by someone else
+    except OSError:
+        return False, None
     info = _proc_stat(pid)
     if info is None:
         return True, None  # no /proc (another mount namespace): trust kill(0)
-    now, state, rss = info
-    return (state not in ("Z", "X") and (start is None or now == start)), rss
+    now, state, rss, uid = info
+    if uid != os.geteuid() or state in ("Z", "X"):
+        return False, rss
+    return (start == ANY or now == start), rss
+
+
+def holds_open(pid: int, fd: int) -> bool:
+    """Whether process `pid` has the file open that our descriptor `fd` names: every
+    process with a lease keeps the ledger open. For PID 1, always alive, whose lease
+    (a container's nanny) is only believed when it does."""
+    try:
+        mine = os.readlink(f"/proc/self/fd/{fd}")
+        fds = f"/proc/{pid}/fd"
+        for name in os.listdir(fds):
+            try:
+                if os.readlink(f"{fds}/{name}") == mine:
+                    return True
+            except OSError:
+                continue
+    except OSError:
+        pass
+    return False
+
+
+def total_memory() -> int | None:
+    """MemTotal of the host, bytes (a bound on any sane lease); None if unreadable."""
+    try:
+        text = _MEMINFO.read(4096)
+        at = text.index(b"MemTotal:")
+        return int(text[at + 9 : text.index(b"kB", at)]) * 1024
+    except (OSError, ValueError):
+        return _cgroup.host_memory().get("total")
 
 
 class _Kept:

@@ -31,6 +31,19 @@ A nanny's start-up lease is spent by the worker it starts, not by the nanny: its
 The file must be shared only by processes in one PID namespace (one container, or the
 host): PIDs from elsewhere cannot be checked for liveness.
 
+What is believed (issue 28): an entry needing more than the host's memory, or held by a
+process that cannot be an oomguard process of this user (another user's, a lease without
+its holder's start time, PID 1 without the ledger open) is dropped, counted in `dropped`
+and logged once. The file is private to one user: a process of that user can still write
+a plausible lease (it could as well kill the workers).
+
+The lock is waited for at most `lock_wait` seconds (the callers run on event loops). When
+it stays held (`busy` counts it): a request is refused for now, unqueued (`Admission.busy`:
+the caller asks again, as after any refusal, until its max-wait); a release, withdrawal or
+peak is kept and applied first by this process's next access (`pending`); a refresh keeps
+the peaks last read. A torn file (`ledger_file`) is rebuilt: the first access of each
+process puts back the leases it holds and the peaks it last read, and logs it once.
+
     >>> ledger = HostLedger("/tmp/oomguard-0/memory-ledger.json", floor=2**30)  # doctest: +SKIP
     >>> lease = ledger.acquire("('load', 7)", 6 * 2**30, timeout=60)           # doctest: +SKIP
     >>> ledger.release("('load', 7)")                                          # doctest: +SKIP
@@ -38,6 +51,8 @@ host): PIDs from elsewhere cannot be checked for liveness.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import threading
 import time
@@ -47,9 +62,11 @@ from dataclasses import dataclass
 from .._exceptions import AdmissionTimeout
 from .._units import format_bytes
 from . import host
-from .ledger_file import LedgerFile, record_peak
+from .ledger_file import LOCK_WAIT, LedgerFile, record_peak
 
 __all__ = ["Admission", "HostLedger", "format_bytes"]
+
+logger = logging.getLogger("oomguard.admission")
 
 #: A refused request that has not asked again for this long has given up (seconds).
 QUEUE_STALE = 10.0
@@ -73,8 +90,11 @@ class Admission:
     cold: bool = False  # granted only by borrowing the floor: no other lease was held
     spent: int = 0  # what other live leases have already spent (in `available` already)
     ahead: int = 0  # earlier requests still waiting, that this one may not overtake
+    busy: bool = False  # not decided: another process held the ledger's lock too long
 
     def detail(self) -> str:
+        if self.busy:
+            return " (the memory ledger's lock is held by another process; asking again)"
         queued = f", {self.ahead} earlier request(s) waiting" if self.ahead else ""
         return (
             f" (available {format_bytes(self.available)}, claimed by {self.others} other "
@@ -122,36 +142,128 @@ class HostLedger:
         self._statm: int | None = None
         self._rss_of: dict[int, tuple[bool, int | None]] = {}  # pid -> read in this access
         self._file = LedgerFile(path)
+        self.lock_wait = LOCK_WAIT
+        self.total = host.total_memory() if _process is None else None  # bound on a need
+        self._held: dict[tuple[int, str], list] = {}  # leases granted here, put back if torn
+        self._pending: list[Callable[[dict], bool]] = []  # changes the lock kept out
+        self._flushing = False
+        self._pid1: dict[int | None, bool] = {}  # PID 1's start -> holds the ledger open
+        self.busy = self.dropped = self.torn = 0  # counters: lock busy, bad entries, tears
 
     # -- the file --------------------------------------------------------------------
 
-    def _locked(self, mutate: Callable[[dict], bool], reclaim: bool = True) -> dict:
+    def _locked(
+        self, mutate: Callable[[dict], bool], reclaim: bool = True, defer: bool = False
+    ) -> dict | None:
         """Read the file under an exclusive lock, let `mutate` change it, write it back
-        if it says so. Dead leases are dropped on the way."""
+        if it says so. Dead leases are dropped on the way. When the lock stays held past
+        `lock_wait`: None, and `mutate` kept for the next access if `defer`."""
 
         def step(state: dict) -> bool:
             n = len(state["leases"])
+            torn = state.get("torn", False)
+            if torn:
+                self._rebuild(state)
+            changed = False
+            for due in self._pending:
+                changed = due(state) or changed
             if reclaim:
                 self._reclaim(state)
-            return mutate(state) or len(state["leases"]) != n
+            return mutate(state) or changed or torn or len(state["leases"]) != n
 
-        with self._tlock:
-            state = self._file.update(step)
+        if not (self._tlock.acquire(False) or self._tlock.acquire(timeout=self.lock_wait)):
+            return self._busy(mutate, defer)
+        try:
+            try:
+                state = self._file.update(step, self.lock_wait)
+            except BlockingIOError:
+                return self._busy(mutate, defer)
+            self._pending = []
             self.peaks = state["peaks"]
             return state
+        finally:
+            self._tlock.release()
+
+    def _busy(self, mutate: Callable[[dict], bool], defer: bool) -> None:
+        self.busy += 1
+        if defer:
+            self._pending.append(mutate)
+        return None
+
+    def pending(self) -> bool:
+        """Changes the lock kept out, applied by this process's next access."""
+        return bool(self._pending)
+
+    def flush_soon(self, delay: float = 0.05) -> None:
+        """From an event loop: apply what is pending shortly, again until it is done (a
+        release must not wait for this process's next task)."""
+        if not self._pending or self._flushing:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop: the next access applies it
+
+        def flush() -> None:
+            self._flushing = False
+            try:
+                self.refresh()
+            except Exception:
+                logger.debug("oomguard: memory ledger flush failed", exc_info=True)
+            self.flush_soon(min(delay * 2, 1.0))
+
+        self._flushing = True
+        loop.call_later(delay, flush)
+
+    def _rebuild(self, state: dict) -> None:
+        """A torn file: put back the leases held here and the peaks last read."""
+        self.torn += 1
+        if self.torn == 1:
+            logger.warning(
+                "oomguard: memory ledger %s was torn or foreign; rebuilt from this "
+                "process's %d lease(s) and %d peak(s) (each process puts back its own)",
+                self.path,
+                len(self._held),
+                len(self.peaks),
+            )
+        state["leases"] = [list(le) for le in self._held.values()]
+        state["peaks"] = dict(self.peaks)
 
     def _reclaim(self, state: dict) -> None:
-        """Drop the leases of dead processes; note each holder's RSS for this access."""
+        """Drop the leases of dead processes and bad entries; note each holder's RSS for
+        this access."""
         me, kept, self._rss_of = self.pid, [], {}
         for le in state["leases"]:
             if le[0] == me:  # our own leases: we are alive
                 kept.append(le)
+                continue
+            if not self._sane(le[0], le[2], le[4]):
                 continue
             alive, rss = self._rss_of.get(le[0]) or self._probe(le[0], le[4])
             self._rss_of[le[0]] = (alive, rss)
             if alive:
                 kept.append(le)
         state["leases"] = kept
+
+    def _sane(self, pid: int, need: int, start, ok: bool = True) -> bool:
+        """False (counted, logged once) for an entry no oomguard process wrote: not `ok`,
+        a need beyond the host's memory, or PID 1 (always alive) without the ledger open."""
+        ok = ok and (self.total is None or need <= self.total)
+        if ok and pid == 1 and self._probe is host.alive:
+            if start not in self._pid1:
+                self._pid1 = {start: host.holds_open(1, self._file._fd)}
+            ok = self._pid1[start]
+        if not ok:
+            self.dropped += 1
+            if self.dropped == 1:
+                logger.warning(
+                    "oomguard: memory ledger %s: dropped an entry of pid %s needing %s "
+                    "(not an oomguard process of this user, or more than the host has)",
+                    self.path,
+                    pid,
+                    format_bytes(need),
+                )
+        return ok
 
     def close(self) -> None:
         """Close the ledger's file descriptors (leases stay until released or reclaimed)."""
@@ -179,7 +291,7 @@ class HostLedger:
         queue it: see `withdraw`). `elsewhere`: another process will spend it."""
         pid = self.pid if pid is None else pid
         start = self._start if pid == self.pid else host.proc_start(pid)
-        result: list[Admission] = []
+        result: list = []  # the Admission, then the lease granted
 
         def mutate(state: dict) -> bool:
             leases = state["leases"]
@@ -230,14 +342,19 @@ class HostLedger:
                     if elsewhere
                     else (self.own_rss() if pid == self.pid else host.rss(pid))
                 )
-                others.append([pid, key, nbytes, rss, start])
+                lease = [pid, key, nbytes, rss, start]
+                others.append(lease)
                 state["leases"] = others
+                result.append(list(lease))
             else:
                 queue.append([pid, key, nbytes, since, now])
             state["queue"] = queue
             return True
 
-        self._locked(mutate)
+        if self._locked(mutate) is None:  # the lock stayed held: not decided, ask again
+            return Admission(False, nbytes, 0, 0, 0, self.floor, 0, busy=True)
+        if len(result) > 1:  # written: held here, put back should the file be torn
+            self._held[(pid, key)] = result[1]
         return result[0]
 
     def _waiting(self, state: dict, now: float) -> list:
@@ -248,8 +365,11 @@ class HostLedger:
             if now - q[4] > QUEUE_STALE:
                 continue
             if q[0] != self.pid:
+                # Asked "last" in the future, it would never go stale.
+                if not self._sane(q[0], q[2], None, q[4] <= now + QUEUE_STALE):
+                    continue
                 if q[0] not in self._rss_of:
-                    self._rss_of[q[0]] = self._probe(q[0], None)
+                    self._rss_of[q[0]] = self._probe(q[0], host.ANY)
                 if not self._rss_of[q[0]][0]:
                     continue
             queue.append(q)
@@ -265,7 +385,7 @@ class HostLedger:
             state["queue"] = [q for q in state["queue"] if not (q[0] == pid and q[1] == key)]
             return len(state["queue"]) != before
 
-        self._locked(mutate, reclaim=False)
+        self._locked(mutate, reclaim=False, defer=True)
 
     def _claims(self, leases: list) -> tuple[int, int]:
         """(what `leases` still claim, what they have spent), per holding process: a
@@ -291,6 +411,7 @@ class HostLedger:
         """Drop the lease of `key`; optionally record `peak` = (prefix, bytes) in the same
         write. True when a lease was dropped."""
         pid = self.pid if pid is None else pid
+        held = self._held.pop((pid, key), None) is not None
         found: list[bool] = []
 
         def mutate(state: dict) -> bool:
@@ -311,21 +432,25 @@ class HostLedger:
             return record_peak(state, peak) or found[0]
 
         # Reclaiming others' dead leases is left to acquisitions: a release stays cheap.
-        self._locked(mutate, reclaim=False)
+        if self._locked(mutate, reclaim=False, defer=True) is None:
+            return held  # the lock stayed held: dropped by this process's next access
         return found[0]
 
     def record_peak(self, prefix: str, nbytes: int) -> None:
         """Remember the largest memory peak seen for a task prefix (host-wide)."""
-        self._locked(lambda state: record_peak(state, (prefix, nbytes)))
+        self._locked(lambda state: record_peak(state, (prefix, nbytes)), defer=True)
 
     def refresh(self) -> dict[str, int]:
-        """Re-read the peaks (and reclaim dead leases); returns the peaks."""
+        """Re-read the peaks (and reclaim dead leases, apply what is pending); returns
+        the peaks (those last read while the lock is held elsewhere)."""
         self._locked(lambda state: False)
         return self.peaks
 
     def leases(self) -> list[tuple[int, str, int]]:
         """Live leases as (pid, key, nbytes); dead ones are reclaimed by this call."""
         state = self._locked(lambda state: False)
+        if state is None:
+            raise BlockingIOError("memory ledger locked by another process")
         return [(le[0], le[1], le[2]) for le in state["leases"]]
 
     def acquire(

@@ -126,6 +126,7 @@ class StartupReservations:
     def release(self, peak: int | None) -> None:
         """The worker is up (peak: its start-up peak) or never came up (None)."""
         self.ledger.release(self.key, peak=(STARTUP_PEAK, peak) if peak else None)
+        self.ledger.flush_soon()  # the lock was held elsewhere: release it shortly
 
     def close(self) -> None:
         self.ledger.release(self.key)

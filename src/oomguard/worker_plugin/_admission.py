@@ -18,6 +18,15 @@ would when running). Waits are visible as:
   Metrics dashboard page (``context_meter``), beside thread-cpu and thread-noncpu.
 
 A wait past ``max-wait`` errs the task with `AdmissionTimeout`, naming need and free bytes.
+
+The ledger's lock is never waited for on the event loop beyond `ledger_file.LOCK_WAIT`
+(5 ms): when another process holds it longer (a stopped worker, anything that can open the
+file) the request is "not decided now" and the task keeps waiting as if refused, asking
+again at the next poll; past ``max-wait`` it errs as above. A release the lock kept out is
+applied shortly after (`HostLedger.flush_soon`). Counted in
+``oomguard_admission_ledger_busy_total``; bad entries dropped from the file in
+``oomguard_admission_ledger_dropped_total``, torn files rebuilt in
+``oomguard_admission_ledger_rebuilt_total``.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from dask.utils import key_split
 from distributed.metrics import context_meter
 from distributed.worker_state_machine import ExecuteFailureEvent, RescheduleEvent
 from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import REGISTRY, Collector
 
 from .._admission.config import AdmissionConfig
@@ -58,6 +68,7 @@ class AdmissionMetrics(Collector):
     """The worker side's admission metrics, served on the worker's /metrics."""
 
     def __init__(self) -> None:
+        self.ledger = None  # HostLedger: its counters are read at collection
         self.waits = Counter(
             "oomguard_admission_waits_total",
             "Tasks that had to wait for host memory before they could start.",
@@ -89,6 +100,19 @@ class AdmissionMetrics(Collector):
     def collect(self) -> Iterator[Any]:
         for m in self._all:
             yield from m.collect()
+        ledger = self.ledger
+        if ledger is None:
+            return
+        for name, doc, value in (
+            (
+                "busy",
+                "Ledger accesses not made: its lock was held by another process.",
+                ledger.busy,
+            ),
+            ("dropped", "Ledger entries dropped as not an oomguard process's.", ledger.dropped),
+            ("rebuilt", "Torn ledger files rebuilt from this process's leases.", ledger.torn),
+        ):
+            yield CounterMetricFamily(f"oomguard_admission_ledger_{name}", doc, value=value)
 
 
 @dataclass
@@ -107,6 +131,7 @@ class WorkerAdmission:
         self.ledger = config.open_ledger()
         self.estimator = PeakEstimator(min_bytes=config.min_estimate)
         self.metrics = AdmissionMetrics()
+        self.metrics.ledger = self.ledger
         self.stats = {
             "leases": 0,
             "waits": 0,
@@ -278,6 +303,7 @@ class WorkerAdmission:
                 self.estimator.observe(*peak)
         except Exception:
             self._error("release")
+        self.ledger.flush_soon()  # the lock was held elsewhere: release it shortly
         if key is not None and self._leases.pop(key, None) is not None:
             self.metrics.leased.set(sum(self._leases.values()))
 
