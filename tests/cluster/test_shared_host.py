@@ -199,18 +199,20 @@ def test_another_users_crash_dir_is_refused_and_nothing_written_through_it(two_u
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(10)
-        logs = {}
-        for name in ("scheduler.log", "worker.log"):
-            try:
-                with open(os.path.join(base, name)) as f:
-                    logs[name] = f.read()
-            except OSError:
-                logs[name] = ""
-        contents = {}
-        for what, path in locals().get("victims", {}).items():
-            with open(path, "rb") as f:
-                contents[what] = f.read()
-        shutil.rmtree(base, ignore_errors=True)
+        try:
+            logs = {}
+            for name in ("scheduler.log", "worker.log"):
+                try:
+                    with open(os.path.join(base, name)) as f:
+                        logs[name] = f.read()
+                except OSError:
+                    logs[name] = ""
+            contents = {}
+            for what, path in locals().get("victims", {}).items():
+                with open(path, "rb") as f:
+                    contents[what] = f.read()
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
     # Nothing of B's was written through A's links.
     sizes = {what: len(data) for what, data in contents.items()}
     assert contents == dict.fromkeys(("crash", "flight", "ledger"), VICTIM.encode()), sizes
