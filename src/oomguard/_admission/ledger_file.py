@@ -34,6 +34,8 @@ import os
 import time
 from collections.abc import Callable
 
+from .. import _private
+
 #: The file format's version; a file of another version is not ours and starts over.
 VERSION = 1
 #: Per-prefix peaks kept in the file; the least recently seen beyond this are dropped.
@@ -52,11 +54,12 @@ class LedgerFile:
     """One process's handle on a ledger file, its descriptor kept open between updates."""
 
     def __init__(self, path: str) -> None:
-        self.path = path
         self._fd: int | None = None  # kept open: an open() per access doubles its cost
         directory = os.path.dirname(path)
-        if directory:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
+        if directory:  # refused when another user could reach it: a private one instead
+            directory = _private.private_dir(directory, "memory ledger directory")
+            path = os.path.join(directory, os.path.basename(path))
+        self.path = path
 
     def update(self, mutate: Callable[[dict], bool], wait: float = LOCK_WAIT) -> dict:
         """Read the file under an exclusive lock, let `mutate` change it, write it back
@@ -64,7 +67,7 @@ class LedgerFile:
         the file held something that is not a ledger. Raises BlockingIOError when the lock
         stays held by another process for `wait` seconds."""
         if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self._fd = _private.open_regular(self.path, os.O_RDWR | os.O_CREAT)  # no symlink
         fd = self._fd
         _lock(fd, wait)
         try:

@@ -33,6 +33,7 @@ from typing import Any
 
 import msgpack
 
+from .. import _private
 from . import senders as _senders
 
 # 2: the signal area (issue 26). A record of another layout is refused, not misread.
@@ -66,6 +67,9 @@ SIGNALS_UNSET = 0  # the worker never said (it died before its plugin's setup fi
 SIGNALS_RECORDING = 1
 SIGNALS_NOT_BLOCKED = 2  # started without the signals blocked: nothing can be recorded
 SIGNALS_DISABLED = 3  # oomguard.worker.signal-senders is false
+#: The largest flight record read: 64 slots and 256 KiB samples make ~0.6 MiB; a header
+#: declaring more than this is not a record of ours.
+MAX_RECORD_BYTES = 16 << 20
 _NOT_RECORDED = {
     SIGNALS_UNSET: "the worker had not started its signal recorder",
     SIGNALS_NOT_BLOCKED: (
@@ -108,7 +112,7 @@ class FlightRecorder:
         sample_capacity: int = DEFAULT_SAMPLE_CAPACITY,
     ) -> FlightRecorder:
         size = HEADER_SIZE + nslots * SLOT_SIZE + SIG_AREA_SIZE + 2 * sample_capacity
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = _private.create(path)  # O_EXCL | O_NOFOLLOW: never someone else's file
         try:
             os.ftruncate(fd, size)
             mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
@@ -226,10 +230,12 @@ def read_flight_record(path: str) -> dict[str, Any]:
         "missing": [],
     }
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = _read_bounded(path)
     except OSError as e:
         out["missing"].append(f"flight record: {e.strerror or e}")
+        return out
+    except ValueError as e:
+        out["missing"].append(f"flight record: {e}")
         return out
     if len(data) < HEADER_SIZE or data[:8] != MAGIC:
         out["missing"].append("flight record: not a flight record (bad header)")
@@ -254,6 +260,25 @@ def read_flight_record(path: str) -> dict[str, Any]:
     out["sample"] = _read_sample(data, s_off, cap, (l0, l1), current, out["missing"])
     _read_signals(data, g_off, out)
     return out
+
+
+def _read_bounded(path: str) -> bytes:
+    """The record's bytes, no more than its header declares (a regular file of this user
+    only: a link to /dev/zero or a FIFO is refused, never read until memory runs out)."""
+    fd = _private.open_regular(path)
+    try:
+        head = _private.read_at_most(fd, HEADER_SIZE)
+        if len(head) < HEADER_SIZE or head[:8] != MAGIC:
+            return head
+        (_, _, _, nslots, slot_size, s_off, cap, _, _, _, g_off) = _HEADER.unpack_from(head, 0)
+        size = max(HEADER_SIZE + nslots * slot_size, g_off + SIG_AREA_SIZE, s_off + 2 * cap)
+        if size > MAX_RECORD_BYTES:
+            raise ValueError(
+                f"header declares {size} bytes, more than the {MAX_RECORD_BYTES} read (not read)"
+            )
+        return head + _private.read_at_most(fd, size - HEADER_SIZE, HEADER_SIZE)
+    finally:
+        os.close(fd)
 
 
 def _read_sample(data: bytes, s_off, cap, lens, current, missing: list[str]) -> dict | None:

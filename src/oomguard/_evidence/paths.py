@@ -3,10 +3,14 @@ which the nanny deletes before its exit callback runs)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
+from collections.abc import Iterable
 
-from .. import _config
+from .. import _config, _private
+
+logger = logging.getLogger("oomguard.nanny")
 
 
 def default_crash_dir() -> str:
@@ -25,3 +29,25 @@ def crash_path(crash_dir: str, pid: int) -> str:
 
 def flight_path(crash_dir: str, pid: int) -> str:
     return os.path.join(crash_dir, f"{pid}.flight")
+
+
+def private_crash_dir(crash_dir: str, configs: Iterable[dict | None] = ()) -> str:
+    """The nanny's crash dir: `crash_dir` when private to this user, else a fresh one
+    (`_private.private_dir`), written into `configs` (the Dask configs its worker processes
+    start with, where a plugin without a crash dir of its own reads it), with the files of
+    processes that no longer run removed."""
+    crash_dir = _private.private_dir(crash_dir, "crash dir")
+    for config in configs:
+        if isinstance(config, dict):
+            worker = config.setdefault("oomguard", {})
+            worker = worker.setdefault("worker", {}) if isinstance(worker, dict) else None
+            if isinstance(worker, dict):
+                worker["crash-dir"] = crash_dir
+    removed = _private.remove_stale(crash_dir)
+    if removed:
+        logger.info(
+            "oomguard: removed %d file(s) of processes that no longer run from %s",
+            len(removed),
+            crash_dir,
+        )
+    return crash_dir

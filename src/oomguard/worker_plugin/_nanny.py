@@ -36,7 +36,7 @@ from .._admission.startup import Start, StartupReservations, startup_peak
 from .._evidence import cgroup as _cgroup
 from .._evidence.host import HostMeter, OomdXattrs, slurm_environment
 from .._evidence.killers import find_killers
-from .._evidence.paths import configured_crash_dir
+from .._evidence.paths import configured_crash_dir, private_crash_dir
 from .._guard import Guard
 from .._log import follow_dask_logging
 from .._protocol import NANNY_PLUGIN, STARTUP_TOPIC
@@ -146,7 +146,7 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
         self._resolve_config()
         self._decide_cgroups()
         assert self.crash_dir is not None
-        os.makedirs(self.crash_dir, mode=0o700, exist_ok=True)
+        self._private_crash_dir(nanny)
         admission = AdmissionConfig.from_dask(self.crash_dir)  # ConfigError names a bad key
         if any(i.essential for i in _compat.check("nanny", _compat.NANNY, nanny, logger)):
             return  # no reports from here: the scheduler sees this nanny's deaths as lost
@@ -266,6 +266,13 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
             # Moved at its spawn but never up: Dask returns a status here, not an error.
             self._guard(self._on_failed_start, "instantiate")
         return result
+
+    def _private_crash_dir(self, nanny: Nanny) -> None:
+        """A crash dir only this user can write, handed to the worker processes (their
+        plugin, and the config they start with), cleared of dead processes' files."""
+        process = getattr(nanny, "process", None)  # a copy of nanny.config, where started
+        configs = (getattr(nanny, "config", None), getattr(process, "config", None))
+        self.crash_dir = private_crash_dir(self.crash_dir or "", configs)
 
     @staticmethod
     def _add_worker_plugin(kwargs: dict, plugin: OomguardWorkerPlugin) -> None:

@@ -21,6 +21,7 @@ from .._evidence.flight import read_flight_record
 from .._evidence.host import oomd_xattrs
 from .._evidence.killers import find_killers, merge_killers
 from .._evidence.paths import crash_path, flight_path
+from .._private import read_regular
 from .._protocol import CLEAN_EXIT_HANDLER, DEATH_TOPIC, REPORT_HANDLER
 
 if TYPE_CHECKING:
@@ -204,8 +205,7 @@ def _unlink(path: str) -> None:
 
 def _read_text(path: str, missing: list[str], limit: int = 1 << 20) -> str | None:
     try:
-        with open(path, "rb") as f:
-            data = f.read(limit)
+        data = read_regular(path, limit)  # no symlink, FIFO or device; at most `limit`
     except FileNotFoundError:
         missing.append("crash file: not found")
         return None

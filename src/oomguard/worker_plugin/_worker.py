@@ -26,6 +26,7 @@ from .._evidence.growth import GrowthSplit, thread_system_time
 from .._evidence.paths import configured_crash_dir, crash_path, flight_path
 from .._guard import Guard
 from .._log import follow_dask_logging
+from .._private import create, private_dir
 from .._protocol import HOST_TOPIC, WORKER_PLUGIN
 from . import _signals
 from ._admission import install_admission
@@ -105,8 +106,10 @@ class OomguardWorkerPlugin(WorkerPlugin):
         if self.sample_interval is None:
             self.sample_interval = _config.get_seconds("worker.sample-interval") or 0.5
         pid = os.getpid()
-        os.makedirs(self.crash_dir, mode=0o700, exist_ok=True)
-        self._crash_file = open(crash_path(self.crash_dir, pid), "w")
+        # Its nanny chose a private one and handed it over (crash_dir, and the config its
+        # process starts with); checked again, as a worker may run without that nanny.
+        self.crash_dir = private_dir(self.crash_dir, "crash dir")
+        self._crash_file = os.fdopen(create(crash_path(self.crash_dir, pid), os.O_WRONLY), "w")
         faulthandler.enable(file=self._crash_file, all_threads=True)
         faulthandler.register(signal.SIGTERM, file=self._crash_file, all_threads=True, chain=True)
         self._recorder = FlightRecorder.create(flight_path(self.crash_dir, pid))
