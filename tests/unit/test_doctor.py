@@ -415,6 +415,23 @@ def test_crash_dir_not_writable(tmp_path):
     assert "oomguard.worker.crash-dir" in FIX["crash-dir"]
 
 
+def test_crash_dir_another_user_could_write_is_named_not_private(tmp_path):
+    path = tmp_path / "crash"
+    path.mkdir()
+    path.chmod(0o777)  # as another user on the host could have made it first
+    check = check_crash_dir(str(path), configured=True)
+    assert check.status == "no"
+    assert check.detail.startswith(
+        f"{path} (oomguard.worker.crash-dir) is not private: it is writable by its group or "
+        "others (mode 0777); nannies refuse it"
+    )
+    assert check.fix == FIX["crash-dir-private"]
+    link = tmp_path / "link"
+    link.symlink_to(path)
+    path.chmod(0o700)
+    assert "is not private: it is a symlink" in check_crash_dir(str(link), False).detail
+
+
 def test_diagnose_reads_the_configured_crash_dir(tmp_path):
     no_probe = lambda info: (False, "not probed")  # noqa: E731
     with dask.config.set({"oomguard.worker.crash-dir": str(tmp_path)}):

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ... import _private
 from ..._evidence import cgroup as _cgroup
 from ..._evidence.cgroup.files import join_root, read_text
 from ..._evidence.cgroup.info import CgroupInfo
@@ -121,6 +122,7 @@ def check_crash_dir(path: str, configured: bool) -> Check:
         head = os.path.dirname(head)
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
+        why = _private.why_not_private(path)  # before the directories made here go
         fd, probe = tempfile.mkstemp(prefix=".oomguard-doctor-", dir=path)
         os.close(fd)
         os.unlink(probe)
@@ -138,6 +140,14 @@ def check_crash_dir(path: str, configured: bool) -> Check:
                 os.rmdir(d)
             except OSError:
                 break
+    if why is not None:
+        return Check(
+            "crash-dir",
+            "no",
+            f"{path} ({source}) is not private: {why}; nannies refuse it and use a "
+            "private directory instead (each nanny its own, unless $XDG_RUNTIME_DIR is set)",
+            FIX["crash-dir-private"],
+        )
     return Check(
         "crash-dir",
         "ok",

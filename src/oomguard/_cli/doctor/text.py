@@ -66,6 +66,9 @@ FIX = {
     "crash-dir": "Set oomguard.worker.crash-dir (DASK_OOMGUARD__WORKER__CRASH_DIR) to a local "
     "directory the nanny's user can write, outside the worker's local directory (the nanny "
     "deletes that before it reads the crash file).",
+    "crash-dir-private": "Another user may have made it (the default name is predictable): "
+    "set oomguard.worker.crash-dir to a directory of your own with mode 0700, or run where "
+    "$XDG_RUNTIME_DIR is set.",
 }
 
 #: User-space OOM killers by process name (/proc/<pid>/comm): (what they do, the fix).
