@@ -270,6 +270,10 @@ class DeathPairing:
         cap and no removal waits for a report (a storm of reports nothing asked for)."""
         return len(self._reports) >= self.max_reports and not self._removals
 
+    def waits(self, worker: str) -> bool:
+        """Whether a removal of `worker` waits for its report (O(1))."""
+        return worker in self._removals
+
     def pending_removals(self) -> int:
         return len(self._removals)
 

@@ -184,7 +184,9 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         )
         self.store = FailureStore(path, max_events=settings["max-events"])
         await asyncio.to_thread(self.store.start)
-        self.intake = ReportIntake(self.handlers.on_reports, room=self.handlers.room)
+        self.intake = ReportIntake(
+            self.handlers.on_reports, room=self.handlers.room, matched=self.core.pairing.waits
+        )
         self.intake.start(asyncio.get_running_loop())
         self.scheduler = scheduler
         self._undo_stop = _setup.on_stop(scheduler, self._stopped)
