@@ -5,7 +5,8 @@ as large as the schema lets it be: before the issue's bound, one such report bec
 events, each carrying the whole evidence. Sent over Dask's own comms as fire-and-forget
 RPC messages (`reply: False`, the cheapest a sender can make them).
 
-Used by tests/cluster/test_report_flood.py and benchmarks/bench_report_flood.py.
+Used by tests/cluster/test_report_flood.py and benchmarks/bench_report_flood.py (which
+runs it as its own process: `python tests/cluster/_forged_reports.py ADDRESS COUNT RATE`).
 """
 
 from __future__ import annotations
@@ -85,3 +86,11 @@ def flood_in_thread(address: str, count: int, rate: float, **shape):
     t = threading.Thread(target=run, name="forged-reports", daemon=True)
     t.start()
     return t, result
+
+
+if __name__ == "__main__":  # python tests/cluster/_forged_reports.py ADDRESS COUNT RATE
+    import json
+    import sys
+
+    address, count, rate = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    print(json.dumps(asyncio.run(flood(address, count, rate))), flush=True)
