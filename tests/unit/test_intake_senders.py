@@ -67,3 +67,11 @@ def test_a_report_its_death_waits_for_goes_first_through_a_flood():
         assert workers.index("tcp://10.0.0.9:40001") < 10
 
     asyncio.run(main())
+
+
+def test_senders_doctests():
+    import doctest
+
+    from oomguard.scheduler_plugin import _senders
+
+    assert doctest.testmod(_senders).failed == 0
