@@ -18,6 +18,7 @@ own failure count or place in a signature moves.
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,9 @@ class Blame:
     source: str
     #: Of `displaced`: tasks that executed beside the one whose thread crashed.
     neighbours: frozenset[ShardKey] = frozenset()
+    #: The report's executing entries not blamed: keys the scheduler did not have in
+    #: processing on that worker, or more than its threads (`bounded_entries`).
+    ignored: int = 0
 
     @property
     def certain(self) -> bool:
@@ -55,7 +59,7 @@ class Blame:
         return not self.certain and len(self.executing) > 1
 
 
-def blame(death: Death) -> Blame:
+def blame(death: Death, forgotten: Container = ()) -> Blame:
     """>>> from .deaths import Removal
     >>> r = Removal("tcp://a:1", "a", 0.0, {"x": "x", "y": "y"}, nthreads=1)
     >>> b = blame(Death("tcp://a:1", r, {"executing": [{"key": "x"}]}))
@@ -71,13 +75,16 @@ def blame(death: Death) -> Blame:
     """
     processing = death.removal.processing if death.removal is not None else {}
     neighbours: frozenset[ShardKey] = frozenset()
+    ignored = 0
     if death.report is not None:
-        entries = blamed_entries(death.report)
-        executing = {e["key"]: processing.get(e["key"]) for e in entries}
+        ran, ignored = bounded_entries(death, forgotten)
+        crashed = [e for e in ran if e.get("crashed")]
+        entries = crashed or ran
+        executing = {e["key"]: processing.get(e["key"]) for e in _first(entries, death)}
         source = FLIGHT_RECORD
-        if len(entries) < len(death.report["executing"]):
+        if crashed and len(crashed) < len(ran):
             source = CRASHED_THREAD
-            neighbours = frozenset(e["key"] for e in death.report["executing"]) - set(executing)
+            neighbours = frozenset(e["key"] for e in ran if not e.get("crashed"))
     else:
         removal = death.removal
         assert removal is not None
@@ -89,8 +96,60 @@ def blame(death: Death) -> Blame:
             executing, source = dict(processing), EVERYTHING
     displaced = {}
     if death.report is not None:
-        displaced = {s: k for s, k in processing.items() if s not in executing}
-    return Blame(executing, displaced, source, neighbours)
+        # Executing there (beyond the threads, or beside a crash) is never displaced
+        # unless it was the crash's neighbour: it keeps Dask's own charge.
+        ran_keys = {e["key"] for e in ran} - neighbours
+        displaced = {s: k for s, k in processing.items() if s not in executing.keys() | ran_keys}
+    return Blame(executing, displaced, source, neighbours, ignored)
+
+
+def bounded_entries(death: Death, forgotten: Container = ()) -> tuple[list[dict], int]:
+    """The report's executing entries that count, and how many others it named.
+
+    A report may name up to 64 keys, and each blamed one becomes an event. Only keys the
+    scheduler had in processing on that worker count (a removal says which), and those
+    it forgot while they may still have run (a thread cannot be stopped); the others
+    are ignored, and counted. Without a removal (a late report, or one whose removal
+    never came) the scheduler cannot check them: all count, and `_first` bounds them.
+
+    >>> from .deaths import Removal
+    >>> r = Removal("tcp://a:1", "a", 0.0, {"x": "x", "y": "y"}, nthreads=1)
+    >>> ran = [{"key": k} for k in ("forged", "y", "x")]
+    >>> bounded_entries(Death("tcp://a:1", r, {"executing": ran}))
+    ([{'key': 'y'}, {'key': 'x'}], 1)
+    """
+    report, removal = death.report, death.removal
+    assert report is not None
+    named = report["executing"]
+    if removal is None:
+        return list(named), 0
+    ran = [e for e in named if e["key"] in removal.processing or e["key"] in forgotten]
+    return ran, len(named) - len(ran)
+
+
+def _first(entries: list[dict], death: Death) -> list[dict]:
+    """At most as many entries as the worker had threads (as the scheduler knew them; the
+    death a late report amends; else one): each blamed entry is an event. The others
+    executing there keep Dask's charge, unnamed.
+
+    >>> from .deaths import Removal
+    >>> r = Removal("tcp://a:1", "a", 0.0, {"x": "x", "y": "y"}, nthreads=1)
+    >>> _first([{"key": "y"}, {"key": "x"}], Death("tcp://a:1", r, {}))
+    [{'key': 'y'}]
+    """
+    threads = death.removal.nthreads if death.removal is not None else death.nthreads
+    return entries[: max(1, threads or 1)]
+
+
+def blamed(death: Death) -> tuple[list[dict], int]:
+    """The report's executing entries the death is blamed on (the crashed thread's when
+    the dump named it, else all that count, at most one per thread), and how many entries
+    were not blamed that way (ignored, or past the threads)."""
+    ran, ignored = bounded_entries(death)
+    entries = _first(blamed_entries({"executing": ran}), death)
+    crashed = any(e.get("crashed") for e in ran)
+    cut = 0 if crashed else len(ran) - len(entries)
+    return entries, ignored + cut
 
 
 def blamed_entries(report: dict) -> list[dict]:

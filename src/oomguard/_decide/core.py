@@ -32,7 +32,7 @@ from typing import Any
 from .._causes import memory_death
 from .._models import FailureEvent
 from . import memory
-from .blame import blame, blamed_entries
+from .blame import blame, blamed
 from .budget import DeathBudget
 from .deaths import Death, DeathPairing, Removal
 from .decisions import Decision, Forgive, Hold, Release, Stop
@@ -272,7 +272,7 @@ class DecisionCore:
         self.deaths += 1
         report, removal = death.report, death.removal
         cause = death_cause(death)
-        b = blame(death)
+        b = blame(death, self._forgotten)
         out: list[Decision] = []
         forgiven = self._displace(b.displaced, None, b.neighbours)
         self.isolation.displaced(forgiven)  # one running alone beside a crash goes first again
@@ -407,7 +407,7 @@ class DecisionCore:
     def _amend(self, death: Death) -> list[Decision]:
         told = DeathEvidence.late(death)
         out: list[Decision] = []
-        for entry in blamed_entries(death.report) or [None]:
+        for entry in blamed(death)[0] or [None]:
             s = entry["key"] if entry else ""
             run = self.runs.of(self.runs.key(s)) if s else None
             attempt = max(1, self.policy.attempt(s) - 1) if s else 1  # of the event it amends

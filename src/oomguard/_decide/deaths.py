@@ -58,6 +58,8 @@ class Death:
     # with `clean`: what its nanny said the worker was executing when it was stopped
     # (the flight record's keys, at most 16); None when it did not say
     executing: tuple[ShardKey, ...] | None = None
+    # with `late`: the threads of the dead worker, as its removal said (None: not known)
+    nthreads: int | None = None
 
 
 class DeathPairing:
@@ -99,9 +101,10 @@ class DeathPairing:
         deaths = self._decided.pop(death.worker, {})
         pid = _pid(death)
         when = death.removal.time if death.removal is not None else None
+        threads = death.removal.nthreads if death.removal is not None else None
         if pid not in deaths:
             self._remembered += 1
-        deaths[pid if pid is not None else object()] = [death.report is not None, when]
+        deaths[pid if pid is not None else object()] = [death.report is not None, when, threads]
         self._decided[death.worker] = deaths
         nanny = death.removal.nanny if death.removal is not None else None
         if nanny is not None and pid is not None:
@@ -198,7 +201,7 @@ class DeathPairing:
                 return None
             # Decided as worker_lost; this report says what really happened.
             mine[0] = True
-            return Death(worker, None, report, late=True, lost_at=mine[1])
+            return Death(worker, None, report, late=True, lost_at=mine[1], nthreads=mine[2])
         earlier = self._reports.get(worker)
         if earlier is not None and _same(earlier[1].get("pid"), pid):
             self._refuse(DUPLICATE)
@@ -266,6 +269,10 @@ class DeathPairing:
         """True when a new report could only be refused: the unmatched reports are at their
         cap and no removal waits for a report (a storm of reports nothing asked for)."""
         return len(self._reports) >= self.max_reports and not self._removals
+
+    def waits(self, worker: str) -> bool:
+        """Whether a removal of `worker` waits for its report (O(1))."""
+        return worker in self._removals
 
     def pending_removals(self) -> int:
         return len(self._removals)

@@ -22,7 +22,8 @@ from .._words import (
     evidence_summary,
     suspects_line,
 )
-from .blame import FLIGHT_RECORD, Blame, Culprit, culprit
+from .blame import FLIGHT_RECORD, Blame, Culprit, blamed, culprit
+from .bounds import cap_evidence
 from .deaths import Death
 from .decisions import Record
 from .runs import ShardKey
@@ -90,6 +91,8 @@ class DeathEvidence:
         killer = death_killer(death, cause)
         suspects = tuple(sorted(keys)) if b.suspected else ()
         evidence = _evidence(death, cause, b.source, 0 if suspects else len(keys), killer)
+        if b.ignored:
+            evidence["executing_ignored"] = b.ignored  # named by the report, not blamed
         if suspects:
             nthreads = removal.nthreads if removal is not None else 1
             evidence.update(
@@ -106,7 +109,7 @@ class DeathEvidence:
             and b.certain
             and sum(k is not None for k in keys.values()) > 1
         )
-        likely = culprit(report["executing"]) if shared else None
+        likely = culprit([e for e in report["executing"] if e["key"] in keys]) if shared else None
         if likely is not None:
             evidence.update(
                 likely_culprit=likely.shard,
@@ -125,6 +128,7 @@ class DeathEvidence:
             first = likely.shard if likely is not None else next(iter(keys), "")
             sig = death_signature(cause, report, entries.get(first), first)
             example = trace_example(report, entries.get(first), first)
+        cap_evidence(evidence)  # measured once per death, shared by its events
         return cls(
             death,
             cause,
@@ -146,9 +150,13 @@ class DeathEvidence:
         report = death.report
         cause = Cause(report["cause"])
         killer = death_killer(death, cause)
-        evidence = _evidence(death, cause, FLIGHT_RECORD, len(report["executing"]), killer)
+        ran, ignored = blamed(death)
+        evidence = _evidence(death, cause, FLIGHT_RECORD, len(ran), killer)
         evidence["late_report"] = True
-        entry = (report["executing"] or [None])[0]
+        if ignored:
+            evidence["executing_ignored"] = ignored
+        cap_evidence(evidence)
+        entry = (ran or [None])[0]
         first = entry["key"] if entry else ""
         sig = death_signature(cause, report, entry, first)
         example = trace_example(report, entry, first)

@@ -9,6 +9,11 @@ second bound a storm on a loaded machine fills the queue with thousands of repor
 consumer can only refuse after they were decoded (holding the GIL) and delivered (on the
 event loop). Batches are small: each is one lump of work on the loop, and on a loaded
 machine the loop's lag grows with the largest lumps it runs.
+
+Per sender (`_senders`): a report the scheduler waits for (`matched`: its worker's
+removal is pending) is taken first, in a lane of its own that a flood cannot fill; any
+other is counted against its host's rate, and past it refused unread (`overflow`, and
+`limited` by host): the nanny of a real death retries.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any
 
 from .._evidence import wire as _wire
 from .._exceptions import ReportError
+from ._senders import SenderLimit, peek_worker
 
 logger = logging.getLogger("oomguard.scheduler")
 
@@ -45,11 +51,19 @@ class ReportIntake:
         max_report_bytes: int = _wire.MAX_REPORT_BYTES,
         batch: int = 8,
         room: Callable[[], int | None] | None = None,
+        matched: Callable[[str], bool] | None = None,
+        senders: SenderLimit | None = None,
+        max_matched: int = 1_000,
     ):
         self.on_batch = on_batch
         # How many more reports the consumer could take now (None: no limit). Called on
         # the event loop by `submit`, so it may read the consumer's state.
         self.room = room
+        # Whether a death of this worker waits for its report (event loop).
+        self.matched = matched
+        self.senders = senders if senders is not None else SenderLimit()
+        self.max_matched = max_matched
+        self._first: deque[tuple[bytes, float, Any]] = deque()  # matched reports
         self.max_items = max_items
         self.max_bytes = max_bytes
         self.max_report_bytes = max_report_bytes
@@ -63,6 +77,7 @@ class ReportIntake:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.overflow = 0  # refused unread: the one count of these (`Handlers.counts`)
         self.accepted = 0
+        self.first = 0  # of accepted: matched to a death that waited for its report
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -71,8 +86,24 @@ class ReportIntake:
 
     def submit(self, data: bytes, meta: Any = None) -> bool:
         """Queue one report (event loop; O(1)) with `meta` (the sender), handed back with
-        its result. False when full, or when the reports taken in and not yet handed over
-        already fill the consumer's `room`: counted in `overflow`."""
+        its result. A report whose death waits for it goes first, past every other limit
+        but its lane's size. Any other: False when its sender is over its rate, when full,
+        or when the reports taken in and not yet handed over already fill the consumer's
+        `room`: counted in `overflow`."""
+        if self.matched is not None:
+            worker = peek_worker(data)
+            if worker is not None and self.matched(worker):
+                with self._cond:
+                    if len(self._first) < self.max_matched:
+                        self._first.append((data, time.time(), meta))
+                        self.first += 1
+                        self.accepted += 1
+                        self._unsettled += 1
+                        self._cond.notify()
+                        return True
+        if not self.senders.take(meta, time.monotonic()):
+            self.overflow += 1
+            return False
         room = self.room() if self.room is not None else None
         if room is not None and self._unsettled >= room:
             self.overflow += 1
@@ -88,18 +119,26 @@ class ReportIntake:
             self._cond.notify()
         return True
 
+    def limited(self) -> int:
+        """Reports refused because their sender was over its rate."""
+        return sum(self.senders.limited.values())
+
     def pending(self) -> int:
-        return len(self._queue)
+        return len(self._queue) + len(self._first)
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._closed:
+                while not self._queue and not self._first and not self._closed:
                     self._cond.wait()
-                if self._closed and not self._queue:
+                if self._closed and not self._queue and not self._first:
                     return
-                items = [self._queue.popleft() for _ in range(min(self.batch, len(self._queue)))]
-                self._bytes -= sum(len(d) for d, _, _ in items)
+                first = self._first
+                items = [first.popleft() for _ in range(min(self.batch, len(first)))]
+                queue = self._queue
+                rest = [queue.popleft() for _ in range(min(self.batch - len(items), len(queue)))]
+                self._bytes -= sum(len(d) for d, _, _ in rest)
+                items += rest
             results: list[Result] = []
             for data, arrived, meta in items:
                 try:

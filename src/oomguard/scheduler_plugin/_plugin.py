@@ -180,7 +180,9 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             larger_only=settings["memory-retry-larger-only"],
         )
         self.store = await _setup.open_store(scheduler, settings, self.metrics)
-        self.intake = ReportIntake(self.handlers.on_reports, room=self.handlers.room)
+        self.intake = ReportIntake(
+            self.handlers.on_reports, room=self.handlers.room, matched=self.core.pairing.waits
+        )
         self.intake.start(asyncio.get_running_loop())
         self.scheduler = scheduler
         self._undo_stop = _setup.on_stop(scheduler, self._stopped)

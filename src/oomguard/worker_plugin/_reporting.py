@@ -22,7 +22,8 @@ from .._evidence.host import oomd_xattrs
 from .._evidence.killers import find_killers, merge_killers
 from .._evidence.paths import crash_path, flight_path
 from .._private import read_regular
-from .._protocol import CLEAN_EXIT_HANDLER, DEATH_TOPIC, REPORT_HANDLER
+from .._protocol import CLEAN_EXIT_HANDLER, DEATH_TOPIC, OVERFLOW, REPORT_HANDLER
+from ._send import send_with_retry
 
 if TYPE_CHECKING:
     from distributed import Nanny
@@ -129,8 +130,21 @@ class ReportingMixin:
             return
         data = _wire.encode(report)
         try:
-            await getattr(nanny.scheduler, REPORT_HANDLER)(report=data)
+            call = getattr(nanny.scheduler, REPORT_HANDLER)
+            reply, overflows = await send_with_retry(
+                lambda: call(report=data), stop=lambda: bool(getattr(self, "_closing", False))
+            )
             self.reports_sent += 1
+            if overflows:
+                status = reply.get("status") if isinstance(reply, dict) else reply
+                log = logger.warning if status == OVERFLOW else logger.info
+                log(
+                    "oomguard: the scheduler answered 'overflow' %d times to the death report "
+                    "of %s (asked again with backoff); its last answer: %s",
+                    overflows,
+                    report.get("worker"),
+                    status,
+                )
             return
         except Exception as e:
             # No scheduler plugin: still leave a trace in the scheduler's event log.
