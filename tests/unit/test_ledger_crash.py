@@ -86,7 +86,7 @@ def small_tmpfs():
     require(os.geteuid() == 0, "not root: cannot mount a tmpfs")
     where = tempfile.mkdtemp(prefix="oomguard-enospc-")
     done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", where], capture_output=True
+        ["mount", "-t", "tmpfs", "-o", "size=16k,mode=0700", "tmpfs", where], capture_output=True
     )
     require(done.returncode == 0, f"cannot mount a tmpfs: {done.stderr.decode().strip()}")
     try:
