@@ -52,6 +52,18 @@ def wait_installed(client, n: int = 2, timeout: float = 60.0) -> None:
     wait_for(installed, "worker plugins were not installed", timeout, interval=0.1)
 
 
+def wait_nannies_running(client, n: int = 1, timeout: float = 60.0) -> None:
+    """Wait until `n` nannies have finished starting. A worker registers before its nanny's
+    start returns; one killed in between fails the nanny's start ("nanny-start-failed"),
+    and `dask worker` exits instead of restarting it."""
+
+    def running() -> bool:
+        got = client.run(lambda dask_worker: dask_worker.status.name, nanny=True)
+        return len(got) >= n and set(got.values()) == {"running"}
+
+    wait_for(running, "nannies did not finish starting", timeout, interval=0.05)
+
+
 def require_worker_groups(info: CgroupInfo | None = None) -> None:
     """Skip the test (fail it under OOMGUARD_STRICT=1) where per-worker memory cgroups
     cannot be made: a real probe, `can_create_child`."""

@@ -21,7 +21,7 @@ from distributed import Client
 
 import oomguard
 from capabilities import require
-from cluster_helpers import wait_for
+from cluster_helpers import wait_for, wait_nannies_running
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -180,6 +180,7 @@ def test_another_users_crash_dir_is_refused_and_nothing_written_through_it(two_u
         )
         with Client(addr, timeout=60) as client:
             client.wait_for_workers(1, timeout=90)
+            wait_nannies_running(client)
             (pid,) = client.run(os.getpid).values()
             fut = client.submit(os.kill, pid, signal.SIGKILL, pure=False)
             failures = oomguard.Failures(client)
