@@ -28,7 +28,9 @@ def on_event(plugin: OomguardSchedulerPlugin, msg: Any) -> None:
         return
     with plugin.guard("log_event"):
         scheduler = plugin.scheduler
-        if scheduler is None or not dask_removal(msg, plugin._workers, scheduler.workers):
+        if scheduler is None:
+            return  # before start() or after close()
+        if not dask_removal(msg, plugin._workers, scheduler.workers):
             plugin.handlers.removals_refused += 1
             plugin.guard.once(
                 "removal_refused",
