@@ -221,7 +221,16 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             logger.info("oomguard: no dashboard page (bokeh is not installed)")
         except Exception:
             self.guard.error("dashboard")
-        await _setup.install_worker_side(scheduler)
+        # Hooks from here on, not only once Dask adds the plugin after start() returns (its
+        # add_plugin keeps this one): a worker that joins or dies while the nannies get
+        # their plugin is seen, its nanny known, its removal counted (_trust.py).
+        added = scheduler.plugins.setdefault(self.name, self) is self
+        try:
+            await _setup.install_worker_side(scheduler)
+        except BaseException:
+            if added and scheduler.plugins.get(self.name) is self:
+                del scheduler.plugins[self.name]
+            raise
         for addr in list(scheduler.workers):  # joined while the line above waited
             if addr not in self._workers:
                 self.add_worker(scheduler, addr)
