@@ -63,8 +63,18 @@ OVERFLOW = "overflow"
 DUPLICATE = "duplicate"
 #: Refused: not sent by the worker's registered nanny.
 UNKNOWN_SENDER = "unknown_sender"
+#: Refused: the worker never registered with the scheduler, or registered without a nanny.
+UNREGISTERED = "unregistered"
+#: Refused: the report names another nanny than the one its worker registered with.
+WRONG_NANNY = "wrong_nanny"
 #: The label set of ``oomguard_reports_rejected_total{reason}``.
-REJECT_REASONS = VALIDATION_REASONS | {OVERFLOW, DUPLICATE, UNKNOWN_SENDER}
+REJECT_REASONS = VALIDATION_REASONS | {
+    OVERFLOW,
+    DUPLICATE,
+    UNKNOWN_SENDER,
+    UNREGISTERED,
+    WRONG_NANNY,
+}
 
 # ------------------------------------------------------------------------ guard sites
 #: Where the scheduler side catches its own errors (``guard("site")``): the label set of

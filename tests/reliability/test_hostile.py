@@ -332,19 +332,19 @@ def test_hostile_reports_over_the_wire(scheduler, tmp_path, record_figures):
     assert not marker.exists(), "a pickled payload was loaded"
     assert stats["internal_errors"] == 0
     assert stats["reports"] == 0  # none of them got through
-    # A valid report is taken only from the host of the worker it speaks for: this test
-    # sends from loopback, so one for a worker at 10.0.0.5 is refused, one for a worker
-    # on this machine is taken.
+    # A valid report is taken only from the nanny its worker registered with (issue 28):
+    # this cluster has no worker, so one for a worker at 10.0.0.5 and one for a worker on
+    # this machine are both refused (tests/cluster/test_forged.py has the taken ones).
     local = msgpack.packb({**VALID, "worker": "tcp://127.0.0.1:40001"})
     ok = client.sync(
-        _send_all, cl.scheduler_address, {"forged": msgpack.packb(VALID), "ok": local}
+        _send_all, cl.scheduler_address, {"forged": msgpack.packb(VALID), "local": local}
     )
-    assert ok == {"forged": {"status": "queued"}, "ok": {"status": "queued"}}
+    assert ok == {"forged": {"status": "queued"}, "local": {"status": "queued"}}
     deadline = time.monotonic() + 10
-    while snapshot()["reports"] < 1 and time.monotonic() < deadline:
+    while snapshot()["rejected"].get("unregistered", 0) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert snapshot()["reports"] == 1
-    assert snapshot()["rejected"].get("unknown_sender") == 1
+    assert snapshot()["reports"] == 0
+    assert snapshot()["rejected"].get("unregistered") == 2
     record_figures("hostile-wire", payloads=len(cases), rejected=stats["rejected"])
 
 
@@ -355,7 +355,7 @@ async def _notices(address, notices):
 
 def test_hostile_exit_notices_over_the_wire(scheduler):
     """A clean-exit notice decides a removal at once (a requested stop forgives it): each
-    field is checked and named, and only the worker's own host may send one."""
+    field is checked and named, and only its registered nanny (from its host) may send one."""
     cl, client = scheduler
     worker = "tcp://127.0.0.1:40002"
     answers = client.sync(
@@ -373,13 +373,23 @@ def test_hostile_exit_notices_over_the_wire(scheduler):
         ],
     )
     fields = [a.get("field") for a in answers]
-    assert fields == ["worker", "requested", "requested", "pid", "pid", "worker", None, None]
-    assert [a["status"] for a in answers[-2:]] == ["ok", "ok"]
+    # Well-formed notices for a worker that never registered are refused too (issue 28).
+    assert fields == [
+        "worker",
+        "requested",
+        "requested",
+        "pid",
+        "pid",
+        "worker",
+        "worker",
+        "worker",
+    ]
+    assert [a["status"] for a in answers[-2:]] == ["rejected", "rejected"]
     stats = client.run_on_scheduler(
         lambda dask_scheduler: dask_scheduler.plugins["oomguard"].metrics_snapshot()
     )
     assert stats["rejected"].get("wrong_type") == 5
-    assert stats["rejected"].get("unknown_sender") == 1
+    assert stats["rejected"].get("unregistered") == 3
     assert stats["internal_errors"] == 0
 
 

@@ -1,8 +1,9 @@
 """Restart (issue 8, part 3): kill -9 the scheduler mid-stream; nothing acknowledged is lost.
 
 A real `dask scheduler --preload oomguard.scheduler_plugin` process with a persistent store.
-The test streams death reports at it (each a distinct worker, decided after a short grace)
-and keeps asking it for its events (`oomguard_query`, which commits before it answers):
+The test streams failing tasks at it through a real worker (each exception an event; death
+reports are taken only from a registered worker's nanny, issue 28) and keeps asking it for
+its events (`oomguard_query`, which commits before it answers):
 an event the scheduler has shown is an acknowledged event. Mid-stream, SIGKILL. Then the
 store passes SQLite's integrity check, and a restarted scheduler on the same store still
 has every acknowledged event, field for field.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import operator
 import os
 import signal
 import sqlite3
@@ -19,12 +21,8 @@ import subprocess
 import sys
 import time
 
-import msgpack
 import pytest
-from distributed import rpc
-
-from oomguard._evidence.build import EXAMPLE_ARGS, build_report
-from oomguard.worker_plugin import REPORT_HANDLER
+from distributed import Client, rpc
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -91,37 +89,54 @@ async def _events(address):
 
 
 async def _stream_and_kill(address, proc, min_acked, max_seconds):
-    template = build_report(**EXAMPLE_ARGS)
     acked: dict[int, dict] = {}
     sent = 0
     killed_at_send = None
     start = time.monotonic()
-    async with rpc(address) as s:
-        await _events(address)  # the plugin is up
-        while True:
-            for _ in range(20):
-                report = dict(
-                    template,
-                    worker=f"tcp://127.9.{sent // 250 % 250}.{sent % 250}:4000",
-                    time=time.time(),
-                )
+    await _events(address)  # the plugin is up
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "distributed.cli.dask_worker",
+            address,
+            "--no-nanny",
+            "--nthreads",
+            "2",
+            "--no-dashboard",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    client = await Client(address, asynchronous=True, timeout=60)
+    try:
+        await client.wait_for_workers(1, timeout=60)
+        async with rpc(address) as s:
+            while True:
+                futures = [
+                    client.submit(operator.truediv, sent + i, 0, pure=False) for i in range(20)
+                ]
                 try:
-                    await getattr(s, REPORT_HANDLER)(report=msgpack.packb(report))
+                    await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), 30)
+                    rows = await _all_events(s)
                 except Exception:
                     return acked, sent, killed_at_send
-                sent += 1
-            try:
-                rows = await _all_events(s)
-            except Exception:
-                return acked, sent, killed_at_send
-            for row in rows:
-                acked[row["id"]] = row
-            if killed_at_send is None and (
-                len(acked) >= min_acked or time.monotonic() - start > max_seconds
-            ):
-                # Mid-stream: reports queued, deaths pending, the writer busy.
-                os.kill(proc.pid, signal.SIGKILL)
-                killed_at_send = sent
+                sent += len(futures)
+                for row in rows:
+                    acked[row["id"]] = row
+                if killed_at_send is not None:
+                    return acked, sent, killed_at_send
+                if len(acked) >= min_acked or time.monotonic() - start > max_seconds:
+                    # Mid-stream: tasks erring, the writer busy.
+                    os.kill(proc.pid, signal.SIGKILL)
+                    killed_at_send = sent
+    finally:
+        worker.kill()
+        worker.wait(timeout=30)
+        try:
+            await asyncio.wait_for(client.close(), 5)
+        except Exception:
+            pass
 
 
 def test_kill_9_keeps_acknowledged_events(tmp_path, long_run, record_figures):
@@ -157,7 +172,7 @@ def test_kill_9_keeps_acknowledged_events(tmp_path, long_run, record_figures):
     changed = [i for i in acked if i in after and after[i] != acked[i]]
     record_figures(
         "restart",
-        reports_sent=sent,
+        tasks_failed=sent,
         events_acknowledged=len(acked),
         events_recovered=len(acked) - len(missing) - len(changed),
         events_on_disk_after_kill=on_disk,

@@ -40,6 +40,10 @@ from .._protocol import PIPELINE_ANNOTATION as ANNOTATION
 #: Span and annotation runs kept after their keys are all forgotten, most recent last. A run
 #: is a few hundred bytes of counters, plus a record per shard that failed.
 IDLE_RUNS = 1_000
+#: Pipeline names whose run count is kept (to label a name's second run "etl#2"), least
+#: recently started dropped first. A name seen again after it was dropped is numbered past
+#: every count dropped so far, so a label is never given twice.
+SEEN_NAMES = 10_000
 
 #: A task key as `str(key)`: how reports, events and the policy name a shard.
 ShardKey = NewType("ShardKey", str)
@@ -130,13 +134,15 @@ class Runs:
     'etl'
     """
 
-    def __init__(self, idle_runs: int = IDLE_RUNS) -> None:
+    def __init__(self, idle_runs: int = IDLE_RUNS, seen_names: int = SEEN_NAMES) -> None:
         self._of: dict[Any, tuple[Run, ShardKey]] = {}  # key -> (its run, str(key))
         self._by_str: dict[ShardKey, Any] = {}
         self._live: dict[tuple, Run] = {}  # identity -> the open run (idle ones too)
         self._idle: OrderedDict[tuple, Run] = OrderedDict()  # open runs with no key, oldest 1st
         self._idle_runs = idle_runs
-        self._seen: dict[str, int] = {}  # name -> runs started, for labels
+        self._seen: OrderedDict[str, int] = OrderedDict()  # name -> runs started, for labels
+        self._seen_names = seen_names
+        self._dropped = 0  # the highest count dropped from `_seen`
         self._ids = itertools.count(1)
         #: Runs that ended for good (no key left and nothing more can join): the owner
         #: persists their status, then forgets them (`take_ended`).
@@ -193,7 +199,10 @@ class Runs:
         return touched
 
     def _start(self, name: str, identity: tuple, now: float) -> Run:
-        n = self._seen[name] = self._seen.get(name, 0) + 1
+        seen = self._seen
+        n = seen[name] = seen.pop(name, 0 if not self._dropped else self._dropped) + 1
+        if len(seen) > self._seen_names:
+            self._dropped = max(self._dropped, seen.popitem(last=False)[1])
         run = Run(
             label=RunLabel(name if n == 1 else f"{name}#{n}"),
             name=name,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._decide import Forgive, Hold, Record, Release, Restrict, Stop, Widen, nanny_stop_record
 from .._words import death_line
+from ._trust import LOGGED_ABORTS, Bounded
 
 #: What a pod lookup says of the killer: event fields, not evidence (see kubernetes._killer).
 _KILLER_FIELDS = ("killer", "killer_how", "killer_confidence", "killer_summary")
@@ -49,7 +50,7 @@ class DaskActions:
         self._pods = pods  # oomguard._evidence.kubernetes.PodLookup where enabled
         self._lookups: set[asyncio.Task] = set()
         self._saved: dict[Any, tuple] = {}  # held key -> its own restrictions, to restore
-        self._logged_aborts: set[str] = set()  # runs whose abort was announced
+        self._logged_aborts = Bounded(LOGGED_ABORTS)  # runs whose abort was announced
 
     def apply(self, decisions: list) -> None:
         """Apply the core's decisions, in order."""

@@ -1,13 +1,14 @@
 """The scheduler's RPCs: death reports and clean-exit notices from nannies, and queries
 from `oomguard.Failures` and `oomguard report`.
 
-Trust: a report or notice is accepted only over a connection from the host of the nanny
-that registered the named worker (Dask records each worker's nanny address). Anything
-else is refused and counted (`oomguard_reports_rejected_total{reason="unknown_sender"}`).
+Trust (`_trust.py`): a report or notice is accepted only for a worker that registered with
+a nanny, over a connection from that nanny's host, and a report only when its `nanny` field
+is that nanny. Anything else is refused and counted
+(`oomguard_reports_rejected_total{reason="unregistered"|"wrong_nanny"|"unknown_sender"}`).
 This is as strong as Dask's own model allows without TLS: any client may run code on the
 scheduler (`client.run_on_scheduler`) unless the cluster uses TLS with authentication, so
 oomguard defends against mistakes and stray senders, not against a client that already
-holds the keys. See docs/reliability.md.
+holds the keys. See docs/security.md.
 """
 
 from __future__ import annotations
@@ -26,9 +27,12 @@ from .._protocol import (
     REPORT_HANDLER,
     UNGUARDED_HANDLER,
     UNKNOWN_SENDER,
+    UNREGISTERED,
     WORKER_GROUP_PREFIX,
+    WRONG_NANNY,
 )
 from ._query_bounds import bounded
+from ._trust import CGROUP_NANNIES, Bounded, NannyBook
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -42,8 +46,8 @@ def sender_matches(peer: str | None, worker: str, nanny: str | None, local: str 
     """Whether a connection from `peer` may speak for `worker`, whose nanny is `nanny`.
 
     The peer's host must be the nanny's (the nanny connects from its own host; its port is
-    ephemeral). Workers the scheduler does not know (already removed) are judged by the
-    host of their address. In-process connections (`inproc://`) are the scheduler's own.
+    ephemeral). Whether `nanny` is the worker's registered nanny is `NannyBook.check`'s
+    part. In-process connections (`inproc://`) are the scheduler's own.
 
     >>> sender_matches("tcp://10.0.0.5:53122", "tcp://10.0.0.5:40001", "tcp://10.0.0.5:40000")
     True
@@ -93,8 +97,9 @@ class Handlers:
     rejected: dict[str, int]  # reports and notices refused here, by reason
     latencies: list[float]  # seconds from a death to its report, the last 1,000
     unguarded_nannies: dict[str, str]  # nanny -> why its worker runs without oomguard
-    _cgroup_nannies: set[str]  # nannies whose workers have their own cgroup
-    _nannies: dict[str, str]  # worker -> nanny, kept past the worker's removal
+    nannies: NannyBook  # worker -> its registered nanny, kept a while past its removal
+    removals_refused: int  # remove-worker events on "all" that were not Dask's (_removals)
+    _cgroup_nannies: Bounded  # nannies whose workers have their own cgroup (CGROUP_NANNIES)
 
     def __init__(self, plugin: OomguardSchedulerPlugin) -> None:
         self.plugin = plugin
@@ -102,8 +107,9 @@ class Handlers:
         self.rejected = {}
         self.latencies = []
         self.unguarded_nannies = {}
-        self._cgroup_nannies = set()
-        self._nannies = {}
+        self.nannies = NannyBook(plugin.worker_state)
+        self.removals_refused = 0
+        self._cgroup_nannies = Bounded(CGROUP_NANNIES)
 
     def register(self, scheduler: Scheduler) -> None:
         scheduler.handlers[REPORT_HANDLER] = self.report
@@ -121,22 +127,19 @@ class Handlers:
             if scheduler.handlers.get(name) == fn:
                 del scheduler.handlers[name]
 
-    def _nanny_of(self, worker: str) -> str | None:
-        ws = self.plugin.worker_state(worker)
-        if ws is not None and ws.nanny:
-            self._nannies[worker] = ws.nanny
-            if len(self._nannies) > 100_000:
-                self._nannies.pop(next(iter(self._nannies)))
-            return ws.nanny
-        return self._nannies.get(worker)
-
-    def trusted(self, peer: str | None, worker: Any) -> bool:
-        """Whether `peer` may speak for `worker`; a refusal is counted."""
-        if isinstance(worker, str) and sender_matches(peer, worker, self._nanny_of(worker)):
+    def trusted(self, peer: str | None, worker: Any, nanny: Any = ...) -> bool:
+        """Whether `peer` may speak for `worker` (`nanny`: the report's own field; a notice
+        has none); a refusal is counted and its reason logged once."""
+        reason = self.nannies.check(peer, worker, nanny, sender_matches)
+        if reason is None:
             return True
-        self.reject(
-            ReportError("worker", f"not sent from the host of {worker!r}'s nanny", UNKNOWN_SENDER)
-        )
+        why = {
+            UNKNOWN_SENDER: "not sent from the host of its registered nanny",
+            UNREGISTERED: "no such worker registered with a nanny",
+            WRONG_NANNY: f"names the nanny {nanny!r}, not the one its worker registered with",
+        }[reason]
+        field = "nanny" if reason == WRONG_NANNY else "worker"
+        self.reject(ReportError(field, f"{worker!r}: {why}", reason))
         return False
 
     async def report(self, comm=None, report: Any = None, **extra: Any) -> dict:
@@ -218,7 +221,7 @@ class Handlers:
                 if isinstance(clean, ReportError):
                     self.reject(clean)
                     continue
-                if not self.trusted(peer, clean["worker"]):
+                if not self.trusted(peer, clean["worker"], clean.get("nanny")):
                     continue
                 latencies = self.latencies
                 latencies.append(max(0.0, arrived - clean["time"]))
@@ -226,7 +229,7 @@ class Handlers:
                 plugin.metrics.report_latency(latencies[-1])
                 cgroup_name = ((clean.get("cgroup") or {}).get("path") or "").rsplit("/", 1)[-1]
                 if cgroup_name.startswith(WORKER_GROUP_PREFIX):
-                    self._cgroup_nannies.add(clean["nanny"])
+                    self._cgroup_nannies.add(self.nannies.nanny_of(clean["worker"]))
                     plugin.metrics.set_cgroup_workers(len(self._cgroup_nannies))
                 if clean.get("cause") is None:
                     continue

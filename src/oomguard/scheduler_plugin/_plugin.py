@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import _compat, _config
-from .._decide import DecisionCore, Hold, Record, Removal
+from .._decide import DecisionCore, Record
 from .._exceptions import ConfigError
 from .._guard import Guard
 from .._log import follow_dask_logging
 from .._metrics import OomguardMetrics
 from .._protocol import ADMISSION_TOPIC, HOST_TOPIC, SCHEDULER_PLUGIN
 from .._store import FailureStore
-from . import _setup
+from . import _removals, _setup
 from ._actions import DaskActions, address_host
 from ._handlers import Handlers
 from ._intake import ReportIntake
@@ -219,7 +219,19 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             logger.info("oomguard: no dashboard page (bokeh is not installed)")
         except Exception:
             self.guard.error("dashboard")
-        await _setup.install_worker_side(scheduler)
+        # Hooks from here on, not only once Dask adds the plugin after start() returns (its
+        # add_plugin keeps this one): a worker that joins or dies while the nannies get
+        # their plugin is seen, its nanny known, its removal counted (_trust.py).
+        added = scheduler.plugins.setdefault(self.name, self) is self
+        try:
+            await _setup.install_worker_side(scheduler)
+        except BaseException:
+            if added and scheduler.plugins.get(self.name) is self:
+                del scheduler.plugins[self.name]
+            raise
+        for addr in list(scheduler.workers):  # joined while the line above waited
+            if addr not in self._workers:
+                self.add_worker(scheduler, addr)
         self._started = True
         logger.info("oomguard: watching failures; store at %s", self.store.path)
 
@@ -329,23 +341,11 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         if topic == HOST_TOPIC:
             self._host_event(msg)
             return
-        # Dask publishes this after counting the dead worker's tasks and before it
-        # reschedules them: holds apply now, everything else once Dask's transitions ran.
-        if topic != "all" or not isinstance(msg, dict) or msg.get("action") != "remove-worker":
-            return
-        with self.guard("log_event"):
-            ws = self._workers.pop(msg.get("worker"), None)
-            name = self._hostnames.pop(msg.get("worker"), None)
-            if msg.get("expected") or self.core is None or self.scheduler is None:
-                return  # a stop, or an event after close()
-            if self.scheduler.status in _setup.SHUTTING_DOWN:
-                return  # the cluster is closing: its workers leave, they do not die
-            out = self.core.removed(self._removal(msg, ws, name), time.monotonic())
-            now = [d for d in out if isinstance(d, Hold)]
-            later = [d for d in out if not isinstance(d, Hold)]
-            self.apply(now)
-            if later:
-                asyncio.get_running_loop().call_soon(self._apply_guarded, later)
+        if topic == "all":
+            _removals.on_event(self, msg)
+
+    def remove_worker(self, scheduler, worker, *, stimulus_id=None, **kw):
+        _removals.after_removal(self, worker)
 
     def _admission_event(self, msg) -> None:
         """A worker's task waited for host memory and then ran: its pipeline's summary
@@ -382,31 +382,6 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         """The one name of a worker's machine in events: the hostname its worker plugin
         sent (the name its nanny's death reports carry), else the host of its address."""
         return self._hostnames.get(address) or address_host(address)
-
-    def _removal(self, msg: dict, ws, name: str | None = None) -> Removal:
-        tasks = self.scheduler.tasks
-        processing = {str(k): k for k in msg.get("processing-tasks") or ()}
-        prior = {}
-        for s, k in processing.items():
-            ts = tasks.get(k)
-            if ts is not None and ts.suspicious > 1:
-                prior[s] = ts.suspicious - 1  # Dask counted this death already
-        guess = {}
-        if ws is not None:
-            guess = {str(ts.key): ts.key for ts in ws.executing if str(ts.key) in processing}
-        address = msg.get("worker")
-        return Removal(
-            worker=address,
-            host=name or (ws.host if ws is not None else address_host(address)),
-            time=time.time(),
-            processing=processing,
-            executing_guess=guess,
-            nthreads=ws.nthreads if ws is not None else 1,
-            pid=ws.pid if ws is not None else None,
-            memory_limit=ws.memory_limit if ws is not None else None,
-            prior=prior,
-            nanny=ws.nanny if ws is not None else None,
-        )
 
     # --- task exceptions --------------------------------------------------------------
 
@@ -464,6 +439,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         core = self.core
         out = self.handlers.counts()
         out["internal_errors"] = self.guard.count
+        out["removals_refused"] = self.handlers.removals_refused
         if core is not None:
             out.update(unguarded=dict(self.unguarded))
             out.update(
