@@ -94,6 +94,16 @@ def test_the_nanny_hands_its_choice_to_its_workers_config(tmp_path):
     assert [c["oomguard"]["worker"]["crash-dir"] for c in configs[:2]] == [chosen, chosen]
 
 
+def test_the_handed_config_shares_nothing_with_the_process_config(tmp_path):
+    # A nanny's config is dask.config.merge(dask.config.config, ...): its nested dicts are
+    # the process's own. An in-process nanny must not change the global config.
+    glob = {"oomguard": {"worker": {"crash-dir": None, "sample-interval": "1s"}}}
+    nanny_config = dict(glob)  # what merge gives: a new top level, shared sections
+    chosen = private_crash_dir(str(tmp_path / "crash"), (nanny_config,))
+    assert nanny_config["oomguard"]["worker"] == {"crash-dir": chosen, "sample-interval": "1s"}
+    assert glob == {"oomguard": {"worker": {"crash-dir": None, "sample-interval": "1s"}}}
+
+
 def test_no_file_is_written_through_a_symlink(tmp_path):
     victim = _victim(tmp_path)
     flight = tmp_path / "123.flight"

@@ -38,11 +38,18 @@ def private_crash_dir(crash_dir: str, configs: Iterable[dict | None] = ()) -> st
     processes that no longer run removed."""
     crash_dir = _private.private_dir(crash_dir, "crash dir")
     for config in configs:
+        # New dicts all the way down: a nanny's config shares its nested dicts with the
+        # process's global dask config (dask.config.merge copies only the top level), and
+        # an in-process nanny must not change what every other part of the process reads.
         if isinstance(config, dict):
-            worker = config.setdefault("oomguard", {})
-            worker = worker.setdefault("worker", {}) if isinstance(worker, dict) else None
-            if isinstance(worker, dict):
-                worker["crash-dir"] = crash_dir
+            section = config.get("oomguard")
+            section = dict(section) if isinstance(section, dict) else {}
+            worker = section.get("worker")
+            section["worker"] = {
+                **(worker if isinstance(worker, dict) else {}),
+                "crash-dir": crash_dir,
+            }
+            config["oomguard"] = section
     removed = _private.remove_stale(crash_dir)
     if removed:
         logger.info(
