@@ -254,11 +254,12 @@ HOSTILE_TRACE = (
 )
 
 
-def _hostile_crash_report() -> bytes:
+def _hostile_crash_report(worker: str, nanny: str) -> bytes:
     report = build_report(
         **{
             **EXAMPLE_ARGS,
-            "worker": "tcp://127.0.0.9:4001",
+            "worker": worker,
+            "nanny": nanny,
             "exitcode": -11,
             "crash_text": HOSTILE_TRACE,
             "time": time.time(),
@@ -393,44 +394,63 @@ def test_hostile_exit_notices_over_the_wire(scheduler):
     assert stats["internal_errors"] == 0
 
 
-def test_html_and_user_names_in_a_trace(scheduler):
-    cl, client = scheduler
-    answer = client.sync(_send_all, cl.scheduler_address, {"r": _hostile_crash_report()})
-    assert answer["r"] == {"status": "queued"}
-    failures = oomguard.Failures(client)
-    deadline = time.monotonic() + 15
-    while not failures.events(cause="native_crash") and time.monotonic() < deadline:
-        time.sleep(0.1)
-    [event] = failures.events(cause="native_crash")
-    [sig] = failures.signatures()
-    # Stored examples carry no user names or home directories.
-    for stored in (sig.example, sig.title, event.signature_title):
-        for name in ("alice", "bob", "/home/", "/Users/"):
-            assert name not in stored, (name, stored)
-    assert "decode_shard" in sig.example  # scrubbed, not emptied
+def test_html_and_user_names_in_a_trace(tmp_path):
+    # Reports are taken only from a worker's registered nanny (issue 28): a real one, whose
+    # report carries the hostile trace.
+    with (
+        dask.config.set({"oomguard.scheduler.report-grace-timeout": "300ms"}),
+        LocalCluster(
+            n_workers=1,
+            threads_per_worker=1,
+            protocol="tcp",
+            host="127.0.0.1",
+            dashboard_address=":0",
+        ) as cl,
+        Client(cl) as client,
+    ):
+        oomguard.install(client, store=str(tmp_path / "hostile.sqlite3"))
+        [(worker, info)] = client.scheduler_info()["workers"].items()
+        report = _hostile_crash_report(worker, info["nanny"])
+        answer = client.sync(_send_all, cl.scheduler_address, {"r": report})
+        assert answer["r"] == {"status": "queued"}
+        failures = oomguard.Failures(client)
+        deadline = time.monotonic() + 15
+        while not failures.events(cause="native_crash") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        [event] = failures.events(cause="native_crash")
+        [sig] = failures.signatures()
+        # Stored examples carry no user names or home directories.
+        for stored in (sig.example, sig.title, event.signature_title):
+            for name in ("alice", "bob", "/home/", "/Users/"):
+                assert name not in stored, (name, stored)
+        assert "decode_shard" in sig.example  # scrubbed, not emptied
 
-    # Surfaces that render HTML: the demo/HTML report and the dashboard page.
-    from oomguard._cli.demo import render_html
-    from oomguard._cli.demo_run import DemoResult
-    from oomguard.scheduler_plugin import _dashboard, _dashboard_data
+        # Surfaces that render HTML: the demo/HTML report and the dashboard page.
+        from oomguard._cli.demo import render_html
+        from oomguard._cli.demo_run import DemoResult
+        from oomguard.scheduler_plugin import _dashboard, _dashboard_data
 
-    page = render_html(
-        DemoResult(
-            memory_cause="oom_kill", kernel_oom=True, events=[event], signatures=[sig], status=None
+        page = render_html(
+            DemoResult(
+                memory_cause="oom_kill",
+                kernel_oom=True,
+                events=[event],
+                signatures=[sig],
+                status=None,
+            )
         )
-    )
-    for raw in ("<script>", "<img", "<b>shard</b>", "<i>p</i>"):
-        assert raw not in page, raw
-    assert "<img src=x onerror=alert(1)>" in sig.example  # stored as text, as it was
-    assert html.escape("<img src=x onerror=alert(1)>") in page  # shown escaped
-    # The dashboard shows traces in a PreText (text, never HTML) and escapes its Div texts.
-    detail = _dashboard_data.signature_detail(sig, [event])
-    assert "decode_shard" in detail
-    assert "self.detail = PreText(" in inspect.getsource(_dashboard.OomguardPage.__init__)
-    # /metrics carries no trace text or key at all.
-    port = cl.scheduler.http_server.port
-    metrics = (
-        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    )
-    for raw in ("alert(", "onerror", "<b>", "decode_shard"):
-        assert raw not in metrics, raw
+        for raw in ("<script>", "<img", "<b>shard</b>", "<i>p</i>"):
+            assert raw not in page, raw
+        assert "<img src=x onerror=alert(1)>" in sig.example  # stored as text, as it was
+        assert html.escape("<img src=x onerror=alert(1)>") in page  # shown escaped
+        # The dashboard shows traces in a PreText (text, never HTML) and escapes its Div texts.
+        detail = _dashboard_data.signature_detail(sig, [event])
+        assert "decode_shard" in detail
+        assert "self.detail = PreText(" in inspect.getsource(_dashboard.OomguardPage.__init__)
+        # /metrics carries no trace text or key at all.
+        port = cl.scheduler.http_server.port
+        metrics = (
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        )
+        for raw in ("alert(", "onerror", "<b>", "decode_shard"):
+            assert raw not in metrics, raw
