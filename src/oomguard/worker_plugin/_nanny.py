@@ -27,6 +27,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
+import dask
 from distributed.core import Status
 from distributed.diagnostics.plugin import NannyPlugin
 
@@ -143,6 +144,13 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
 
     async def setup(self, nanny: Nanny) -> None:
         follow_dask_logging()
+        if self.crash_dir is None:  # the nanny's own config first: its workers start with it
+            own = getattr(nanny, "config", None)
+            if isinstance(own, dict):
+                value = dask.config.get("oomguard.worker.crash-dir", None, config=own)
+                self.crash_dir = (
+                    os.path.expanduser(value) if isinstance(value, str) and value else None
+                )
         self._resolve_config()
         self._decide_cgroups()
         assert self.crash_dir is not None
