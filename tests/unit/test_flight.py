@@ -20,7 +20,7 @@ def test_executing_slots_and_latest_sample(tmp_path):
     assert out["executing"] == [{"key": "('load', 2)", "start": 11.0, "thread": 0}]
     assert out["sample"]["rss"] == 7 and out["sample"]["time"] == 2.0
     assert out["pid"] == os.getpid()
-    assert out["missing"] == []
+    assert out["missing"] == [] and out["read"] is True
     rec.task_finished(b)
     assert read_flight_record(path)["executing"] == []
     rec.close(remove=True)
@@ -55,10 +55,13 @@ def test_oversized_sample_is_dropped_and_counted(tmp_path):
 
 def test_missing_and_corrupt_files_are_named(tmp_path):
     out = read_flight_record(str(tmp_path / "nope"))
-    assert out["executing"] == [] and "flight record" in out["missing"][0]
+    # Not read: an empty `executing` then says nothing about what ran.
+    assert out["executing"] == [] and out["read"] is False
+    assert "flight record" in out["missing"][0]
     bad = tmp_path / "bad"
     bad.write_bytes(b"garbage" * 100)
-    assert "bad header" in read_flight_record(str(bad))["missing"][0]
+    out = read_flight_record(str(bad))
+    assert "bad header" in out["missing"][0] and out["read"] is False
     rec = FlightRecorder.create(str(tmp_path / "empty"))
     assert "no stack sample" in read_flight_record(rec.path)["missing"][0]
 

@@ -36,6 +36,8 @@ def test_missing_crash_file_and_flight_record_are_named(tmp_path):
     missing = " | ".join(report["missing"])
     assert "crash file: not found" in missing
     assert "flight record" in missing
+    # Said in the evidence: the empty `executing` is not "nothing ran" (blame.recorded).
+    assert report["evidence"]["flight_record"] is False
     _wire.validate(report)  # still a valid report
 
 
@@ -65,6 +67,7 @@ def test_unknown_exit_code_is_exit_with_what_was_known(tmp_path):
     assert report["cause"] == "exit"
     assert report["exitcode"] == 255
     assert [e["key"] for e in report["executing"]] == ["('load', 3)"]
+    assert report["evidence"]["flight_record"] is True
     assert report["executing"][0]["stack"] is None  # no sample was taken
     assert any("no stack sample" in m for m in report["missing"])
     # The files are gone once read.

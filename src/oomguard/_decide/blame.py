@@ -5,8 +5,9 @@ are blamed, everything else Dask had sent the worker was only queued there (disp
 When a native crash's dump names the thread that crashed and the flight record the task
 that ran on it, that task alone is blamed: the others executing beside it were displaced by
 a neighbour's crash.
-Without a report (the nanny died too) the scheduler's last heartbeat says what was
-executing; failing that, every task on the worker is a suspect, as Dask itself would count
+Without a report (the nanny died too), or with one whose worker left no flight record to
+read (it started before oomguard's worker plugin, so an empty list says nothing), the
+scheduler's last heartbeat says what was executing; failing that, every task on the worker is a suspect, as Dask itself would count
 them, so a killer that took its nanny with it is never "nobody".
 
 A death without a report is one event. When it leaves one suspect (one task there, or one
@@ -72,11 +73,16 @@ def blame(death: Death, forgotten: Container = ()) -> Blame:
     >>> b = blame(Death("tcp://a:1", r, {"executing": ran}))
     >>> sorted(b.executing), sorted(b.displaced), sorted(b.neighbours)
     (['y'], ['x'], ['x'])
+    >>> unread = {"executing": [], "evidence": {"flight_record": False}}
+    >>> b = blame(Death("tcp://a:1", r, unread))
+    >>> sorted(b.executing), b.displaced, b.certain
+    (['x', 'y'], {}, False)
     """
     processing = death.removal.processing if death.removal is not None else {}
     neighbours: frozenset[ShardKey] = frozenset()
     ignored = 0
-    if death.report is not None:
+    report = death.report if recorded(death.report) else None
+    if report is not None:
         ran, ignored = bounded_entries(death, forgotten)
         crashed = [e for e in ran if e.get("crashed")]
         entries = crashed or ran
@@ -87,7 +93,8 @@ def blame(death: Death, forgotten: Container = ()) -> Blame:
             neighbours = frozenset(e["key"] for e in ran if not e.get("crashed"))
     else:
         removal = death.removal
-        assert removal is not None
+        if removal is None:  # a report with no flight record, its removal not (yet) seen
+            return Blame({}, {}, EVERYTHING)
         if removal.executing_guess:
             executing, source = dict(removal.executing_guess), HEARTBEAT
         elif len(processing) <= removal.nthreads:
@@ -95,12 +102,21 @@ def blame(death: Death, forgotten: Container = ()) -> Blame:
         else:
             executing, source = dict(processing), EVERYTHING
     displaced = {}
-    if death.report is not None:
+    if report is not None:
         # Executing there (beyond the threads, or beside a crash) is never displaced
         # unless it was the crash's neighbour: it keeps Dask's own charge.
         ran_keys = {e["key"] for e in ran} - neighbours
         displaced = {s: k for s, k in processing.items() if s not in executing.keys() | ran_keys}
     return Blame(executing, displaced, source, neighbours, ignored)
+
+
+def recorded(report: dict | None) -> bool:
+    """A report whose `executing` can be believed: its worker's flight record was read
+    (reports of older nannies do not say: believed, as before)."""
+    if report is None:
+        return False
+    evidence = report.get("evidence")
+    return not isinstance(evidence, dict) or evidence.get("flight_record") is not False
 
 
 def bounded_entries(death: Death, forgotten: Container = ()) -> tuple[list[dict], int]:

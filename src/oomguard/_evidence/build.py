@@ -277,6 +277,7 @@ def build_report(
     killers: list | None = None,
     oomd: dict | None = None,
     environment: dict | None = None,
+    flight_read: bool | None = None,
 ) -> dict[str, Any]:
     """Classify one death and build its schema-v1 report, capped to `max_bytes` encoded.
 
@@ -352,6 +353,7 @@ def build_report(
         "exitcode": exitcode,
         "time": time,
         "memory_limit": memory_limit,
+        "flight_record": flight_read,
         "crash": {"text": raw_text} if raw_text is not None else None,
         "cgroup": {
             "version": version,

@@ -136,6 +136,8 @@ def evidence(report_like: Mapping[str, Any]) -> dict[str, Any]:
                 if version == 2
                 else "kernel cgroup counter memory.failcnt"
             )
+    if isinstance(r.get("flight_record"), bool):  # False: `executing` says nothing
+        ev["flight_record"] = r["flight_record"]
     mem_limit = _int(r.get("memory_limit"))
     if mem_limit is not None:
         ev["memory_limit_bytes"] = mem_limit

@@ -218,8 +218,9 @@ def read_flight_record(path: str) -> dict[str, Any]:
 
     Returns ``{"pid", "created", "executing": [{"key", "start", "thread"}] (thread 0: not
     known), "sample": dict | None,
-    "signals": [dict] (oldest first, `senders.KEYS`), "missing": [str]}``; what could not
-    be read is named in ``missing``.
+    "signals": [dict] (oldest first, `senders.KEYS`), "missing": [str], "read": bool}``;
+    what could not be read is named in ``missing``. ``read`` is True once the slot table
+    was read: only then does an empty ``executing`` mean that nothing was executing.
     """
     out: dict[str, Any] = {
         "pid": None,
@@ -228,6 +229,7 @@ def read_flight_record(path: str) -> dict[str, Any]:
         "sample": None,
         "signals": [],
         "missing": [],
+        "read": False,
     }
     try:
         data = _read_bounded(path)
@@ -257,6 +259,7 @@ def read_flight_record(path: str) -> dict[str, Any]:
         out["executing"].append(
             {"key": key.decode("utf-8", "replace"), "start": start, "thread": thread}
         )
+    out["read"] = True
     out["sample"] = _read_sample(data, s_off, cap, (l0, l1), current, out["missing"])
     _read_signals(data, g_off, out)
     return out

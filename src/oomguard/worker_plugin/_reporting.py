@@ -118,6 +118,7 @@ class ReportingMixin:
             killers=killers,
             oomd=oomd,
             environment=life.environment if life else None,
+            flight_read=flight["read"],
         )
         remove_files(self.crash_dir, pid)
         if life is not None and life.group is not None:
