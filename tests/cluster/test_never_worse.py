@@ -8,6 +8,7 @@ from __future__ import annotations
 import mmap
 import os
 import signal
+import socket
 import time
 
 import dask
@@ -81,6 +82,9 @@ def test_a_killer_submitted_before_install_stops_within_dasks_bound(cluster, tmp
         fut.result(timeout=180)
     assert type(e.value).__name__ in ("PipelineAborted", "KilledWorker"), e.value
     assert 1 <= deaths(log) <= allowed + 1, (deaths(log), allowed)
+    # Workers that died before their plugin spoke are named as the others on that machine.
+    hosts = {ev.host for ev in oomguard.Failures(client).events()}
+    assert hosts <= {socket.gethostname()}, hosts
 
 
 def aborted_within_dasks_bound(client, tmp_path, fn, span: str):

@@ -30,6 +30,7 @@ from . import _removals, _setup
 from ._actions import DaskActions, address_host
 from ._handlers import Handlers
 from ._intake import ReportIntake
+from ._trust import Bounded
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -38,6 +39,9 @@ if TYPE_CHECKING:
     from .._models import PipelineStatus
 
 logger = logging.getLogger("oomguard.scheduler")
+
+#: Machines (IP -> hostname) remembered for naming workers that died before they spoke.
+MACHINES_KEPT = 4096
 
 
 class OomguardSchedulerPlugin(SchedulerPlugin):
@@ -71,6 +75,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
     _original_task_erred: Callable[..., Any] | None  # Dask's "task-erred" handler, wrapped
     _workers: dict[str, WorkerState]  # address -> WorkerState, to read after removal
     _hostnames: dict[str, str]  # address -> the hostname its worker plugin sent
+    _machines: Bounded  # IP -> the hostname a worker plugin there sent (see host_name)
     _persisted: dict[str, PipelineStatus]  # run -> last status written
     _undo_stop: Callable[[], None]  # takes back the hook on Scheduler.stop() (_setup.on_stop)
 
@@ -98,6 +103,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         self._original_task_erred = None
         self._workers = {}
         self._hostnames = {}
+        self._machines = Bounded(MACHINES_KEPT)
         self._persisted = {}
         self._undo_stop = _nothing
 
@@ -377,11 +383,16 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             and not any(c.isspace() for c in host)
         ):
             self._hostnames[worker] = host
+            self._machines[address_host(worker)] = host
 
     def host_name(self, address: str) -> str:
         """The one name of a worker's machine in events: the hostname its worker plugin
-        sent (the name its nanny's death reports carry), else the host of its address."""
-        return self._hostnames.get(address) or address_host(address)
+        sent (the name its nanny's death reports carry), else for a worker that died before
+        its plugin spoke the one another worker at its IP sent, or this machine's for a
+        loopback IP, else its IP."""
+        ip = address_host(address)
+        name = self._hostnames.get(address) or self._machines.get(ip)
+        return name or (_setup.own_hostname() if _setup.is_loopback(ip) else ip)
 
     # --- task exceptions --------------------------------------------------------------
 

@@ -41,7 +41,7 @@ def on_event(plugin: OomguardSchedulerPlugin, msg: Any) -> None:
             return
         worker = msg["worker"]
         ws = plugin._workers.pop(worker)
-        name = plugin._hostnames.pop(worker, None)
+        name = plugin._hostnames.pop(worker, None) or plugin.host_name(worker)
         plugin.handlers.nannies.removed(worker, ws)
         if msg.get("expected") or plugin.core is None:
             return  # a stop, or an event after close()

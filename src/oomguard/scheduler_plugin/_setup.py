@@ -5,9 +5,12 @@ nanny and worker, the process's /metrics, the Kubernetes pod lookup, the signatu
 from __future__ import annotations
 
 import asyncio
+import functools
+import ipaddress
 import logging
 import os
 import pickle
+import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -187,3 +190,21 @@ async def gauge_loop(
                 metrics.set_signatures(n)
                 metrics.set_signature_max_hosts(hosts)
         await asyncio.sleep(interval)
+
+
+@functools.cache
+def own_hostname() -> str:
+    """This machine's name, as a worker plugin on it sends it (`socket.gethostname`)."""
+    return socket.gethostname()
+
+
+def is_loopback(host: str) -> bool:
+    """Whether an address's host is a loopback IP: a worker there runs on this machine.
+
+    >>> is_loopback("127.0.0.1"), is_loopback("::1"), is_loopback("10.0.0.2"), is_loopback("h")
+    (True, True, False, False)
+    """
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
