@@ -93,20 +93,18 @@ def in_group(group: str, argv: list[str], *, container: bool) -> list[str]:
 
 
 def doctor(group: str, *, container: bool) -> dict:
-    """`oomguard doctor --json` where the nanny runs, plus its text (for docs/runbook.md)."""
-    runs = [
-        subprocess.run(
-            in_group(group, [PY, "-m", "oomguard._cli", "doctor", *flag], container=container),
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-        )
-        for flag in (["--json"], [])
-    ]
+    """`oomguard doctor --json` where the nanny runs. Once: each Python start costs tens of
+    seconds under emulation (its text is the same checks, `render_text`)."""
+    run = subprocess.run(
+        in_group(group, [PY, "-m", "oomguard._cli", "doctor", "--json"], container=container),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     try:
-        return {**json.loads(runs[0].stdout), "text": runs[1].stdout}
+        return json.loads(run.stdout)
     except ValueError:
-        return {"error": (runs[0].stdout + runs[0].stderr)[-2000:]}
+        return {"error": (run.stdout + run.stderr)[-2000:]}
 
 
 def start_nanny(address: str, group: str, *, nworkers: int, memory_limit: int, container: bool):
