@@ -7,8 +7,9 @@ that ran on it, that task alone is blamed: the others executing beside it were d
 a neighbour's crash.
 Without a report (the nanny died too), or with one whose worker left no flight record to
 read (it started before oomguard's worker plugin, so an empty list says nothing), the
-scheduler's last heartbeat says what was executing; failing that, every task on the worker is a suspect, as Dask itself would count
-them, so a killer that took its nanny with it is never "nobody".
+scheduler's last heartbeat says what was executing; failing that, every task on the worker
+is a suspect, as Dask itself would count them, so a killer that took its nanny with it is
+never "nobody".
 
 A death without a report is one event. When it leaves one suspect (one task there, or one
 the last heartbeat saw executing and still there) that shard is named: the event is its
