@@ -91,3 +91,54 @@ def dask_worker(
         stderr=stderr,
         start_new_session=own_session,
     )
+
+
+class DaskScheduler:
+    """A real `dask scheduler --preload oomguard.scheduler_plugin` in its own process, as a
+    user starts one (`env` carries its oomguard config); its log in `log`.
+
+        sched = DaskScheduler(tmp_path, env)
+        with Client(sched.address()) as client: ...
+        sched.kill()  # SIGKILL: no close, no flush
+    """
+
+    def __init__(self, directory, env: Mapping[str, str], name: str = "scheduler") -> None:
+        self.log = directory / f"{name}.log"
+        self.file = directory / f"{name}.json"
+        self.file.unlink(missing_ok=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+             "--port", "0", "--dashboard-address", ":0", "--scheduler-file", str(self.file),
+             "--preload", "oomguard.scheduler_plugin"],
+            env=dict(env), stdout=subprocess.DEVNULL, stderr=open(self.log, "w"),
+        )  # fmt: skip
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def address(self, timeout: float = 90.0) -> str:
+        import json
+
+        def address() -> str | None:
+            if self.file.exists():
+                try:
+                    return json.loads(self.file.read_text())["address"]
+                except (ValueError, KeyError):
+                    pass
+            assert self.proc.poll() is None, f"the scheduler exited: {self.text()[-3000:]}"
+            return None
+
+        return wait_for(address, lambda: self.text()[-3000:], timeout, interval=0.1)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGINT, as Ctrl-C: the scheduler closes (and its plugin with it)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(2)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()

@@ -58,3 +58,24 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_sep("-", heading)
             for line in lines:
                 terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """One real PostgreSQL server for the session (tests/pg_lab.py); skipped, or failed in
+    strict mode, where Debian's postgresql or psycopg is missing."""
+    from capabilities import require
+    from oomguard._store.url import driver_missing
+    from pg_lab import PostgresLab, bindir
+
+    require(bindir(), "no PostgreSQL server (Debian's postgresql package; ./dev test installs it)")
+    missing = driver_missing()
+    require(missing is None, missing or "")
+    with PostgresLab() as lab:
+        yield lab
+
+
+@pytest.fixture
+def pg_url(postgres) -> str:
+    """The URL of a new, empty database on the session's server."""
+    return postgres.create_database()

@@ -113,6 +113,25 @@ def get_optional_path(key: str) -> str | None:
     return os.path.expanduser(value)
 
 
+def get_store(key: str) -> str | None:
+    """A path (expanded) or a postgresql:// URL; a URL of another scheme is refused."""
+    from ._store.url import check, scheme
+
+    value = get_optional_path(key) if scheme(str(get(key) or "")) is None else get(key)
+    if value is None or scheme(value) is None:
+        return value
+    try:
+        return check(value, f"oomguard.{key}")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def get_optional_seconds(key: str) -> float | None:
+    if get(key) in (None, "", "null", "None"):
+        return None
+    return get_seconds(key)
+
+
 def get_optional_str(key: str) -> str | None:
     value = get(key)
     if value in (None, "", "null", "None"):
@@ -153,7 +172,9 @@ _SCHEDULER_GETTERS: dict[str, tuple[Any, tuple]] = {
     "max-shard-infra-failures": (get_int, (1,)),
     "abort-on-repeat-signature": (get_bool, ()),
     "memory-retry-larger-only": (get_bool, ()),
-    "store": (get_optional_path, ()),
+    "store": (get_store, ()),
+    "spool": (get_optional_path, ()),
+    "max-age": (get_optional_seconds, ()),
     "max-events": (get_int, (1,)),
     "store-errors": (get_choice, (("recover", "fail"),)),
     "max-signatures": (get_int, (1,)),

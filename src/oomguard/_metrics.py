@@ -28,6 +28,9 @@ oomguard_unguarded_nannies          gauge      nannies running their worker with
 oomguard_internal_errors_total      counter    oomguard's own bugs caught, by {where}
 oomguard_store_errors_total         counter    failure store troubles, by {kind}
                                                (STORE_ERROR_KINDS)
+oomguard_history_up                 gauge      1 while the PostgreSQL history takes
+                                               events, 0 while it is away (only with one)
+oomguard_history_spool_events       gauge      events in the spool not sent to it yet
 ==================================  =========  ===========================================
 """
 
@@ -80,7 +83,17 @@ _REASONS = REJECT_REASONS
 #: A store that could not be opened (one per start: corrupt, newer_schema, foreign,
 #: unwritable), events refused at the queue's cap, times the disk was full, writes lost.
 STORE_ERROR_KINDS = frozenset(
-    {"corrupt", "newer_schema", "foreign", "unwritable", "queue_full", "disk_full", "write_failed"}
+    {
+        "corrupt",
+        "newer_schema",
+        "foreign",
+        "unwritable",
+        "queue_full",
+        "disk_full",
+        "write_failed",
+        "history_away",  # the PostgreSQL history went away (once per outage)
+        "history_unusable",  # no driver, or a schema from a newer oomguard: not sent
+    }
 )
 
 
@@ -200,6 +213,18 @@ class OomguardMetrics(Collector):
             ["kind"],
             registry=None,
         )
+        self.history_up = Gauge(
+            "oomguard_history_up",
+            "1 while the PostgreSQL failure history takes events, 0 while it is away "
+            "(they wait in the scheduler's spool). Only with a postgresql:// store.",
+            registry=None,
+        )
+        self.history_spool_events = Gauge(
+            "oomguard_history_spool_events",
+            "Failure events in the scheduler's spool not yet sent to the PostgreSQL history.",
+            registry=None,
+        )
+        self.has_history = False  # the two above are exported only with a history
         self._metrics = (
             self.failures,
             self.worker_deaths,
@@ -229,13 +254,18 @@ class OomguardMetrics(Collector):
 
     # -- the collector protocol ---------------------------------------------------------
 
+    def _all(self) -> tuple:
+        if self.has_history:
+            return (*self._metrics, self.history_up, self.history_spool_events)
+        return self._metrics
+
     def collect(self) -> Iterator[Metric]:
-        for metric in self._metrics:
+        for metric in self._all():
             yield from metric.collect()
 
     def describe(self) -> list[Metric]:
         # Lets a registry check names without sampling values.
-        return [m for metric in self._metrics for m in metric.describe()]
+        return [m for metric in self._all() for m in metric.describe()]
 
     def register(self, registry: CollectorRegistry | None = None) -> bool:
         """Register into `registry` (default: the global one Dask serves on `/metrics`).
@@ -362,6 +392,15 @@ class OomguardMetrics(Collector):
             self.internal_error("metrics")
             return
         self.store_errors.labels(kind=_label(kind, STORE_ERROR_KINDS)).inc(amount)
+
+    def set_history(self, up: bool, spooled: int) -> None:
+        """The PostgreSQL history's state: reachable or not, and events waiting for it.
+
+        >>> metrics.set_history(False, 1200)
+        """
+        self.has_history = True
+        self.history_up.set(1 if up else 0)
+        self._set(self.history_spool_events, spooled)
 
     def _set(self, gauge: Gauge, n: Any) -> None:
         value = _count(n)

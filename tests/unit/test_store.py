@@ -41,9 +41,15 @@ def ev(n: int = 0, **kw) -> FailureEvent:
     return FailureEvent(**fields)
 
 
-@pytest.fixture
-def store(tmp_path):
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request, tmp_path):
+    """The store's API on both backends: the SQLite file, and PostgreSQL (written through a
+    spool and its shipper, read from the history: tests/pg_lab.py)."""
     s = FailureStore(str(tmp_path / "store.sqlite3"), batch_interval=0.01)
+    if request.param == "postgresql":
+        from pg_lab import ShippedStore
+
+        s = ShippedStore(s, request.getfixturevalue("pg_url"))
     s.start()
     yield s
     s.close()

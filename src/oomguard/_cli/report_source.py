@@ -121,7 +121,12 @@ def store_source(path: str) -> Iterator[Any]:
     WAL into the main file.
     """
     from .._store import FailureStore
+    from .._store.url import is_postgres
 
+    if is_postgres(path):
+        with history_source(path) as reader:
+            yield reader
+        return
     try:
         readable, guard_needed = _check_store(path)
     except StoreError as e:
@@ -156,6 +161,34 @@ def store_source(path: str) -> Iterator[Any]:
             guard.close()  # read-only: cannot checkpoint either
         if tmpdir is not None:
             shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def history_source(url: str) -> Iterator[Any]:
+    """The PostgreSQL history at `url` (every cluster's), read only; ReportFailed, one line
+    with the password hidden, when it cannot be read or holds no oomguard history."""
+    from .._store.pg import MIGRATIONS, PgReader, check_version, pg_connect
+    from .._store.pg.ship import one_line as pg_line
+    from .._store.url import driver_missing, redact
+
+    missing = driver_missing()
+    if missing is not None:
+        raise ReportFailed(missing)
+    try:
+        with pg_connect(url) as conn:
+            version = check_version(conn, url, len(MIGRATIONS))
+    except StoreError as e:
+        raise ReportFailed(one_line(e)) from e
+    except Exception as e:
+        raise ReportFailed(f"cannot read the history {redact(url)}: {pg_line(e, url)}") from e
+    if version == 0:
+        raise ReportFailed(f"no failure history in {redact(url)}: no scheduler wrote to it yet")
+    reader = PgReader(url)
+    reader.start()
+    try:
+        yield reader
+    finally:
+        reader.close()
 
 
 def _connect_ro(path: str) -> sqlite3.Connection:

@@ -114,7 +114,7 @@ _UPSERT_PIPELINE = f"""
         shards_failed = excluded.shards_failed, shards_aborted = excluded.shards_aborted,
         infra_failures = excluded.infra_failures, user_failures = excluded.user_failures,
         summary = excluded.summary, abort_reason = excluded.abort_reason,
-        updated = excluded.updated
+        updated = excluded.updated, shipped = 0
 """
 
 
@@ -127,6 +127,7 @@ class Limits(NamedTuple):
     max_pipelines: int
     max_events: int
     max_signatures: int
+    ships: bool = False  # a spool: deletions of events are recorded for the history
 
 
 def commit_batch(
@@ -188,6 +189,10 @@ def commit_batch(
             else:
                 replaced = conn.execute(_LOST_EVENTS_AT, (worker, lost_at)).fetchall()
             conn.executemany("DELETE FROM events WHERE id = ?", [(i,) for i, _ in replaced])
+            if limits.ships:
+                conn.executemany(
+                    "INSERT INTO ship_deletes (event_id) VALUES (?)", [(i,) for i, _ in replaced]
+                )
             conn.executemany(
                 "UPDATE signatures SET count = count - 1 WHERE id = ?",
                 [(sid,) for _, sid in replaced],

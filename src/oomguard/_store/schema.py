@@ -121,6 +121,15 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             killer_confidence = 'likely' WHERE cause NOT IN ('exception', 'memory_error')""",
         "CREATE INDEX events_killer ON events(killer, time)",
     ),
+    (
+        # A spool for a PostgreSQL history (issue 29): its origin id and the last event id
+        # sent (`ship_state`), the events an amend deleted after they may have been sent
+        # (`ship_deletes`), and the pipeline runs changed since last sent (`shipped` 0).
+        "CREATE TABLE ship_state (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
+        "CREATE TABLE ship_deletes (seq INTEGER PRIMARY KEY, event_id INTEGER NOT NULL)",
+        "ALTER TABLE pipelines ADD COLUMN shipped INTEGER NOT NULL DEFAULT 0",
+        "CREATE INDEX pipelines_unshipped ON pipelines(shipped) WHERE shipped = 0",
+    ),
 )
 
 #: The SignatureRow lists kept in signature_members; the position is the stored code.

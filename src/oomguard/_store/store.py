@@ -9,6 +9,8 @@ import shutil
 import sqlite3
 import tempfile
 import threading
+from collections.abc import Callable
+from typing import Any
 
 from .batch import CREATE_BATCH_MEMBERS
 from .reads import ReaderMixin
@@ -38,6 +40,14 @@ class FailureStore(WriterMixin, ReaderMixin):
     member_cap: int = 1000
     #: The schema's migrations; a subclass may append (tests do).
     migrations: tuple[tuple[str, ...], ...] = MIGRATIONS
+
+    #: A spool of a PostgreSQL history (`oomguard._store.pg`): amends record what they
+    #: delete, and `on_commit` is called on the writer thread after each commit.
+    ships: bool = False
+    on_commit: Callable[[], None] | None = None
+    #: The PostgreSQL history this store is the spool of (`oomguard._store.pg.History`);
+    #: closed after the store.
+    history: Any = None
 
     written: int  # events committed by this instance
     overflow: int  # items refused because the queue was full
@@ -189,3 +199,5 @@ class FailureStore(WriterMixin, ReaderMixin):
         self._conn = None
         if self._tmpdir is not None:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
+        if self.history is not None:
+            self.history.close()

@@ -9,6 +9,7 @@ import logging
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 
 from .._models import FailureEvent, PipelineStatus
 from .batch import Limits, commit_batch, disk_full
@@ -63,6 +64,8 @@ class WriterMixin:
     _event_count: int
     _signature_count: int
     _last_log: float
+    ships: bool
+    on_commit: Callable[[], None] | None
 
     # -- writes (from the event loop) -----------------------------------------------------
 
@@ -313,11 +316,14 @@ class WriterMixin:
             self.max_pipelines,
             self.max_events,
             self.max_signatures,
+            self.ships,
         )
         count, signatures, written = commit_batch(self._conn, items, limits)
         self._event_count = count
         self._signature_count = signatures
         self.written += written
+        if self.on_commit is not None:
+            self.on_commit()
 
     def _error(self, message: str) -> None:
         """Count and remember an error; log it once a minute at most."""

@@ -26,6 +26,7 @@ from .._log import follow_dask_logging
 from .._metrics import OomguardMetrics
 from .._protocol import ADMISSION_TOPIC, HOST_TOPIC, SCHEDULER_PLUGIN
 from .._store import FailureStore
+from .._store.url import is_postgres, redact
 from . import _removals, _setup
 from ._actions import DaskActions, address_host
 from ._handlers import Handlers
@@ -138,13 +139,13 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         if "store" in new and self.store is not None:
             # The file in use, not the setting (None: the default path), so a refusal
             # names it and the same file, however spelt, is no change.
-            current["store"] = self.store.path
-            if new["store"] is not None and _same_file(new["store"], self.store.path):
-                new["store"] = self.store.path
+            current["store"] = getattr(self.store.history, "url", self.store.path)
+            if new["store"] is not None and _same_file(new["store"], current["store"]):
+                new["store"] = current["store"]
         changed = {k: (current[k], v) for k, v in new.items() if current[k] != v}
         fixed = sorted(set(changed) - _config.LIVE_SCHEDULER_KEYS)
         if fixed:
-            old, value = changed[fixed[0]]
+            old, value = (redact(v) if isinstance(v, str) else v for v in changed[fixed[0]])
             raise ConfigError(
                 f"oomguard.scheduler.{fixed[0]} is {old!r} on this running scheduler and "
                 f"cannot change to {value!r} while oomguard runs; use "
@@ -478,4 +479,6 @@ def _prefix_path(scheduler, keys, steps: int = 64):
 
 
 def _same_file(a: str, b: str) -> bool:
+    if is_postgres(a) or is_postgres(b):
+        return a == b
     return os.path.abspath(os.path.expanduser(a)) == os.path.abspath(os.path.expanduser(b))

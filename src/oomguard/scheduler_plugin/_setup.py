@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from distributed.core import Status
 
+from .._exceptions import StoreError
+
 if TYPE_CHECKING:
     from distributed import Scheduler
 
@@ -132,8 +134,11 @@ async def open_store(
     `oomguard._store.recover`), with one WARNING and a count in oomguard_store_errors_total,
     unless `store-errors` is "fail": then its error stops the start, as it always did."""
     from .._store.recover import open_store
+    from .._store.url import is_postgres
 
-    path = settings["store"] or os.path.join(scheduler.local_directory or ".", "oomguard.sqlite3")
+    url = settings["store"] if is_postgres(settings["store"]) else None
+    default = os.path.join(scheduler.local_directory or ".", "oomguard.sqlite3")
+    path = (settings["spool"] if url else settings["store"]) or default
     store, problem = await asyncio.to_thread(
         open_store,
         path,
@@ -145,7 +150,58 @@ async def open_store(
     if problem is not None:
         logger.warning("%s", problem.message())
         metrics.store_error(problem.kind)
+    if url is not None:
+        attach_history(store, url, cluster_name(scheduler, settings), settings, metrics)
     return store
+
+
+def attach_history(
+    store: FailureStore, url: str, cluster: str, settings: dict[str, Any], metrics: OomguardMetrics
+) -> None:
+    """Make `store` the spool of the PostgreSQL history at `url`. Without the driver: one
+    WARNING naming the extra (or the error, with store-errors: fail) and the spool alone."""
+    from .._store.url import driver_missing, redact
+
+    missing = driver_missing()
+    if missing is not None:
+        if settings["store-errors"] == "fail":
+            raise StoreError(f"oomguard.scheduler.store {redact(url)}: {missing}")
+        logger.warning(
+            "oomguard: oomguard.scheduler.store %s: %s; events are kept in %s only",
+            redact(url),
+            missing,
+            store.path,
+        )
+        metrics.store_error("history_unusable")
+        return
+    from .._store.pg.history import History
+
+    history = History(
+        store,
+        url,
+        cluster,
+        max_events=settings["max-events"],
+        max_signatures=settings["max-signatures"],
+        max_age=settings["max-age"],
+    )
+    history.start()
+    store.history = history
+    metrics.set_history(False, 0)
+    logger.info(
+        "oomguard: cluster %r records into the history %s, spooled in %s",
+        cluster,
+        history.path,
+        store.path,
+    )
+
+
+def cluster_name(scheduler: Scheduler, settings: dict[str, Any]) -> str:
+    """oomguard.scheduler.cluster-name, else the scheduler's host name and port."""
+    name = settings.get("cluster-name")
+    if name:
+        return name
+    port = getattr(scheduler, "port", None) or 0
+    return f"{own_hostname()}:{port}"
 
 
 def configure_store(store: FailureStore, settings: dict[str, Any]) -> None:
@@ -159,7 +215,7 @@ class _StoreCounts:
     oomguard_store_errors_total by the gauge loop, as increments since the last look."""
 
     def __init__(self) -> None:
-        self.seen = {"queue_full": 0, "disk_full": 0, "write_failed": 0}
+        self.seen = {"queue_full": 0, "disk_full": 0, "write_failed": 0, "history_away": 0}
 
     def sync(self, store: FailureStore, metrics: OomguardMetrics) -> None:
         now = {
@@ -167,6 +223,8 @@ class _StoreCounts:
             "disk_full": store.disk_full,
             "write_failed": store.write_errors,
         }
+        if store.history is not None:
+            now["history_away"] = store.history.shipper.outages
         for kind, n in now.items():
             if n > self.seen[kind]:
                 metrics.store_error(kind, n - self.seen[kind])
@@ -184,6 +242,9 @@ async def gauge_loop(
     while True:
         with guard("store"):
             counts.sync(store, metrics)
+            if store.history is not None:
+                shipper = store.history.shipper
+                metrics.set_history(bool(shipper.up), shipper.backlog)
             if store.written != seen:
                 seen = store.written
                 n, hosts = await asyncio.to_thread(store_totals, store)

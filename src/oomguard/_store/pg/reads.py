@@ -1,0 +1,303 @@
+"""Reads of the PostgreSQL history: the read methods of a FailureStore, over every cluster
+(or one, `cluster=`), each a bounded query on a pooled connection."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from ..._models import FailureEvent, PipelineStatus, SignatureRow
+from ..reads import _event, _signature, _within
+from ..schema import MEMBER_FIELDS
+from ..url import redact
+from .schema import NAMESPACE
+
+_EVENT_COLUMNS = (
+    "id, time, kind, cause, shard, pipeline, worker, host, signature_id, "
+    "signature_title, evidence, attempt, killer, killer_how, killer_confidence, killer_summary"
+)
+# As in the SQLite store: a death that named no shard is found by each of its suspects.
+_OR_SUSPECT = {
+    "shard": "(shard = %s OR (shard = '' AND evidence::jsonb -> 'suspects' ? %s))",
+    "pipeline": "(pipeline = %s OR (pipeline = '' AND shard = ''"
+    " AND evidence::jsonb -> 'suspect_pipelines' ? %s))",
+}
+_SELECT_SIGNATURE = (
+    "SELECT id, title, grouping_version, count, first_seen, last_seen, example, "
+    + ", ".join(
+        "(SELECT coalesce(json_agg(value ORDER BY value), '[]')::text FROM (SELECT value"
+        f" FROM signature_members WHERE signature_id = s.id AND field = {code}"
+        " ORDER BY value LIMIT %(cap)s) AS m)"
+        for code in range(6)  # MEMBER_FIELDS and the clusters (field 5)
+    )
+    + " FROM signatures s"
+)
+_PIPELINE_COLUMNS = (
+    "name, status, shards_done, shards_failed, shards_aborted, infra_failures, "
+    "user_failures, summary, abort_reason, started"
+)
+#: The member fields of the history: the store's, and the clusters.
+FIELDS = (*MEMBER_FIELDS[:5], "clusters")
+
+
+class PgReader:
+    """The history at `url`, read. Thread-safe: each read borrows a pooled connection.
+
+    >>> reader = PgReader("postgresql://oomguard@db/oomguard"); reader.start()
+    >>> [(s.title, s.count, s.clusters) for s in reader.signatures(limit=5)]
+    """
+
+    member_cap: int = 1000
+
+    def __init__(self, url: str, *, timeout: float = 10.0, max_connections: int = 4) -> None:
+        self.url = url
+        self.path = redact(url)  # what a message may show
+        self.timeout = timeout
+        self.max_connections = max_connections
+        self._pool: Any = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"PgReader({self.path!r})"
+
+    def start(self) -> None:
+        from psycopg_pool import ConnectionPool
+
+        with self._lock:
+            if self._pool is None:
+                self._pool = ConnectionPool(
+                    self.url,
+                    min_size=0,
+                    max_size=self.max_connections,
+                    timeout=self.timeout,
+                    open=True,
+                    connection_class=_connection_class(),
+                    kwargs=_kwargs(),
+                    name="oomguard-reads",
+                )
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+    def _rows(self, sql: str, args: Any = None, max_bytes: int | None = None) -> list[tuple]:
+        if self._pool is None:
+            raise RuntimeError(f"{self!r} is not started.")
+        with self._pool.connection() as conn:
+            cur = conn.execute(sql, args)
+            return list(_within(cur, max_bytes))
+
+    # -- events ----------------------------------------------------------------------------
+
+    def events(
+        self,
+        *,
+        kind: str | None = None,
+        cause: str | None = None,
+        pipeline: str | None = None,
+        shard: str | None = None,
+        signature: str | None = None,
+        since: float | None = None,
+        limit: int | None = 1000,
+        killer: str | None = None,
+        before: tuple[float, int] | None = None,
+        max_bytes: int | None = None,
+        cluster: str | None = None,
+    ) -> list[FailureEvent]:
+        """As FailureStore.events, over every cluster or the one named."""
+        where: list[str] = []
+        args: list[Any] = []
+        for column, value in (
+            ("kind", kind),
+            ("cause", cause),
+            ("pipeline", pipeline),
+            ("shard", shard),
+            ("signature_id", signature),
+            ("killer", killer),
+            ("cluster", cluster),
+        ):
+            if value is None:
+                continue
+            if column in _OR_SUSPECT:
+                where.append(_OR_SUSPECT[column])
+                args += [value, value]
+            else:
+                where.append(f"{column} = %s")
+                args.append(value)
+        if since is not None:
+            where.append("time >= %s")
+            args.append(since)
+        if before is not None:
+            where.append("time <= %s AND (time < %s OR id < %s)")
+            args += [before[0], before[0], before[1]]
+        sql = f"SELECT {_EVENT_COLUMNS} FROM events"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY time DESC, id DESC LIMIT %s"
+        args.append(_limit(limit))
+        return [_event(r) for r in self._rows(sql, args, max_bytes)]
+
+    def shard(
+        self,
+        key: str,
+        *,
+        limit: int | None = None,
+        after: tuple[float, int] | None = None,
+        max_bytes: int | None = None,
+    ) -> list[FailureEvent]:
+        """As FailureStore.shard: one shard's own history, oldest first."""
+        sql = f"SELECT {_EVENT_COLUMNS} FROM events WHERE shard = %s"
+        args: list[Any] = [key]
+        if after is not None:
+            sql += " AND time >= %s AND (time > %s OR id > %s)"
+            args += [after[0], after[0], after[1]]
+        sql += " ORDER BY time, id LIMIT %s"
+        args.append(_limit(limit))
+        return [_event(r) for r in self._rows(sql, args, max_bytes)]
+
+    # -- signatures ------------------------------------------------------------------------
+
+    def signatures(
+        self,
+        *,
+        cause: str | None = None,
+        pipeline: str | None = None,
+        since: float | None = None,
+        limit: int | None = 100,
+        offset: int = 0,
+        max_bytes: int | None = None,
+        cluster: str | None = None,
+    ) -> list[SignatureRow]:
+        """As FailureStore.signatures; counts are across every cluster. `cluster`: only the
+        signatures that cluster saw."""
+        where = []
+        args: dict[str, Any] = {
+            "cap": self.member_cap,
+            "limit": _limit(limit),
+            "offset": max(0, int(offset)),
+        }
+        for code, value in ((4, cause), (3, pipeline), (5, cluster)):
+            if value is not None:
+                where.append(
+                    "EXISTS (SELECT 1 FROM signature_members m WHERE m.signature_id = s.id"
+                    f" AND m.field = {code} AND m.value = %(f{code})s)"
+                )
+                args[f"f{code}"] = value
+        if since is not None:
+            where.append("s.last_seen >= %(since)s")
+            args["since"] = since
+        sql = _SELECT_SIGNATURE
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY count DESC, last_seen DESC, id LIMIT %(limit)s OFFSET %(offset)s"
+        return [_row(r) for r in self._rows(sql, args, max_bytes)]
+
+    def signature(self, signature_id: str) -> SignatureRow | None:
+        rows = self._rows(
+            _SELECT_SIGNATURE + " WHERE id = %(id)s", {"id": signature_id, "cap": self.member_cap}
+        )
+        return _row(rows[0]) if rows else None
+
+    def distinct_counts(self, signature_id: str) -> dict[str, int]:
+        """The stored distinct values of each member field: exact up to the bound of values
+        kept per field (member_rows), a lower bound past it."""
+        counts = dict.fromkeys(FIELDS, 0)
+        for code, n in self._rows(
+            "SELECT field, count(*) FROM signature_members WHERE signature_id = %s GROUP BY 1",
+            (signature_id,),
+        ):
+            counts[FIELDS[code]] = n
+        return counts
+
+    def totals(self) -> tuple[int, int]:
+        ((n, hosts),) = self._rows(
+            "SELECT (SELECT count(*) FROM signatures), coalesce((SELECT max(c) FROM"
+            " (SELECT count(*) AS c FROM signature_members WHERE field = 0"
+            " GROUP BY signature_id) AS h), 0)"
+        )
+        return n, hosts
+
+    # -- pipelines ---------------------------------------------------------------------------
+
+    def pipeline(self, name: str, cluster: str | None = None) -> PipelineStatus | None:
+        runs = self.pipeline_runs(name, limit=1, cluster=cluster)
+        return runs[0] if runs else None
+
+    def pipeline_runs(
+        self, name: str, limit: int | None = 100, cluster: str | None = None
+    ) -> list[PipelineStatus]:
+        sql = f"SELECT {_PIPELINE_COLUMNS} FROM pipelines WHERE name = %s"
+        args: list[Any] = [name]
+        if cluster is not None:
+            sql += " AND cluster = %s"
+            args.append(cluster)
+        sql += " ORDER BY started DESC LIMIT %s"
+        args.append(_limit(limit))
+        return [PipelineStatus(*r) for r in self._rows(sql, args)]
+
+    def pipelines(
+        self, limit: int | None = 100, cluster: str | None = None
+    ) -> list[PipelineStatus]:
+        sql = f"SELECT {_PIPELINE_COLUMNS} FROM pipelines"
+        args: list[Any] = []
+        if cluster is not None:
+            sql += " WHERE cluster = %s"
+            args.append(cluster)
+        sql += " ORDER BY updated DESC, name, started DESC LIMIT %s"
+        args.append(_limit(limit))
+        return [PipelineStatus(*r) for r in self._rows(sql, args)]
+
+    def known(self, field: str, value: str, limit: int = 1000) -> tuple[bool, list[str]]:
+        """As FailureStore.known."""
+        if field == "signature":
+            found = self._rows("SELECT 1 FROM signatures WHERE id = %s", (value,))
+            rows = self._rows(
+                "SELECT id FROM signatures ORDER BY last_seen DESC LIMIT %s", (limit,)
+            )
+            return bool(found), [r[0] for r in rows]
+        if field != "pipeline":
+            raise ValueError(f"known() takes 'pipeline' or 'signature', not {field!r}")
+        found = self._rows(
+            "SELECT 1 FROM pipelines WHERE name = %s UNION ALL "
+            "(SELECT 1 FROM events WHERE pipeline = %s LIMIT 1) LIMIT 1",
+            (value, value),
+        )
+        runs = self._rows(
+            "SELECT name FROM pipelines GROUP BY name ORDER BY max(updated) DESC LIMIT %s",
+            (limit,),
+        )
+        # The pipelines of events, one index step each (no scan of a million events).
+        seen = self._rows(
+            "WITH RECURSIVE p(name) AS (SELECT min(pipeline) FROM events WHERE pipeline > ''"
+            " UNION ALL SELECT (SELECT min(pipeline) FROM events WHERE pipeline > p.name)"
+            " FROM p WHERE p.name IS NOT NULL) SELECT name FROM p WHERE name IS NOT NULL"
+            " LIMIT %s",
+            (limit,),
+        )
+        names = list(dict.fromkeys([r[0] for r in runs] + [r[0] for r in seen]))[:limit]
+        return bool(found), names
+
+
+def _row(r: tuple) -> SignatureRow:
+    return _signature(r if len(MEMBER_FIELDS) == len(FIELDS) else r[: 7 + len(MEMBER_FIELDS)])
+
+
+def _limit(limit: int | None) -> int | None:
+    return None if limit is None else max(0, int(limit))
+
+
+def _kwargs() -> dict[str, Any]:
+    return {
+        "application_name": "oomguard",
+        "options": f"-c search_path={NAMESPACE} -c statement_timeout=30000",
+        "connect_timeout": 5,
+        "autocommit": True,
+    }
+
+
+def _connection_class() -> Any:
+    import psycopg
+
+    return psycopg.Connection

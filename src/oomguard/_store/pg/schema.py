@@ -1,0 +1,153 @@
+"""The PostgreSQL history's schema: every table in the schema `oomguard` of the database
+(another application's tables are never touched), versioned in `oomguard.schema_version`,
+migrated by one scheduler at a time under an advisory lock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..._exceptions import StoreError
+from ..schema import refusal
+from ..url import redact
+
+NAMESPACE = "oomguard"
+#: pg_advisory_xact_lock's key while migrating: "OOMG".
+LOCK_KEY = 0x4F4F4D47
+
+#: MIGRATIONS[i] takes the schema from version i to i + 1. Append; never edit a released one.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        """CREATE TABLE events (
+            id bigserial PRIMARY KEY,
+            origin text NOT NULL,      -- the spool that sent it (one per scheduler's file)
+            local_id bigint NOT NULL,  -- its id there: (origin, local_id) arrives once
+            cluster text NOT NULL,
+            time double precision NOT NULL,
+            kind text NOT NULL,
+            cause text NOT NULL,
+            shard text NOT NULL,
+            pipeline text NOT NULL,
+            worker text NOT NULL,
+            host text NOT NULL,
+            signature_id text NOT NULL,
+            signature_title text NOT NULL,
+            evidence text NOT NULL,  -- JSON object, as the SQLite store keeps it
+            attempt integer NOT NULL,
+            grouping_version integer NOT NULL,
+            killer text NOT NULL,
+            killer_how text NOT NULL,
+            killer_confidence text NOT NULL,
+            killer_summary text NOT NULL,
+            UNIQUE (origin, local_id)
+        )""",
+        "CREATE INDEX events_time ON events(time)",
+        "CREATE INDEX events_shard ON events(shard, time)",
+        "CREATE INDEX events_signature ON events(signature_id, time)",
+        "CREATE INDEX events_pipeline ON events(pipeline, time)",
+        "CREATE INDEX events_cause ON events(cause, time)",
+        "CREATE INDEX events_killer ON events(killer, time)",
+        "CREATE INDEX events_cluster ON events(cluster, id)",
+        """CREATE TABLE signatures (
+            id text PRIMARY KEY,
+            title text NOT NULL,
+            grouping_version integer NOT NULL,
+            count bigint NOT NULL,
+            first_seen double precision NOT NULL,
+            last_seen double precision NOT NULL,
+            example text NOT NULL
+        )""",
+        "CREATE INDEX signatures_rank ON signatures(count DESC, last_seen DESC)",
+        "CREATE INDEX signatures_seen ON signatures(last_seen)",
+        # field: the index in MEMBER_FIELDS (hosts, workers, shards, pipelines, causes,
+        # clusters); at most about member_rows values per field.
+        """CREATE TABLE signature_members (
+            signature_id text NOT NULL,
+            field smallint NOT NULL,
+            value text NOT NULL,
+            PRIMARY KEY (signature_id, field, value)
+        )""",
+        """CREATE TABLE pipelines (
+            cluster text NOT NULL,
+            name text NOT NULL,
+            started double precision NOT NULL,
+            status text NOT NULL,
+            shards_done integer NOT NULL,
+            shards_failed integer NOT NULL,
+            shards_aborted integer NOT NULL,
+            infra_failures integer NOT NULL,
+            user_failures integer NOT NULL,
+            summary text NOT NULL,
+            abort_reason text NOT NULL,
+            updated double precision NOT NULL,
+            PRIMARY KEY (cluster, name, started)
+        )""",
+        "CREATE INDEX pipelines_updated ON pipelines(updated)",
+    ),
+)
+
+
+def _version(cur: Any) -> int | None:
+    """The schema version, or None when there is no oomguard schema yet."""
+    cur.execute(
+        "SELECT 1 FROM information_schema.tables WHERE table_schema = %s"
+        " AND table_name = 'schema_version'",
+        (NAMESPACE,),
+    )
+    if cur.fetchone() is None:
+        return None
+    cur.execute(f"SELECT version FROM {NAMESPACE}.schema_version")
+    row = cur.fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def check_version(conn: Any, url: str, known: int) -> int:
+    """The database's schema version; StoreError ("newer_schema") naming both versions when
+    a newer oomguard made it. Writes nothing."""
+    with conn.cursor() as cur:
+        version = _version(cur) or 0
+    conn.rollback()
+    if version > known:
+        raise refusal(
+            "newer_schema",
+            f"The PostgreSQL history {redact(url)} has schema version {version}, but this "
+            f"oomguard knows versions up to {known}: it was written by a newer oomguard. "
+            "Upgrade oomguard; nothing was written to it.",
+        )
+    return version
+
+
+def migrate(conn: Any, url: str, migrations: tuple[tuple[str, ...], ...] = MIGRATIONS) -> int:
+    """Bring the schema to len(migrations), each step in one transaction under the advisory
+    lock, so that many schedulers starting at once migrate it once. The version after."""
+    known = len(migrations)
+    if check_version(conn, url, known) == known:
+        return known
+    try:
+        with conn.transaction(), conn.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (LOCK_KEY,))
+            cur.execute(f"CREATE SCHEMA IF NOT EXISTS {NAMESPACE}")
+            version = _version(cur)
+            if version is None:
+                cur.execute(f"CREATE TABLE {NAMESPACE}.schema_version (version integer NOT NULL)")
+                cur.execute(f"INSERT INTO {NAMESPACE}.schema_version VALUES (0)")
+                version = 0
+            if version > known:  # a newer oomguard got the lock first
+                raise refusal(
+                    "newer_schema",
+                    f"The PostgreSQL history {redact(url)} has schema version {version}, but "
+                    f"this oomguard knows versions up to {known}. Upgrade oomguard.",
+                )
+            cur.execute(f"SET LOCAL search_path = {NAMESPACE}")
+            for target in range(version + 1, known + 1):
+                for statement in migrations[target - 1]:
+                    cur.execute(statement)
+            cur.execute("UPDATE schema_version SET version = %s", (known,))
+    except StoreError:
+        raise
+    except Exception as e:
+        raise refusal(
+            "unwritable",
+            f"Migrating the PostgreSQL history {redact(url)} to schema version {known} "
+            f"failed ({type(e).__name__}: {str(e).strip()}); it was rolled back.",
+        ) from e
+    return known

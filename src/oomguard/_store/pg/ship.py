@@ -1,0 +1,428 @@
+"""The shipper: one thread that sends what a scheduler's local store (the spool) committed to
+the PostgreSQL history, in order and exactly once, never on the event loop's path.
+
+The spool is the SQLite store the scheduler writes anyway: every event has an id there that
+is never reused. The shipper sends the events above the last id sent (`ship_state.sent`),
+the deletions amends made (`ship_deletes`) and the pipeline runs changed since last sent
+(`shipped = 0`), in one PostgreSQL transaction per batch, and only then moves the spool's
+marks. Killed between the two, it sends the batch again: an event is inserted once per
+(origin, local id), and only inserted events are counted. While the database is away the
+spool keeps everything up to its own bounds (max-events); the shipper retries with backoff,
+one WARNING when it goes and one when it is back.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+import time
+import uuid
+from typing import Any
+
+from ..._exceptions import StoreError
+from ..schema import connect as connect_spool
+from ..store import FailureStore
+from ..url import redact
+from . import sql
+from .schema import NAMESPACE, migrate
+
+logger = logging.getLogger("oomguard.store")
+
+#: Events sent per PostgreSQL transaction at most.
+BATCH = 10_000
+#: Seconds between attempts while the database is away: doubling from the first to the last.
+RETRY = (0.5, 30.0)
+#: Seconds between two retention passes on the history.
+RETENTION_EVERY = 60.0
+
+
+def pg_connect(url: str, timeout: float = 5.0) -> Any:
+    """A psycopg connection to `url` with oomguard's schema first on the search path.
+    libpq takes the password from the URL, PGPASSWORD, or a password file (`passfile=`,
+    ~/.pgpass); TLS from `sslmode=` and friends."""
+    import psycopg
+
+    return psycopg.connect(
+        url,
+        connect_timeout=max(1, int(timeout)),
+        application_name="oomguard",
+        options=f"-c search_path={NAMESPACE} -c statement_timeout=60000",
+    )
+
+
+def one_line(e: BaseException, url: str) -> str:
+    """An error as one line, the URL's password never in it."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    password = _password(url)
+    return text.replace(password, "***") if password else text
+
+
+def _password(url: str) -> str:
+    import urllib.parse
+
+    try:
+        return urllib.parse.urlsplit(url).password or ""
+    except ValueError:
+        return ""
+
+
+class Shipper:
+    """Sends `spool`'s commits to the history at `url` (see the module docstring). `cluster`
+    names the events and runs the spool stored without a cluster name."""
+
+    def __init__(
+        self,
+        spool: FailureStore,
+        url: str,
+        cluster: str,
+        *,
+        max_events: int = 1_000_000,
+        max_signatures: int = 100_000,
+        max_pipelines: int = 10_000,
+        max_age: float | None = None,
+        batch: int = BATCH,
+    ) -> None:
+        self.spool = spool
+        self.url = url
+        self.cluster = cluster
+        self.max_events = max_events
+        self.max_signatures = max_signatures
+        self.max_pipelines = max_pipelines
+        self.max_age = max_age
+        self.batch = batch
+        self.member_rows = spool.member_rows
+        self.up: bool | None = None  # None: not tried yet
+        self.refused = ""  # the history cannot be used (a newer schema): why
+        self.sent = 0  # events this shipper inserted into the history
+        self.skipped = 0  # events the history refused as data (logged; in the spool only)
+        self.outages = 0
+        self.errors = 0
+        self.last_error = ""
+        self.backlog = 0  # events in the spool not sent yet, as of the last round
+        self.origin = ""
+        self._cursor = 0
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._pg: Any = None
+        self._local: Any = None
+        self._down_since: float | None = None
+        self._retry = RETRY[0]
+        self._next_retention = 0.0
+        self._rounds = threading.Condition()
+        self._round = 0  # rounds completed
+        self._clean = 0  # the last round that found nothing to send
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Read (or make) the spool's origin and mark, then start the thread. The database is
+        not contacted here: a scheduler starts whether or not it is reachable."""
+        local = connect_spool(self.spool._file)
+        try:
+            local.execute("BEGIN IMMEDIATE")
+            rows = dict(local.execute("SELECT key, value FROM ship_state").fetchall())
+            if "origin" not in rows:
+                rows["origin"] = uuid.uuid4().hex
+                local.execute("INSERT INTO ship_state VALUES ('origin', ?)", (rows["origin"],))
+            local.execute("COMMIT")
+        except BaseException:
+            local.close()
+            raise
+        self._local = local
+        self.origin = rows["origin"]
+        self._cursor = int(rows.get("sent", 0))
+        self.spool.ships = True
+        self.spool.on_commit = self._wake.set
+        self._thread = threading.Thread(target=self._run, name="oomguard-ship", daemon=True)
+        self._thread.start()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """One last round (within `timeout`), then stop. What is not sent stays in the spool
+        and goes with the next scheduler that opens it."""
+        if self._thread is None:
+            return
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            logger.warning(
+                "oomguard: the history %s did not take the last batch within %.0f s; "
+                "it stays in the spool %s",
+                redact(self.url),
+                timeout,
+                self.spool.path,
+            )
+            return
+        for conn in (self._pg, self._local):
+            if conn is not None:
+                try:
+                    conn.close()
+                except Exception:
+                    pass
+        self._pg = self._local = None
+
+    def sync(self, timeout: float = 30.0) -> bool:
+        """Block until what the spool had committed and queued at this call is in the
+        history (the spool flushed first). False on timeout: the history is away."""
+        deadline = time.monotonic() + timeout
+        if not self.spool.flush(timeout):
+            return False
+        with self._rounds:
+            target = self._round + 1  # a round that starts after this call
+            self._wake.set()
+            return self._rounds.wait_for(
+                lambda: self._clean > target, max(0.0, deadline - time.monotonic())
+            )
+
+    # -- the thread ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self._retry if self.up is False else 1.0)
+            self._wake.clear()
+            stopping = self._stopping
+            try:
+                pending = self._round_once()
+            except sqlite3.Error as e:  # the spool was busy or failed: the next round
+                pending = True
+                self.errors += 1
+                self.last_error = f"spool: {e!r}"
+            except Exception as e:  # never let the shipper die: count, log, go on
+                pending = True
+                self._away(e)
+                self._count_backlog()
+            with self._rounds:
+                self._round += 1
+                if not pending:
+                    self._clean = self._round
+                self._rounds.notify_all()
+            if pending and self.up:
+                self._wake.set()  # more to send: no wait
+            if stopping:
+                return
+
+    def _round_once(self) -> bool:
+        """Send one batch; whether anything was left to send."""
+        if self.refused:
+            return True
+        if self._pg is None or self._pg.closed:
+            self._connect()
+            if self.refused:
+                return True
+        events, deletes, pipelines, examples = self._read()
+        if not (events or deletes or pipelines):
+            self.backlog = 0
+            self._retention()
+            return False
+        try:
+            self._send(events, deletes, pipelines, examples)
+        except _data_errors():
+            # A row PostgreSQL refuses would stop every later one: find it, say so, skip it.
+            self._isolate(events, examples)
+            deletes, pipelines = [], []  # sent with the next batch
+        self._mark(events, deletes, pipelines)
+        self._retention()
+        return len(events) == self.batch or bool(deletes) or bool(pipelines)
+
+    def _count_backlog(self) -> None:
+        """The events waiting in the spool, while the history is away (a range count)."""
+        try:
+            (self.backlog,) = self._local.execute(sql.SPOOL_BACKLOG, (self._cursor,)).fetchone()
+        except Exception as e:
+            self.last_error = f"spool: {e!r}"
+
+    def _connect(self) -> None:
+        try:
+            conn = pg_connect(self.url)
+        except Exception as e:
+            self._away(e)
+            raise _Away from None
+        try:
+            migrate(conn, self.url)
+            conn.execute(sql.CREATE_STAGE)
+            conn.commit()
+        except StoreError as e:
+            conn.close()
+            if getattr(e, "kind", "") == "newer_schema":
+                self.refused = str(e)
+                logger.warning("oomguard: %s Events stay in the spool %s.", e, self.spool.path)
+                return
+            raise
+        self._pg = conn
+        if self.up is not True:
+            self._back()
+
+    def _read(self) -> tuple[list, list, list, dict[str, str]]:
+        """One consistent snapshot of what the spool has to send."""
+        local = self._local
+        local.execute("BEGIN")
+        try:
+            events = local.execute(sql.SPOOL_EVENTS, (self._cursor, self.batch)).fetchall()
+            deletes = local.execute(sql.SPOOL_DELETES, (self.batch,)).fetchall()
+            pipelines = local.execute(sql.SPOOL_PIPELINES, (1000,)).fetchall()
+            ids = sorted({e[9] for e in events})
+            examples: dict[str, str] = {}
+            for i in range(0, len(ids), 500):
+                chunk = ids[i : i + 500]
+                marks = ", ".join("?" * len(chunk))
+                examples.update(
+                    local.execute(
+                        f"SELECT id, example FROM signatures WHERE example <> '' "
+                        f"AND id IN ({marks})",
+                        chunk,
+                    ).fetchall()
+                )
+            last = events[-1][0] if events else self._cursor
+            self.backlog = local.execute(sql.SPOOL_BACKLOG, (last,)).fetchone()[0] + len(events)
+        finally:
+            local.execute("COMMIT")
+        return events, deletes, pipelines, examples
+
+    def _isolate(self, events: list, examples: dict) -> None:
+        """Send `events` one at a time after a batch was refused as data; the refused ones
+        are counted, logged and skipped (they stay in the spool)."""
+        self._pg.rollback()
+        for e in events:
+            try:
+                self._send([e], [], [], {e[9]: examples[e[9]]} if e[9] in examples else {})
+            except _data_errors() as err:
+                self._pg.rollback()
+                self.skipped += 1
+                self.errors += 1
+                self.last_error = one_line(err, self.url)
+                logger.error(
+                    "oomguard: the history %s refused event %d of the spool %s (%s); it "
+                    "stays in the spool only (%d refused so far)",
+                    redact(self.url),
+                    e[0],
+                    self.spool.path,
+                    self.last_error,
+                    self.skipped,
+                )
+        return events
+
+    def _send(self, events: list, deletes: list, pipelines: list, examples: dict) -> None:
+        name = self.cluster
+        with self._pg.transaction(), self._pg.cursor() as cur:
+            if events:
+                with cur.copy(sql.COPY_STAGE) as copy:
+                    for e in events:
+                        row = (e[0], e[1] or name, *e[2:])
+                        if any(type(v) is str and "\x00" in v for v in row):
+                            row = tuple(_no_nul(v) for v in row)
+                        copy.write_row(row)
+                cur.execute(sql.INSERT_STAGED, {"origin": self.origin, "rows": self.member_rows})
+                inserted, _ = cur.fetchone()
+                cur.executemany(sql.SET_EXAMPLE, [(ex, sid) for sid, ex in examples.items()])
+            else:
+                inserted = 0
+            if deletes:
+                cur.execute(sql.DELETE_SENT, (self.origin, [d[1] for d in deletes]))
+            if pipelines:
+                cur.executemany(sql.UPSERT_PIPELINE, [(p[0] or name, *p[1:]) for p in pipelines])
+        self.sent += inserted
+
+    def _mark(self, events: list, deletes: list, pipelines: list) -> None:
+        """The batch is in the history: move the spool's marks past it."""
+        local = self._local
+        local.execute("BEGIN IMMEDIATE")
+        try:
+            if events:
+                self._cursor = events[-1][0]
+                local.execute(
+                    "INSERT OR REPLACE INTO ship_state VALUES ('sent', ?)", (str(self._cursor),)
+                )
+                self.backlog = max(0, self.backlog - len(events))
+            if deletes:
+                local.execute("DELETE FROM ship_deletes WHERE seq <= ?", (deletes[-1][0],))
+            local.executemany(
+                "UPDATE pipelines SET shipped = 1 WHERE name = ? AND started = ? AND updated = ?",
+                [(p[1], p[2], p[11]) for p in pipelines],
+            )
+            local.execute("COMMIT")
+        except BaseException:
+            local.execute("ROLLBACK")
+            raise
+
+    def _retention(self) -> None:
+        """Every RETENTION_EVERY seconds: this cluster's events past max-events, everyone's
+        past max-age, signatures past max-signatures, this cluster's runs past max-pipelines."""
+        now = time.monotonic()
+        if now < self._next_retention:
+            return
+        self._next_retention = now + RETENTION_EVERY
+        with self._pg.transaction(), self._pg.cursor() as cur:
+            cur.execute(sql.CLUSTER_EVENTS, (self.cluster,))
+            (n,) = cur.fetchone()
+            if n > self.max_events:
+                cur.execute(sql.DROP_CLUSTER_EVENTS, (self.cluster, n - self.max_events))
+            if self.max_age is not None:
+                cur.execute(sql.DROP_OLD_EVENTS, (time.time() - self.max_age,))
+            cur.execute("SELECT count(*) FROM signatures")
+            (n,) = cur.fetchone()
+            if n > self.max_signatures:
+                cur.execute(sql.DROP_SIGNATURES, (n - self.max_signatures,))
+            cur.execute("SELECT count(*) FROM pipelines WHERE cluster = %s", (self.cluster,))
+            (n,) = cur.fetchone()
+            if n > self.max_pipelines:
+                cur.execute(sql.DROP_PIPELINES, (self.cluster, n - self.max_pipelines))
+
+    # -- the database's state -------------------------------------------------------------
+
+    def _away(self, error: BaseException) -> None:
+        if isinstance(error, _Away):
+            return
+        self.errors += 1
+        self.last_error = one_line(error, self.url)
+        if self._pg is not None:
+            try:
+                self._pg.close()
+            except Exception:
+                pass
+            self._pg = None
+        if self.up is not False:
+            self.up = False
+            self.outages += 1
+            self._down_since = time.monotonic()
+            self._retry = RETRY[0]
+            logger.warning(
+                "oomguard: the history %s is away (%s); events are kept in the spool %s "
+                "(up to oomguard.scheduler.max-events) and sent when it is back",
+                redact(self.url),
+                self.last_error,
+                self.spool.path,
+            )
+        else:
+            self._retry = min(RETRY[1], self._retry * 2)
+
+    def _back(self) -> None:
+        was = self._down_since
+        self.up = True
+        self._retry = RETRY[0]
+        self._down_since = None
+        if was is not None:
+            logger.warning(
+                "oomguard: the history %s is back after %.0f s; sending the spool's %d events",
+                redact(self.url),
+                time.monotonic() - was,
+                self.backlog,
+            )
+        else:
+            logger.info("oomguard: sending failure events to the history %s", redact(self.url))
+
+
+def _no_nul(value: Any) -> Any:
+    """PostgreSQL's text holds no NUL character (SQLite's does): shown as the escape."""
+    return value.replace("\x00", "\\x00") if type(value) is str else value
+
+
+def _data_errors() -> tuple[type[BaseException], ...]:
+    import psycopg
+
+    return (psycopg.DataError, psycopg.IntegrityError, psycopg.errors.ProgramLimitExceeded)
+
+
+class _Away(Exception):
+    """The database could not be reached; already counted and said by `_away`."""

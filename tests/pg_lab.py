@@ -1,0 +1,190 @@
+"""A real PostgreSQL server for the tests: Debian's server binaries (`./dev test` installs
+them when root with apt-get), a cluster made by `initdb` in a private temporary directory,
+started on a free loopback port as an unprivileged user (`nobody` when the tests run as
+root: the server refuses root), stopped and deleted after.
+
+    with PostgresLab() as lab:
+        url = lab.create_database()  # postgresql://oomguard:...@127.0.0.1:PORT/t1
+        lab.stop(); lab.start()      # an outage, the same data after
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+
+#: Where Debian puts the server (postgresql-NN); the newest major first.
+BIN_GLOB = "/usr/lib/postgresql/*/bin"
+USER = "oomguard"
+PASSWORD = "lab-secret"
+
+
+def bindir() -> str | None:
+    """The directory of `postgres` and `initdb`, or None when the server is not installed."""
+    for d in sorted(glob.glob(BIN_GLOB), key=lambda p: int(p.split("/")[-2]), reverse=True):
+        if os.access(os.path.join(d, "postgres"), os.X_OK):
+            return d
+    found = shutil.which("postgres")
+    return os.path.dirname(found) if found else None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class PostgresLab:
+    """One PostgreSQL server on 127.0.0.1 (see the module docstring)."""
+
+    def __init__(self, durable: bool = False) -> None:
+        """`durable`: fsync and synchronous commits as a production server has them (the
+        benchmark); the tests run without, faster."""
+        self.durable = durable
+        self.bin = bindir()
+        if self.bin is None:
+            raise RuntimeError("no PostgreSQL server binaries (Debian's postgresql package)")
+        self.root = tempfile.mkdtemp(prefix="oomguard-pg-")
+        self.data = os.path.join(self.root, "data")
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self.uid = self.gid = None
+        if os.geteuid() == 0:  # postgres refuses to run as root
+            nobody = pwd.getpwnam("nobody")
+            self.uid, self.gid = nobody.pw_uid, nobody.pw_gid
+            os.chown(self.root, self.uid, self.gid)
+        self._databases = 0
+        pwfile = os.path.join(self.root, "pw")
+        with open(pwfile, "w") as f:
+            f.write(PASSWORD)
+        if self.uid is not None:
+            os.chown(pwfile, self.uid, self.gid)
+        self._run(
+            [f"{self.bin}/initdb", "-D", self.data, "-U", USER, "--pwfile", pwfile,
+             "-A", "scram-sha-256", "-E", "UTF8", "--no-sync", "--no-instructions"]
+        )  # fmt: skip
+        os.unlink(pwfile)
+
+    def _demote(self) -> None:
+        if self.uid is not None:
+            os.setgid(self.gid)
+            os.setuid(self.uid)
+
+    def _run(self, argv: list[str]) -> None:
+        subprocess.run(
+            argv, check=True, capture_output=True, preexec_fn=self._demote, cwd=self.root
+        )
+
+    def url(self, database: str = "postgres", password: str = PASSWORD) -> str:
+        return f"postgresql://{USER}:{password}@127.0.0.1:{self.port}/{database}"
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Start the server (again) and wait until it takes connections."""
+        import psycopg
+
+        self.proc = subprocess.Popen(
+            [f"{self.bin}/postgres", "-D", self.data, "-h", "127.0.0.1", "-p", str(self.port),
+             "-k", self.root, "-c", "max_connections=60", "-c", "shared_buffers=64MB",
+             *([] if self.durable else ["-c", "fsync=off", "-c", "synchronous_commit=off",
+                                        "-c", "full_page_writes=off"])],
+            stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.root, "log"), "ab"),
+            preexec_fn=self._demote, cwd=self.root,
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                psycopg.connect(self.url(), connect_timeout=2).close()
+                return
+            except psycopg.OperationalError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"PostgreSQL did not start: {self.log()[-2000:]}") from None
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        """A fast shutdown (SIGINT): clients are disconnected, the data stays."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(2)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def create_database(self) -> str:
+        """A new empty database; its URL."""
+        import psycopg
+
+        self._databases += 1
+        name = f"t{self._databases}"
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+        return self.url(name)
+
+    def log(self) -> str:
+        try:
+            with open(os.path.join(self.root, "log"), errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> PostgresLab:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class ShippedStore:
+    """The FailureStore API over the PostgreSQL path: writes go to a spool (a real
+    FailureStore) and its Shipper, reads come from the history (PgReader); `flush` waits
+    until the history has them. What is not a read goes to the spool."""
+
+    def __init__(self, spool, url: str, cluster: str = "lab", **shipper_options) -> None:
+        from oomguard._store.pg import PgReader, Shipper
+
+        self.spool = spool
+        self.shipper = Shipper(spool, url, cluster, **shipper_options)
+        self.reader = PgReader(url)
+
+    def start(self) -> None:
+        self.spool.start()
+        self.shipper.start()
+        self.reader.start()
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        return self.shipper.sync(timeout)
+
+    def close(self) -> None:
+        self.shipper.close()
+        self.reader.close()
+        self.spool.close()
+
+    @property
+    def member_cap(self) -> int:
+        return self.reader.member_cap
+
+    @member_cap.setter
+    def member_cap(self, value: int) -> None:
+        self.reader.member_cap = value
+
+    def __getattr__(self, name: str):
+        if name in ("events", "shard", "signatures", "signature", "distinct_counts",
+                    "totals", "pipeline", "pipeline_runs", "pipelines", "known"):  # fmt: skip
+            return getattr(self.reader, name)
+        return getattr(self.spool, name)

@@ -1,0 +1,243 @@
+"""The PostgreSQL history against a real server (tests/pg_lab.py): schedulers' spools sent
+exactly once, at once, through outages; the schema versioned and refused when newer; a URL's
+password nowhere. The store's API on PostgreSQL is tests/unit/test_store.py's `store`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from oomguard import FailureEvent
+from oomguard._exceptions import ConfigError
+from oomguard._store import FailureStore
+from oomguard._store.pg import MIGRATIONS, PgReader, Shipper, migrate, pg_connect
+from oomguard._store.url import check, redact, scheme
+
+T0 = 1_790_000_000.0
+
+
+def ev(n: int, **kw) -> FailureEvent:
+    fields = dict(
+        kind="infra",
+        cause="oom_kill",
+        shard=f"s{n}",
+        pipeline="etl",
+        worker="tcp://10.0.0.1:4000",
+        host="h1",
+        signature_id=f"sig-{n % 7}",
+        signature_title="MemoryError in parse",
+        evidence={"n": n},
+        time=T0 + n,
+    )
+    fields.update(kw)
+    return FailureEvent(**fields)
+
+
+def one(url: str, sql: str, *args):
+    with pg_connect(url) as conn:
+        return conn.execute(sql, args).fetchone()
+
+
+@pytest.fixture
+def spool(tmp_path):
+    s = FailureStore(str(tmp_path / "spool.sqlite3"), batch_interval=0.01)
+    s.start()
+    yield s
+    s.close()
+
+
+def test_an_outage_keeps_events_in_the_spool_and_sends_them_once(postgres, pg_url, spool, caplog):
+    shipper = Shipper(spool, pg_url, "a")
+    shipper.start()
+    try:
+        for n in range(100):
+            assert spool.add(ev(n))
+        assert shipper.sync()
+        assert shipper.up is True and shipper.sent == 100
+        postgres.stop()
+        with caplog.at_level(logging.WARNING, logger="oomguard.store"):
+            for n in range(100, 250):
+                assert spool.add(ev(n))
+            assert spool.flush()
+            assert shipper.sync(timeout=3) is False  # away: kept, not lost
+            assert shipper.up is False and shipper.backlog == 150
+            postgres.start()
+            assert shipper.sync(timeout=60)
+        away = [r.getMessage() for r in caplog.records if "is away" in r.getMessage()]
+        back = [r.getMessage() for r in caplog.records if "is back after" in r.getMessage()]
+        assert len(away) == 1 and len(back) == 1, (away, back)
+        assert "lab-secret" not in " ".join(away + back) and "***" in away[0]
+    finally:
+        shipper.close()
+    assert one(pg_url, "SELECT count(*), count(DISTINCT local_id) FROM events") == (250, 250)
+    assert one(pg_url, "SELECT sum(count) FROM signatures") == (250,)
+    assert shipper.sent == 250 and shipper.outages == 1
+
+
+def test_a_batch_sent_twice_is_counted_once(pg_url, spool):
+    """Killed after the database committed and before the spool's mark moved: the next
+    shipper sends the batch again; the history keeps one copy and one count."""
+    for n in range(30):
+        spool.add(ev(n))
+    assert spool.flush()
+    first = Shipper(spool, pg_url, "a")
+    first.start()
+    assert first.sync()
+    first.close()
+    spool._conn.execute("UPDATE ship_state SET value = '0' WHERE key = 'sent'")  # mark lost
+    again = Shipper(spool, pg_url, "a")
+    again.start()
+    assert again.sync()
+    again.close()
+    assert again.sent == 0  # every event was there already
+    assert one(pg_url, "SELECT count(*), sum(attempt) FROM events") == (30, 30)
+    assert one(pg_url, "SELECT sum(count) FROM signatures") == (30,)
+
+
+def test_an_amend_after_sending_replaces_the_event_in_the_history(pg_url, spool):
+    shipper = Shipper(spool, pg_url, "a")
+    shipper.start()
+    try:
+        spool.add(ev(1, cause="worker_lost", signature_id="lost"))
+        assert shipper.sync()
+        spool.amend(ev(1, cause="oom_kill", signature_id="oom"))
+        assert shipper.sync()
+    finally:
+        shipper.close()
+    reader = PgReader(pg_url)
+    reader.start()
+    try:
+        assert [e.cause for e in reader.events()] == ["oom_kill"]
+        assert {s.id: s.count for s in reader.signatures()} == {"lost": 0, "oom": 1}
+    finally:
+        reader.close()
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys, time
+    sys.path[:0] = {paths!r}
+    from oomguard import FailureEvent
+    from oomguard._store import FailureStore
+    from oomguard._store.pg import Shipper
+
+    spool = FailureStore(sys.argv[1], batch_interval=0.01)
+    spool.start()
+    shipper = Shipper(spool, sys.argv[2], sys.argv[3], batch=500)
+    shipper.start()
+    for n in range(int(sys.argv[4])):
+        spool.add(FailureEvent("infra", "oom_kill", f"s{{n}}", "etl", "w", sys.argv[3],
+                               f"sig-{{n % 13}}", "t", {{}}, time=1.0 + n))
+        if n % 100 == 0:
+            time.sleep(0.001)
+    assert shipper.sync(120), "not sent"
+    shipper.close()
+    spool.close()
+    """
+)
+
+
+def test_four_schedulers_at_once_lose_and_duplicate_nothing(pg_url, tmp_path):
+    n = 3000
+    code = WRITER.format(paths=sys.path)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(tmp_path / f"{i}.sqlite3"), pg_url, f"c{i}", str(n)],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(4)
+    ]
+    for p in procs:
+        assert p.wait(240) == 0, p.stderr.read()
+    assert one(pg_url, "SELECT count(*), count(DISTINCT (origin, local_id)) FROM events") == (
+        4 * n,
+        4 * n,
+    )
+    with pg_connect(pg_url) as conn:
+        counts = dict(conn.execute("SELECT id, count FROM signatures").fetchall())
+        clusters = conn.execute(
+            "SELECT count(DISTINCT value) FROM signature_members WHERE field = 5"
+        ).fetchone()[0]
+    expected = {f"sig-{k}": 4 * len(range(k, n, 13)) for k in range(13)}
+    assert counts == expected
+    assert clusters == 4
+
+
+def test_migrations_run_once_and_a_newer_schema_is_refused_untouched(pg_url, spool):
+    conns = [pg_connect(pg_url) for _ in range(3)]
+    try:
+        assert [migrate(c, pg_url) for c in conns] == [len(MIGRATIONS)] * 3
+        conns[0].execute("UPDATE schema_version SET version = 99")
+        conns[0].commit()
+    finally:
+        for c in conns:
+            c.close()
+    shipper = Shipper(spool, pg_url, "a")
+    shipper.start()
+    try:
+        spool.add(ev(1))
+        assert shipper.sync(timeout=3) is False
+        assert "schema version 99" in shipper.refused
+        assert f"up to {len(MIGRATIONS)}" in shipper.refused
+        assert "lab-secret" not in shipper.refused
+    finally:
+        shipper.close()
+    assert one(pg_url, "SELECT count(*) FROM events") == (0,)
+
+
+def test_urls_are_checked_and_redacted():
+    url = "postgresql://u:s3cret@db:5432/h?sslmode=require&password=s3cret"
+    assert scheme(url) == "postgresql" and scheme("/var/lib/x.sqlite3") is None
+    assert check(url) == url
+    assert "s3cret" not in redact(url) and redact(url).startswith("postgresql://u:***@db:5432/h")
+    with pytest.raises(ValueError, match="scheme 'mysql'"):
+        check("mysql://u:s3cret@db/h")
+    import dask
+
+    from oomguard._config import scheduler_settings
+
+    with dask.config.set({"oomguard.scheduler.store": "mysql://u:pw@db/x"}):
+        with pytest.raises(ConfigError, match="oomguard.scheduler.store") as e:
+            scheduler_settings()
+    assert "pw" not in str(e.value).replace("postgresql", "")
+
+
+def test_a_url_is_never_taken_for_a_path(tmp_path):
+    """Before, `--store postgresql://...` was a path: 'the file does not exist'."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "oomguard._cli", "report", "--store",
+         "postgresql://u:s3cret@127.0.0.1:1/h"],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert "cannot read the history postgresql://u:***@127.0.0.1:1/h" in proc.stderr
+    assert "s3cret" not in proc.stderr and proc.stderr.count("\n") == 1
+    assert not list(tmp_path.iterdir())  # no directory named after the URL
+
+
+def test_a_row_the_database_refuses_is_skipped_and_said_the_rest_arrive(pg_url, spool, caplog):
+    spool.add(ev(1))
+    spool.add(ev(2, attempt=2**40))  # fits SQLite's integer, not PostgreSQL's
+    spool.add(ev(3, shard="nul\x00in key"))  # PostgreSQL's text holds no NUL
+    spool.add(ev(4))
+    shipper = Shipper(spool, pg_url, "a")
+    shipper.start()
+    try:
+        with caplog.at_level(logging.ERROR, logger="oomguard.store"):
+            assert shipper.sync()
+    finally:
+        shipper.close()
+    with pg_connect(pg_url) as conn:
+        shards = [r[0] for r in conn.execute("SELECT shard FROM events ORDER BY local_id")]
+    assert shards == ["s1", "nul\\x00in key", "s4"]
+    assert shipper.skipped == 1 and shipper.up is True
+    (line,) = [r.getMessage() for r in caplog.records if "refused event" in r.getMessage()]
+    assert "event 2 of the spool" in line and "out of range" in line
+    assert one(pg_url, "SELECT sum(count) FROM signatures") == (3,)
