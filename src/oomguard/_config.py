@@ -122,6 +122,36 @@ def get_optional_str(key: str) -> str | None:
     return value
 
 
+#: The longest cluster name (oomguard.scheduler.cluster-name): a label, not a document.
+CLUSTER_NAME_MAX = 200
+
+
+def get_cluster_name(key: str) -> str | None:
+    """A cluster's name: printable text of 1 to CLUSTER_NAME_MAX characters, spaces at
+    either end dropped; None when unset (null or empty)."""
+    value = get(key)
+    if value in (None, "", "null", "None"):
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        value = str(value)  # Dask reads DASK_..._CLUSTER_NAME=2026 as a number
+    if not isinstance(value, str):
+        raise ConfigError(f"oomguard.{key} is {value!r}; expected a name (text) or null.")
+    name = value.strip()
+    if not name:
+        raise ConfigError(f"oomguard.{key} is {value!r}; expected a name, not only spaces.")
+    if len(name) > CLUSTER_NAME_MAX:
+        raise ConfigError(
+            f"oomguard.{key} is {len(name)} characters long ({name[:40]!r}...); "
+            f"a cluster name has at most {CLUSTER_NAME_MAX}."
+        )
+    if not name.isprintable():
+        raise ConfigError(
+            f"oomguard.{key} is {value!r}; a cluster name holds printable characters only "
+            "(no control characters or line breaks)."
+        )
+    return name
+
+
 def scheduler_keys() -> frozenset[str]:
     """Every key under oomguard.scheduler, dotted below it ("kubernetes.enabled")."""
 
@@ -154,6 +184,7 @@ _SCHEDULER_GETTERS: dict[str, tuple[Any, tuple]] = {
     "abort-on-repeat-signature": (get_bool, ()),
     "memory-retry-larger-only": (get_bool, ()),
     "store": (get_optional_path, ()),
+    "cluster-name": (get_cluster_name, ()),
     "max-events": (get_int, (1,)),
     "store-errors": (get_choice, (("recover", "fail"),)),
     "max-signatures": (get_int, (1,)),

@@ -56,6 +56,7 @@ def cluster(tmp_path_factory):
                     attempt=1,
                     evidence={"summary": "x" * 1000},
                     time=NOW - hours * 3600,
+                    cluster=plugin.cluster,  # as the plugin stamps what it stores
                 )
             )
         for name, started, state in (
@@ -74,6 +75,7 @@ def cluster(tmp_path_factory):
                     user_failures=0,
                     summary="",
                     started=started,
+                    cluster=plugin.cluster,
                 )
             )
         assert plugin.store.flush()

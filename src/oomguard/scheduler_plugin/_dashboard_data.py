@@ -64,11 +64,12 @@ def failure_columns(events: Iterable[FailureEvent], now: float) -> dict[str, lis
     return columns
 
 
-def signature_columns(rows: Sequence[SignatureRow]) -> dict[str, list]:
-    """The signature table's columns; times in ms since the epoch.
+def signature_columns(rows: Sequence[SignatureRow], cluster: str = "") -> dict[str, list]:
+    """The signature table's columns; times in ms since the epoch; `other_clusters`: how
+    many clusters besides `cluster` (this one) saw each signature.
 
-    >>> signature_columns(store.signatures(limit=20))["title"]
-    ['MemoryError in parse_block']
+    >>> signature_columns(store.signatures(limit=20), "etl")["other_clusters"]
+    [2]
     """
     return {
         "id": [r.id for r in rows],
@@ -78,6 +79,7 @@ def signature_columns(rows: Sequence[SignatureRow]) -> dict[str, list]:
         "last_seen": [r.last_seen * 1000 for r in rows],
         "title": [r.title for r in rows],
         "causes": [", ".join(r.causes) for r in rows],
+        "other_clusters": [len(set(r.clusters) - {cluster}) for r in rows],
     }
 
 
@@ -136,6 +138,7 @@ def signature_detail(row: SignatureRow | None, events: Sequence[FailureEvent]) -
         f"workers    {_members(row.workers)}",
         f"shards     {_members(row.shards)}",
         f"pipelines  {_members(row.pipelines)}",
+        f"clusters   {_members(row.clusters)}",
         "",
         "Example trace",
         "-------------",
@@ -170,13 +173,14 @@ class Snapshot:
     written: int = -1
 
 
-def read_store(store: Any, now: float) -> Snapshot:
-    """Blocking: run it in a thread."""
+def read_store(store: Any, now: float, cluster: str | None = None) -> Snapshot:
+    """Blocking: run it in a thread. `cluster`: this cluster's events and runs, and the
+    signatures it saw (None: the whole history)."""
     written = store.written
     return Snapshot(
-        events=store.events(since=now - WINDOW_S, limit=MAX_EVENTS),
-        signatures=store.signatures(limit=MAX_SIGNATURES),
-        pipelines=store.pipelines(limit=MAX_PIPELINES),
+        events=store.events(since=now - WINDOW_S, limit=MAX_EVENTS, cluster=cluster),
+        signatures=store.signatures(limit=MAX_SIGNATURES, cluster=cluster),
+        pipelines=store.pipelines(limit=MAX_PIPELINES, cluster=cluster),
         written=written,
     )
 
