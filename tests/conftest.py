@@ -65,7 +65,7 @@ def postgres():
     """One real PostgreSQL server for the session (tests/pg_lab.py); skipped, or failed in
     strict mode, where Debian's postgresql or psycopg is missing."""
     from capabilities import require
-    from oomguard._store.url import driver_missing
+    from oomguard._urls import driver_missing
     from pg_lab import PostgresLab, bindir
 
     require(bindir(), "no PostgreSQL server (Debian's postgresql package; ./dev test installs it)")

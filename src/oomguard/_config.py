@@ -115,7 +115,7 @@ def get_optional_path(key: str) -> str | None:
 
 def get_store(key: str) -> str | None:
     """A path (expanded) or a postgresql:// URL; a URL of another scheme is refused."""
-    from ._store.url import check, scheme
+    from ._urls import check, scheme
 
     value = get_optional_path(key) if scheme(str(get(key) or "")) is None else get(key)
     if value is None or scheme(value) is None:
@@ -139,6 +139,36 @@ def get_optional_str(key: str) -> str | None:
     if not isinstance(value, str):
         raise ConfigError(f"oomguard.{key} is {value!r}; expected a string or null.")
     return value
+
+
+#: The longest cluster name (oomguard.scheduler.cluster-name): a label, not a document.
+CLUSTER_NAME_MAX = 200
+
+
+def get_cluster_name(key: str) -> str | None:
+    """A cluster's name: printable text of 1 to CLUSTER_NAME_MAX characters, spaces at
+    either end dropped; None when unset (null or empty)."""
+    value = get(key)
+    if value in (None, "", "null", "None"):
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        value = str(value)  # Dask reads DASK_..._CLUSTER_NAME=2026 as a number
+    if not isinstance(value, str):
+        raise ConfigError(f"oomguard.{key} is {value!r}; expected a name (text) or null.")
+    name = value.strip()
+    if not name:
+        raise ConfigError(f"oomguard.{key} is {value!r}; expected a name, not only spaces.")
+    if len(name) > CLUSTER_NAME_MAX:
+        raise ConfigError(
+            f"oomguard.{key} is {len(name)} characters long ({name[:40]!r}...); "
+            f"a cluster name has at most {CLUSTER_NAME_MAX}."
+        )
+    if not name.isprintable():
+        raise ConfigError(
+            f"oomguard.{key} is {value!r}; a cluster name holds printable characters only "
+            "(no control characters or line breaks)."
+        )
+    return name
 
 
 def scheduler_keys() -> frozenset[str]:
@@ -175,6 +205,7 @@ _SCHEDULER_GETTERS: dict[str, tuple[Any, tuple]] = {
     "store": (get_store, ()),
     "spool": (get_optional_path, ()),
     "max-age": (get_optional_seconds, ()),
+    "cluster-name": (get_cluster_name, ()),
     "max-events": (get_int, (1,)),
     "store-errors": (get_choice, (("recover", "fail"),)),
     "max-signatures": (get_int, (1,)),

@@ -70,6 +70,8 @@ class FailureEvent(_Record):
     killer_confidence  "confirmed" (evidence names it) or "likely" (inferred)
     killer_summary     one sentence, e.g. "SIGTERM from earlyoom (pid 812) at
                        MemAvailable 4.1 %"; its facts are in `evidence`
+    cluster   the name of the cluster that saw it (oomguard.scheduler.cluster-name); ""
+              for events stored before clusters had names
     """
 
     kind: str
@@ -88,6 +90,7 @@ class FailureEvent(_Record):
     killer_how: str = ""
     killer_confidence: str = ""
     killer_summary: str = ""
+    cluster: str = ""
 
     def __repr__(self) -> str:
         """<FailureEvent 2026-05-01 14:03:07 oom_kill killer=kernel shard=('load', 17)
@@ -104,7 +107,8 @@ class FailureEvent(_Record):
 
 @dataclass(frozen=True, repr=False)
 class SignatureRow(_Record):
-    """One deduplicated signature across every host of the cluster."""
+    """One deduplicated signature across every host and every cluster of the history:
+    `count` counts its events on all of them, `clusters` names the clusters that saw it."""
 
     _list_fields: ClassVar[tuple[str, ...]] = (
         "hosts",
@@ -112,6 +116,7 @@ class SignatureRow(_Record):
         "shards",
         "pipelines",
         "causes",
+        "clusters",
     )
 
     id: str
@@ -126,6 +131,7 @@ class SignatureRow(_Record):
     pipelines: list[str] = field(default_factory=list)
     causes: list[str] = field(default_factory=list)
     example: str = ""  # a normalised trace, paths scrubbed
+    clusters: list[str] = field(default_factory=list)
 
     def __repr__(self) -> str:
         """<SignatureRow 6d4c109d5cf8c83f 'oom_kill in load_shard' count=3 hosts=2
@@ -143,8 +149,11 @@ class PipelineStatus(_Record):
 
     status  "running" | "succeeded" | "succeeded_after_infra_failures" | "failed" | "aborted"
     summary one plain sentence naming the layer that failed
-    started when this run of the pipeline began, seconds since the epoch; with the name it
-            tells runs apart (0.0: not known, as for runs stored before oomguard had runs)
+    started when this run of the pipeline began, seconds since the epoch; with the name and
+            the cluster it tells runs apart (0.0: not known, as for runs stored before
+            oomguard had runs)
+    cluster the name of the cluster that ran it ("" for runs stored before clusters had
+            names)
     """
 
     name: str
@@ -157,6 +166,7 @@ class PipelineStatus(_Record):
     summary: str
     abort_reason: str = ""
     started: float = 0.0
+    cluster: str = ""
 
     def __repr__(self) -> str:
         """<PipelineStatus etl aborted started 2026-05-01 14:02:07 done=12 failed=0

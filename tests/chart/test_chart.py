@@ -235,6 +235,7 @@ def test_oomguard_values_become_env_vars_dask_reads(all_on):
             if k.startswith("DASK_OOMGUARD__")
             and "__KUBERNETES__" not in k
             and not k.endswith("__STORE")
+            and not k.endswith("__CLUSTER_NAME")
         }
         assert generated == {
             "DASK_OOMGUARD__SCHEDULER__MAX_SHARD_INFRA_FAILURES": "5",
@@ -306,6 +307,19 @@ def test_existing_claim_and_explicit_store_path():
     assert stores == [
         {"name": "DASK_OOMGUARD__SCHEDULER__STORE", "value": "/var/lib/oomguard/prod.sqlite3"}
     ]
+
+
+def test_the_cluster_is_named_after_the_release_unless_named(default):
+    # Issue 29: the scheduler stamps this name on what it stores; read as Dask reads env.
+    env = container(by_kind(manifests(default))[("Deployment", SCHED)])["env"]
+    named = [e for e in env if e["name"] == "DASK_OOMGUARD__SCHEDULER__CLUSTER_NAME"]
+    assert named == [{"name": "DASK_OOMGUARD__SCHEDULER__CLUSTER_NAME", "value": RELEASE}]
+    with dask.config.set(dask.config.collect_env({named[0]["name"]: named[0]["value"]})):
+        assert oomguard._config.scheduler_settings()["cluster-name"] == RELEASE
+    objs = by_kind(manifests(render({"oomguard": {"scheduler": {"clusterName": "etl-prod"}}})))
+    env = container(objs[("Deployment", SCHED)])["env"]
+    named = [e for e in env if e["name"] == "DASK_OOMGUARD__SCHEDULER__CLUSTER_NAME"]
+    assert named == [{"name": "DASK_OOMGUARD__SCHEDULER__CLUSTER_NAME", "value": "etl-prod"}]
 
 
 def test_rbac_for_the_pod_lookup(default):
@@ -416,6 +430,14 @@ def test_schema_forbids_unknown_keys_everywhere():
         ({"worker": {"memoryLimit": "1.5Gi"}}, ["/worker/memoryLimit", "1.5Gi"]),
         ({"schduler": {}}, ["'schduler'", "not allowed"]),
         ({"image": {"pullPolicy": "Sometimes"}}, ["/image/pullPolicy"]),
+        (
+            {"oomguard": {"scheduler": {"clusterName": "x" * 201}}},
+            ["/oomguard/scheduler/clusterName"],
+        ),
+        (
+            {"oomguard": {"scheduler": {"clusterName": "etl\nprod"}}},
+            ["/oomguard/scheduler/clusterName"],
+        ),
     ],
 )
 def test_schema_rejects_bad_values_naming_the_key(values, names):

@@ -6,6 +6,7 @@ browser is Debian's, never one downloaded by `playwright install`.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -66,6 +67,7 @@ SIGNATURE_HEADERS = [
     "first seen",
     "last seen",
     "causes",
+    "other clusters",
     "title",
 ]
 PIPELINE_HEADERS = [
@@ -166,10 +168,16 @@ def seed(plugin) -> None:
             ),
         ]
     )
-    for event, trace in events:
+    # Stamped with this cluster's name, as the plugin does; and one more OOM kill of the
+    # same crash on another cluster that shares the store: counted, not plotted.
+    own = [(dataclasses.replace(e, cluster=plugin.cluster), trace) for e, trace in events]
+    other = dataclasses.replace(events[0][0], time=now - 120, cluster="etl-elsewhere")
+    for event, trace in [*own, (other, "")]:
         assert plugin.store.add(event, example=trace)
     plugin.store.upsert_pipeline(
-        PipelineStatus(LONG_PIPELINE, "aborted", 10, 1, 4, 3, 0, LONG_SUMMARY)
+        PipelineStatus(
+            LONG_PIPELINE, "aborted", 10, 1, 4, 3, 0, LONG_SUMMARY, cluster=plugin.cluster
+        )
     )
     assert plugin.store.flush()
 
@@ -223,7 +231,9 @@ def test_dashboard_page_in_a_browser(cluster, tmp_path, artifacts_dir, capsys):
             # Table cells are text: the <b> in a title is not markup.
             assert page.locator(".slick-cell b").count() == 0
             oom_row = page.locator(".slick-row", has_text=OOM_TITLE)
-            assert re.search(r"\b3\s+3\b", oom_row.inner_text())  # count 3, on 3 hosts
+            # Count 4 on 3 hosts (across both clusters), seen by 1 other cluster.
+            assert re.search(r"\b4\s+3\b", oom_row.inner_text())
+            assert re.search(r"oom_kill\s+1\b", oom_row.inner_text())
 
             # Pipelines: the live one from the policy, the finished one from the store.
             page.locator(".slick-row", has_text="live-etl").filter(has_text="running").wait_for()

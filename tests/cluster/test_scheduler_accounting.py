@@ -305,11 +305,12 @@ def test_restarted_scheduler_keeps_history(cluster, tmp_path):
     fut.cancel()
     before = [e.to_dict() for e in failures.events()]
     assert before
-    # A new scheduler on the same store path.
+    # A new scheduler on the same store path, as the same cluster: its name (here the first
+    # scheduler's host:port, which a new port would not repeat) says so (issue 29).
     with (
         LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as cl2,
         Client(cl2) as client2,
     ):
-        oomguard.install(client2, store=str(store_path))
+        oomguard.install(client2, store=str(store_path), cluster_name=failures.cluster)
         after = [e.to_dict() for e in oomguard.Failures(client2).events()]
     assert after == before

@@ -32,6 +32,8 @@ def _start_scheduler(tmp_path, store, tag):
     env = {
         **os.environ,
         "DASK_OOMGUARD__SCHEDULER__STORE": str(store),
+        # One cluster across the restart: its own history (issue 29), whatever the port.
+        "DASK_OOMGUARD__SCHEDULER__CLUSTER_NAME": "restart-test",
         "DASK_OOMGUARD__SCHEDULER__REPORT_GRACE_TIMEOUT": "200ms",
         "DASK_DISTRIBUTED__SCHEDULER__WORK_STEALING": "False",
     }

@@ -56,6 +56,7 @@ def cluster(tmp_path_factory):
                     attempt=1,
                     evidence={"summary": "x" * 1000},
                     time=NOW - hours * 3600,
+                    cluster=plugin.cluster,  # as the plugin stamps what it stores
                 )
             )
         for name, started, state in (
@@ -74,6 +75,7 @@ def cluster(tmp_path_factory):
                     user_failures=0,
                     summary="",
                     started=started,
+                    cluster=plugin.cluster,
                 )
             )
         assert plugin.store.flush()
@@ -322,3 +324,47 @@ def test_something_other_than_a_client_is_refused_naming_it(client):
     assert "Client(" in message and "\n" not in message, message
     with pytest.raises(TypeError, match=r"^client=.* is not a distributed.Client"):
         oomguard.install(client)
+
+
+def test_failures_answers_for_its_own_cluster_unless_asked_for_the_fleet(tmp_path):
+    # Issue 29: one store, two clusters; this scheduler is "etl-prod".
+    with (
+        LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
+        oomguard.install(client, store=str(tmp_path / "shared.sqlite3"), cluster_name="etl-prod")
+        store = cluster.scheduler.plugins["oomguard"].store
+        for n, name in enumerate(["etl-prod", "etl-prod", "etl-dev"]):
+            store.add(
+                FailureEvent(
+                    "infra",
+                    "oom_kill",
+                    f"('load', {n})",
+                    "etl",
+                    "tcp://w:1",
+                    "h",
+                    "sig",
+                    "t",
+                    time=NOW + n,
+                    cluster=name,
+                )
+            )
+        store.upsert_pipeline(
+            PipelineStatus("etl", "failed", 1, 1, 0, 1, 0, "", cluster="etl-dev")
+        )
+        assert store.flush()
+        own, fleet = oomguard.Failures(client), oomguard.Failures(client, fleet=True)
+        assert own.cluster == fleet.cluster == "etl-prod"
+        assert [e.shard for e in own.events()] == ["('load', 1)", "('load', 0)"]
+        assert len(fleet.events()) == 3 and len(fleet.shard("('load', 2)")) == 1
+        assert own.shard("('load', 2)") == []
+        (sig,) = own.signatures()
+        assert (sig.count, sig.clusters) == (3, ["etl-dev", "etl-prod"])
+        assert own.pipelines() == [] and [p.cluster for p in fleet.pipelines()] == ["etl-dev"]
+        assert fleet.pipeline("etl").cluster == "etl-dev"
+        with pytest.raises(KeyError):
+            own.pipeline("etl")
+        with pytest.raises(TypeError, match="fleet="):
+            oomguard.Failures(client, fleet="yes")
+        with pytest.raises(ValueError, match="cluster="):
+            client.sync(client.scheduler.oomguard_query, what="events", cluster=7)

@@ -3,6 +3,7 @@ one-line errors with the right exit status, and a store file left byte-for-byte 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -584,6 +585,10 @@ def _killer(cause: str) -> dict:
     }
 
 
+#: The cluster whose history the docs show (oomguard.scheduler.cluster-name).
+DOC_CLUSTER = "prod-etl"
+
+
 def build_doc_store(path) -> None:
     """The store the captures in the docs were taken from (`oomguard.sqlite3`, TZ=UTC)."""
     store = FailureStore(str(path), batch_interval=0.01)
@@ -605,11 +610,12 @@ def build_doc_store(path) -> None:
                 attempt=attempt,
                 time=DOC_T0 + i * 97,
                 **_killer(cause),
+                cluster=DOC_CLUSTER,
             ),
             example=title,
         )
     for status in DOC_PIPELINES:
-        store.upsert_pipeline(status)
+        store.upsert_pipeline(dataclasses.replace(status, cluster=DOC_CLUSTER))
     assert store.flush(), store.last_error
     store.close()
 

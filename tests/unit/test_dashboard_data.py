@@ -97,7 +97,17 @@ def test_signature_columns():
         "last_seen": [NOW * 1000],
         "title": ["<b>t</b>"],
         "causes": ["oom_kill, sigkill"],
+        "other_clusters": [0],
     }
+
+
+def test_signature_columns_count_the_other_clusters_that_saw_it():
+    rows = [
+        SignatureRow("a", "t", 1, 9, NOW, NOW, clusters=["etl", "nightly", "backfill"]),
+        SignatureRow("b", "t", 1, 2, NOW, NOW, clusters=["nightly"]),
+        SignatureRow("c", "t", 1, 1, NOW, NOW, clusters=["etl"]),
+    ]
+    assert signature_columns(rows, "etl")["other_clusters"] == [2, 1, 0]
 
 
 def test_pipeline_columns_live_first_and_not_twice():

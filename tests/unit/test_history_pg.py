@@ -16,7 +16,7 @@ from oomguard import FailureEvent
 from oomguard._exceptions import ConfigError
 from oomguard._store import FailureStore
 from oomguard._store.pg import MIGRATIONS, PgReader, Shipper, migrate, pg_connect
-from oomguard._store.url import check, redact, scheme
+from oomguard._urls import check, redact, scheme
 
 T0 = 1_790_000_000.0
 
@@ -132,7 +132,7 @@ WRITER = textwrap.dedent(
     shipper.start()
     for n in range(int(sys.argv[4])):
         spool.add(FailureEvent("infra", "oom_kill", f"s{{n}}", "etl", "w", sys.argv[3],
-                               f"sig-{{n % 13}}", "t", {{}}, time=1.0 + n))
+                               f"sig-{{n % 13}}", "t", {{}}, time=1.0 + n, cluster=sys.argv[3]))
         if n % 100 == 0:
             time.sleep(0.001)
     assert shipper.sync(120), "not sent"

@@ -22,7 +22,9 @@ BIG = 200 * 1024  # characters of evidence of each big event
 N_BIG, N_SMALL, N_SHARD, N_SIGS = 30, 1200, 1100, 150
 
 
-def _event(i: int, *, shard: str = "", sig: str = "", host: str = "h", evidence=None, t=None):
+def _event(
+    i: int, *, shard: str = "", sig: str = "", host: str = "h", evidence=None, t=None, cluster=""
+):
     return FailureEvent(
         "infra",
         "oom_kill",
@@ -34,6 +36,7 @@ def _event(i: int, *, shard: str = "", sig: str = "", host: str = "h", evidence=
         f"title {i % N_SIGS}",
         evidence or {"n": i},
         time=T0 + i // 3 if t is None else t,  # three events share each time: ties
+        cluster=cluster,
     )
 
 
@@ -100,12 +103,15 @@ def cluster(tmp_path_factory):
     ):
         oomguard.install(client, store=str(store))
         plugin = cluster.scheduler.plugins["oomguard"]
+        own = plugin.cluster  # stamped, as the plugin does on what it stores
         for i in range(N_SMALL):
-            assert plugin.store.add(_event(i))
+            assert plugin.store.add(_event(i, cluster=own))
         for i in range(N_BIG):
-            assert plugin.store.add(_event(N_SMALL + i, evidence={"blob": "x" * BIG}))
+            assert plugin.store.add(_event(N_SMALL + i, evidence={"blob": "x" * BIG}, cluster=own))
         for i in range(N_SHARD):
-            assert plugin.store.add(_event(i, shard="('hot', 1)", t=T0 - 10_000 + i // 2))
+            assert plugin.store.add(
+                _event(i, shard="('hot', 1)", t=T0 - 10_000 + i // 2, cluster=own)
+            )
         assert plugin.store.flush(), plugin.store.last_error
         yield client, plugin.store
 

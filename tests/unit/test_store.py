@@ -192,7 +192,14 @@ def test_member_lists_are_capped_but_the_true_distinct_count_is_kept(store):
     assert row.shards == ["('load', 0)", "('load', 1)", "('load', 2)"]
     assert row.hosts == ["h"]
     counts = store.distinct_counts("sig-a")
-    assert counts == {"hosts": 1, "workers": 10, "shards": 10, "pipelines": 1, "causes": 1}
+    assert counts == {
+        "hosts": 1,
+        "workers": 10,
+        "shards": 10,
+        "pipelines": 1,
+        "causes": 1,
+        "clusters": 0,
+    }
     # Seen again: still 10 distinct, not 20.
     fill(store, [ev(n, host="h") for n in range(10)])
     assert store.distinct_counts("sig-a")["shards"] == 10
@@ -231,6 +238,7 @@ def test_member_rows_are_bounded_and_one_batch_is_counted_exactly(tmp_path):
             "shards": 3000,
             "pipelines": 1,
             "causes": 1,
+            "clusters": 0,
         }
     finally:
         s.close()

@@ -33,6 +33,7 @@ from typing import Any
 from .._admission import peaks as _peaks
 from .._causes import Cause, Killer, Kind
 from .._client import filters as _filters
+from .._config import CLUSTER_NAME_MAX
 from .._display import one_line
 from .._exceptions import ReportFailed
 from .layout import key_line, output_width
@@ -58,6 +59,7 @@ examples:
   oomguard report --store /var/lib/dask/oomguard.sqlite3 --cause oom_kill --since 1h
   oomguard report --scheduler tcp://scheduler:8786 --shard "('load-0a1b', 17)"
   oomguard report --store history.sqlite3 --pipelines --pipeline etl
+  oomguard report --store /shared/oomguard.sqlite3 --signatures --cluster etl-nightly
   oomguard report --store history.sqlite3 --events --json | jq '.events[].evidence'
   oomguard report --scheduler tcp://scheduler:8786 --peaks
   oomguard report --ledger /tmp/oomguard-1000/memory-ledger.json
@@ -68,6 +70,12 @@ and the signatures and pipelines to those the shown events name. --shard alone p
 shard's whole history oldest first, with evidence; with other filters or --limit, its
 newest events. --limit applies to each section (defaults: 1000 events, 100 signatures,
 100 pipelines). Times are local unless an ISO time carries an offset.
+
+A store may hold the history of many clusters, one after another (each named by its
+oomguard.scheduler.cluster-name). The report reads the whole history, from a store or a
+scheduler; --cluster NAME narrows the events and pipelines to that cluster's, and the
+signatures to those it saw. A signature's COUNT is across every cluster, and CLUSTERS (in
+--json, "clusters") names the clusters that saw it.
 
 Tables fit the terminal's width (or COLUMNS); a shard, signature id, pipeline name or task
 prefix is never cut: in a narrow terminal it moves to a line of its own. Piped to a
@@ -88,8 +96,8 @@ peaks.
 PipelineStatus.to_dict() and {"prefix", "peak" (bytes), "hosts", "suggested"}.
 
 exit status: 0 success; 1 the scheduler, the store or the ledger could not be read; 2 bad
-arguments; 3 --pipeline or --signature names nothing in the history (no event, run or
-signature has it: the known names and the closest one are printed).
+arguments; 3 --cluster, --pipeline or --signature names nothing in the history (no event,
+run or signature has it: the known names and the closest one are printed).
 """
 
 
@@ -158,6 +166,17 @@ def _seconds(text: str) -> float:
     return s
 
 
+def _cluster(text: str) -> str:
+    """`--cluster`: a name as oomguard.scheduler.cluster-name takes it."""
+    name = text.strip()
+    if not name or len(name) > CLUSTER_NAME_MAX or not name.isprintable():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a cluster name: printable text of 1 to {CLUSTER_NAME_MAX} "
+            "characters, as oomguard.scheduler.cluster-name sets it"
+        )
+    return name
+
+
 def _usage_error(message: str) -> None:
     echo(f"{PROG}: {' '.join(str(message).split())}", file=sys.stderr)
     sys.exit(2)
@@ -213,6 +232,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="who ended the worker: " + ", ".join(killers),
     )
     p.add_argument("--pipeline", metavar="NAME")
+    p.add_argument(
+        "--cluster",
+        type=_cluster,
+        metavar="NAME",
+        help="only this cluster's events and pipelines, and the signatures it saw "
+        "(default: every cluster in the history)",
+    )
     p.add_argument(
         "--shard",
         type=parse_shard,
@@ -302,13 +328,12 @@ def run(args: argparse.Namespace) -> int:
         if args.scheduler is not None and (history or workers):
             with connected(args.scheduler, args.timeout) as client:
                 if history:
-                    data = read_history(
-                        scheduler_source(client, args.scheduler, args.timeout), args, history
-                    )
+                    source = scheduler_source(client, args.scheduler, args.timeout, args.cluster)
+                    data = read_history(source, args, history)
                 if workers:
                     data["peaks"] = peaks_from_workers(client, args.scheduler, args.timeout)
         elif history:
-            with store_source(args.store) as source:
+            with store_source(args.store, args.cluster) as source:
                 data = read_history(source, args, history)
         if ledger is not None:
             data["peaks"] = peaks_from_file(ledger)
@@ -331,7 +356,15 @@ def _empty(what: str, args: argparse.Namespace, width: int | None) -> list[str]:
     """Why a section has no rows, in words: never a bare "none"."""
     narrowed = any(
         v is not None
-        for v in (args.kind, args.cause, args.killer, args.pipeline, args.signature, args.since)
+        for v in (
+            args.kind,
+            args.cause,
+            args.killer,
+            args.pipeline,
+            args.signature,
+            args.since,
+            args.cluster,
+        )
     )
     if args.shard is not None:
         prefix = "  with these filters, no" if narrowed else "  no"

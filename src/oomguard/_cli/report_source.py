@@ -27,12 +27,15 @@ DEFAULT_LIMITS = {"events": 1000, "signatures": 100, "pipelines": 100}
 
 
 class _SchedulerSource:
-    """The reads of `oomguard.Failures`, each bounded by a timeout."""
+    """The reads of `oomguard.Failures`, each bounded by a timeout: of the whole history,
+    or of `cluster` (--cluster)."""
 
-    def __init__(self, client: Any, timeout: float) -> None:
+    def __init__(self, client: Any, timeout: float, cluster: str | None = None) -> None:
         from .._client.api import Failures
 
-        self.failures = Failures(client, timeout=timeout)
+        self.failures = Failures(client, timeout=timeout, fleet=True)
+        if cluster is not None:
+            self.failures._scope = {"cluster": cluster}
         self.shard = self.failures.shard
         self.pipelines = self.failures.pipelines
 
@@ -92,8 +95,35 @@ def connected(address: str, timeout: float) -> Iterator[Any]:
             log.setLevel(levels[name])
 
 
-def scheduler_source(client: Any, address: str, timeout: float) -> _SchedulerSource:
-    source = _SchedulerSource(client, timeout)
+class _StoreSource:
+    """The reads of a FailureStore, of `cluster` only where given (--cluster)."""
+
+    def __init__(self, store: Any, cluster: str | None) -> None:
+        self.store = store
+        self.cluster = cluster
+        self.known = store.known
+        self.signature = store.signature  # one signature: its row spans every cluster
+
+    def events(self, **filters: Any) -> Any:
+        return self.store.events(cluster=self.cluster, **filters)
+
+    def signatures(self, **filters: Any) -> Any:
+        return self.store.signatures(cluster=self.cluster, **filters)
+
+    def shard(self, key: str) -> Any:
+        return self.store.shard(key, cluster=self.cluster)
+
+    def pipeline(self, name: str) -> Any:
+        return self.store.pipeline(name, cluster=self.cluster)
+
+    def pipelines(self, limit: int | None) -> Any:
+        return self.store.pipelines(limit, cluster=self.cluster)
+
+
+def scheduler_source(
+    client: Any, address: str, timeout: float, cluster: str | None = None
+) -> _SchedulerSource:
+    source = _SchedulerSource(client, timeout, cluster)
     try:
         # Without the handler Dask logs a warning and answers nothing, or None.
         stats = source.failures._query("stats")
@@ -110,8 +140,9 @@ def scheduler_source(client: Any, address: str, timeout: float) -> _SchedulerSou
 
 
 @contextlib.contextmanager
-def store_source(path: str) -> Iterator[Any]:
-    """The failure store at `path`, opened to be read; ReportFailed when it cannot be.
+def store_source(path: str, cluster: str | None = None) -> Iterator[Any]:
+    """The failure store at `path`, opened to be read, its reads of the whole history or
+    of `cluster`; ReportFailed when it cannot be.
 
     The store file is only read. `FailureStore.start()` on an up-to-date WAL-mode store writes
     nothing; it would write (migrate, or switch the journal mode) on an older or non-WAL file,
@@ -121,11 +152,11 @@ def store_source(path: str) -> Iterator[Any]:
     WAL into the main file.
     """
     from .._store import FailureStore
-    from .._store.url import is_postgres
+    from .._urls import is_postgres
 
     if is_postgres(path):
         with history_source(path) as reader:
-            yield reader
+            yield _StoreSource(reader, cluster)
         return
     try:
         readable, guard_needed = _check_store(path)
@@ -154,7 +185,7 @@ def store_source(path: str) -> Iterator[Any]:
                 guard.execute("SELECT count(*) FROM sqlite_master").fetchone()
         except (StoreError, sqlite3.Error) as e:
             raise ReportFailed(f"cannot read the failure store {path}: {one_line(e)}") from e
-        yield store
+        yield _StoreSource(store, cluster)
     finally:
         store.close()  # a guard still open keeps this from checkpointing the WAL
         if guard is not None:
@@ -169,7 +200,7 @@ def history_source(url: str) -> Iterator[Any]:
     with the password hidden, when it cannot be read or holds no oomguard history."""
     from .._store.pg import MIGRATIONS, PgReader, check_version, pg_connect
     from .._store.pg.ship import one_line as pg_line
-    from .._store.url import driver_missing, redact
+    from .._urls import driver_missing, redact
 
     missing = driver_missing()
     if missing is not None:
@@ -317,12 +348,14 @@ def collect(source: Any, args: argparse.Namespace, sections: tuple[str, ...]) ->
 
 
 def unknown_names(source: Any, args: argparse.Namespace) -> list[str]:
-    """For --pipeline and --signature that name nothing in the history (no event, run or
-    signature): one sentence each, with the names there are and the closest one."""
+    """For --cluster, --pipeline and --signature that name nothing in the history (no
+    event, run or signature): one sentence each, with the names there are and the closest
+    one."""
     from .._client.filters import unknown_name
 
     out = []
     for field, value, what in (
+        ("cluster", args.cluster, "cluster"),
         ("pipeline", args.pipeline, "pipeline"),
         ("signature", args.signature, "signature id"),
     ):

@@ -116,18 +116,21 @@ def render_events(
     return lines
 
 
+# COUNT is across every cluster of the history; CLUSTERS names the clusters that saw it.
 _SIGNATURE_COLUMNS = [
     Column("ID"),
     Column("COUNT", right=True),
     Column("HOSTS", right=True),
     Column("LAST SEEN"),
     Column("CAUSES", "causes"),
+    Column("CLUSTERS", "clusters"),
     Column("TITLE", key=False),
 ]
 _SIGNATURE_LAYOUTS = [
-    Layout(("ID", "COUNT", "HOSTS", "LAST SEEN", "CAUSES", "TITLE")),
-    Layout(("ID", "COUNT", "HOSTS", "LAST SEEN", "CAUSES"), below=("TITLE",)),
-    Layout(("ID", "COUNT", "HOSTS", "LAST SEEN"), below=("CAUSES", "TITLE")),
+    Layout(("ID", "COUNT", "HOSTS", "LAST SEEN", "CAUSES", "CLUSTERS", "TITLE")),
+    Layout(("ID", "COUNT", "HOSTS", "LAST SEEN", "CAUSES", "CLUSTERS"), below=("TITLE",)),
+    Layout(("ID", "COUNT", "HOSTS", "LAST SEEN", "CAUSES"), below=("CLUSTERS", "TITLE")),
+    Layout(("ID", "COUNT", "HOSTS", "LAST SEEN"), below=("CAUSES", "CLUSTERS", "TITLE")),
 ]
 
 
@@ -138,7 +141,15 @@ def render_signatures(
     if not rows:
         return [head] + (empty or ["  no signatures recorded"])
     body = [
-        [s.id, s.count, len(s.hosts), clock(s.last_seen), ",".join(s.causes), s.title]
+        [
+            s.id,
+            s.count,
+            len(s.hosts),
+            clock(s.last_seen),
+            ",".join(s.causes),
+            ",".join(s.clusters) or "-",
+            s.title,
+        ]
         for s in rows
     ]
     _, header, blocks = lay_out(_SIGNATURE_COLUMNS, body, _SIGNATURE_LAYOUTS, width)

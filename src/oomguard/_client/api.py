@@ -102,9 +102,19 @@ class Failures:
     naming the known ones and the closest. `client` must be a `distributed.Client` and
     `timeout` positive seconds or None (TypeError / ValueError at once otherwise).
 
+    One store may hold the history of many clusters (each named by its
+    ``oomguard.scheduler.cluster-name``). By default the answers are this cluster's: its
+    events and pipeline runs, and the signatures it saw, with their counts across every
+    cluster (``SignatureRow.clusters`` names them all). ``fleet=True`` answers for the whole
+    history.
+
     >>> failures = oomguard.Failures(client)                  # doctest: +SKIP
     >>> failures                                              # doctest: +SKIP
     <Failures tcp://10.0.3.2:8786 12 events, 3 signatures>
+    >>> failures.cluster                                      # doctest: +SKIP
+    'etl-nightly'
+    >>> oomguard.Failures(client, fleet=True).signatures()[0].clusters  # doctest: +SKIP
+    ['etl-nightly', 'etl-backfill']
     >>> failures.events(cause="oom_kill", since="1h", limit=10)   # doctest: +SKIP
     [<FailureEvent 2026-05-01 14:03:07 oom_kill shard=('load', 17) attempt=2 pipeline=etl ...>]
     >>> failures.pipeline("etl").summary                      # doctest: +SKIP
@@ -114,10 +124,28 @@ class Failures:
     #: How long the repr waits for the counts: a repr must not hang a notebook.
     repr_timeout: float = 2.0
 
-    def __init__(self, client: Client, *, timeout: float | None = 60.0):
+    def __init__(self, client: Client, *, timeout: float | None = 60.0, fleet: bool = False):
         # A scheduler without oomguard never answers the query: bound every call.
         self.client = _filters.client(client)
         self.timeout = _filters.timeout(timeout)
+        if not isinstance(fleet, bool):
+            raise TypeError(f"fleet={fleet!r}: expected True or False")
+        self.fleet = fleet
+        # What every query adds: nothing (the scheduler answers for its own cluster),
+        # {"fleet": True}, or {"cluster": name} (`oomguard report --cluster`).
+        self._scope: dict[str, Any] = {"fleet": True} if fleet else {}
+
+    @property
+    def cluster(self) -> str:
+        """The name of the cluster whose scheduler answers (its
+        ``oomguard.scheduler.cluster-name``, or the name oomguard gave it).
+
+        >>> oomguard.Failures(client).cluster                    # doctest: +SKIP
+        'etl-nightly'
+        """
+        return self.client.sync(
+            self.client.scheduler.oomguard_query, what="cluster", callback_timeout=self.timeout
+        )
 
     def __repr__(self) -> str:
         """<Failures tcp://10.0.3.2:8786 12 events, 3 signatures>; counts up to the default
@@ -155,6 +183,7 @@ class Failures:
             self.client.scheduler.oomguard_query,
             what=what,
             callback_timeout=self.timeout if timeout is None else timeout,
+            **self._scope,
             **filters,
         )
 

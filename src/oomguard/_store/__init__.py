@@ -18,16 +18,21 @@ file). A failure history is diagnostics, not a ledger: we trade that for write s
 Deduplication: `signatures` holds one row per signature id across every host: count,
 first/last seen (event times), title and grouping version (from the latest write), and the
 example trace (the first non-empty one given to `add()`). The distinct hosts, workers,
-shards, pipelines and causes of a signature live in `signature_members` (empty strings are
-not recorded), at most `member_rows` of each: the first to arrive (within one batch, the
+shards, pipelines, causes and clusters of a signature live in `signature_members` (empty
+strings are not recorded), at most `member_rows` of each: the first to arrive (within one batch, the
 smallest), so a signature hit by millions of shards stays small. A returned SignatureRow
 lists at most `member_cap` of those, sorted; the `cause` and `pipeline` filters of
 `signatures()` see only them. `distinct_counts()` counts on past them: exact until a value
 goes unstored, a lower bound after (see there). Rows already stored past the bound (by an
 older oomguard, or a larger `member_rows`) are kept.
 
-A pipeline is stored per run, keyed by (name, `started`): a second run of "etl", or the
-name reused by a new scheduler, does not overwrite the first.
+A pipeline is stored per run, keyed by (name, `started`, cluster): a second run of "etl",
+or the name reused by a new scheduler or another cluster, does not overwrite the first.
+
+Clusters: every event and run carries the name of the cluster that stored it (`cluster`,
+'' for rows stored before clusters had names); one file may hold the history of many
+clusters, one after another. Reads take `cluster=` to narrow to one; a signature's counts
+span every cluster, and its `clusters` member list names them.
 
 A full disk: a batch that does not fit is committed in halves, down to single items, so
 what fits is written; the rest stays at the head of the queue (bounded by it), is retried

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 from typing import NamedTuple
 
-from .items import ROW
+from .items import CLUSTER, ROW
 from .schema import PIPELINE_COLUMNS
 
 
@@ -31,17 +31,20 @@ def _insert(conn: sqlite3.Connection, stmt: _MultiRow, rows: list[tuple]) -> Non
         conn.executemany(stmt.single, rows[full:])
 
 
+# A worker's address is only unique within its cluster: the amend's cluster narrows them.
 _LOST_EVENTS = (
-    "SELECT id, signature_id FROM events WHERE worker = ? AND cause = 'worker_lost' AND time ="
-    " (SELECT max(time) FROM events WHERE worker = ? AND cause = 'worker_lost')"
+    "SELECT id, signature_id FROM events WHERE worker = :worker AND cluster = :cluster"
+    " AND cause = 'worker_lost' AND time = (SELECT max(time) FROM events"
+    " WHERE worker = :worker AND cluster = :cluster AND cause = 'worker_lost')"
 )
 _LOST_EVENTS_AT = (
-    "SELECT id, signature_id FROM events WHERE worker = ? AND cause = 'worker_lost' AND time = ?"
+    "SELECT id, signature_id FROM events WHERE worker = :worker AND cluster = :cluster"
+    " AND cause = 'worker_lost' AND time = :time"
 )
 _INSERT_EVENT = _MultiRow(
     "INSERT INTO events (time, kind, cause, shard, pipeline, worker, host, signature_id,"
     " signature_title, evidence, attempt, grouping_version, killer, killer_how,"
-    " killer_confidence, killer_summary) VALUES",
+    " killer_confidence, killer_summary, cluster) VALUES",
     ROW,
 )
 # Per batch: one row per signature of the events with id > ?; title and grouping version
@@ -76,7 +79,7 @@ _MEMBERS = (
         f"INSERT INTO temp.batch_members (signature_id, field, value)"
         f" SELECT DISTINCT signature_id, {code}, {column} FROM events NOT INDEXED"
         f" WHERE id > :last AND {column} <> '' ORDER BY 1, 3"
-        for code, column in enumerate(("host", "worker", "shard", "pipeline", "cause"))
+        for code, column in enumerate(("host", "worker", "shard", "pipeline", "cause", "cluster"))
     ),
     """DELETE FROM temp.batch_members WHERE EXISTS (SELECT 1 FROM signature_members AS m
         WHERE m.signature_id = batch_members.signature_id AND m.field = batch_members.field
@@ -108,8 +111,9 @@ CREATE_BATCH_MEMBERS = """CREATE TEMP TABLE batch_members (
     PRIMARY KEY (signature_id, field, value)
 ) WITHOUT ROWID"""
 _UPSERT_PIPELINE = f"""
-    INSERT INTO pipelines ({PIPELINE_COLUMNS}, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-    ON CONFLICT (name, started) DO UPDATE SET
+    INSERT INTO pipelines ({PIPELINE_COLUMNS}, updated)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT (name, started, cluster) DO UPDATE SET
         status = excluded.status, shards_done = excluded.shards_done,
         shards_failed = excluded.shards_failed, shards_aborted = excluded.shards_aborted,
         infra_failures = excluded.infra_failures, user_failures = excluded.user_failures,
@@ -143,29 +147,31 @@ def commit_batch(
     events: list[tuple] = []
     pipelines: list[tuple] = []
     amends: list[tuple] = []
-    lost: set[str] = set()  # workers with a worker_lost event in this batch
+    lost: set[tuple[str, str]] = set()  # (worker, cluster) with a worker_lost event here
     examples: dict[str, str] = {}
     for item in items:  # as little Python per item as possible: it holds the GIL
         n = len(item)
         if n == ROW:
             events.append(item)
             if item[2] == "worker_lost":
-                lost.add(item[5])
+                lost.add((item[5], item[CLUSTER]))
         elif n == 3:  # ("amend", event item, lost_at)
-            worker = item[1][5]
+            who = (item[1][5], item[1][CLUSTER])  # (worker, cluster)
             when = item[2]
-            if worker in lost:  # its worker_lost events may be in this very batch
-                mine = [e[0] for e in events if e[5] == worker and e[2] == "worker_lost"]
+            if who in lost:  # its worker_lost events may be in this very batch
+                mine = [
+                    e[0] for e in events if (e[5], e[CLUSTER]) == who and e[2] == "worker_lost"
+                ]
                 when = max(mine) if when is None else when
                 if when in mine:
                     events = [
                         e
                         for e in events
-                        if e[5] != worker or e[2] != "worker_lost" or e[0] != when
+                        if (e[5], e[CLUSTER]) != who or e[2] != "worker_lost" or e[0] != when
                     ]
                     when = None
-            if when is not None or worker not in lost:
-                amends.append((worker, when))
+            if when is not None or who not in lost:
+                amends.append((*who, when))
             events.append(item[1][:ROW])
             if len(item[1]) == ROW + 1:
                 examples.setdefault(item[1][7], item[1][ROW])
@@ -182,12 +188,12 @@ def commit_batch(
         # signature and member updates are computed from them by SQLite, which does the
         # work without holding the GIL (the event loop's thread needs it).
         last = conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
-        for worker, lost_at in amends:
+        for worker, cluster, lost_at in amends:
             # The death's worker_lost events go; the amended one is inserted below.
-            if lost_at is None:
-                replaced = conn.execute(_LOST_EVENTS, (worker, worker)).fetchall()
-            else:
-                replaced = conn.execute(_LOST_EVENTS_AT, (worker, lost_at)).fetchall()
+            who = {"worker": worker, "cluster": cluster, "time": lost_at}
+            replaced = conn.execute(
+                _LOST_EVENTS if lost_at is None else _LOST_EVENTS_AT, who
+            ).fetchall()
             conn.executemany("DELETE FROM events WHERE id = ?", [(i,) for i, _ in replaced])
             if limits.ships:
                 conn.executemany(

@@ -19,10 +19,13 @@ _TEXT_FIELDS = (
     "signature_id",
     "signature_title",
 )
-#: After grouping_version, in the column order of writer._INSERT_EVENT (issue 26).
-_KILLER_FIELDS = ("killer", "killer_how", "killer_confidence", "killer_summary")
+#: After grouping_version, in the column order of batch._INSERT_EVENT: who ended the
+#: worker (issue 26), the cluster (issue 29; last, so CLUSTER is the row's last index).
+_LATER_FIELDS = ("killer", "killer_how", "killer_confidence", "killer_summary", "cluster")
 #: An events row's length; an item with an example trace has one more.
-ROW = 1 + len(_TEXT_FIELDS) + 3 + len(_KILLER_FIELDS)
+ROW = 1 + len(_TEXT_FIELDS) + 3 + len(_LATER_FIELDS)
+#: The index of the cluster in an events row.
+CLUSTER = ROW - 1
 _PIPELINE_INT_FIELDS = (
     "shards_done",
     "shards_failed",
@@ -34,7 +37,7 @@ _PIPELINE_INT_FIELDS = (
 
 def event_item(e: FailureEvent, grouping_version: Any, example: Any) -> tuple:
     """The queued form of an event: the events row (`ROW` atomics, in the column order of
-    writer._INSERT_EVENT), plus the example when there is one. Atomics only, so the GC
+    batch._INSERT_EVENT), plus the example when there is one. Atomics only, so the GC
     stops tracking it."""
     if not isinstance(e, FailureEvent):
         raise TypeError(f"expected a FailureEvent, got {type(e).__name__}")
@@ -46,7 +49,7 @@ def event_item(e: FailureEvent, grouping_version: Any, example: Any) -> tuple:
     if t != t:
         raise ValueError("field 'time' is NaN")
     texts = []
-    for name in _TEXT_FIELDS + _KILLER_FIELDS:
+    for name in _TEXT_FIELDS + _LATER_FIELDS:
         value = getattr(e, name)
         if type(value) is not str:
             if not isinstance(value, str):
@@ -79,7 +82,7 @@ def pipeline_row(p: PipelineStatus, updated: float) -> tuple:
     if not isinstance(p, PipelineStatus):
         raise TypeError(f"expected a PipelineStatus, got {type(p).__name__}")
     texts = {}
-    for name in ("name", "status", "summary", "abort_reason"):
+    for name in ("name", "status", "summary", "abort_reason", "cluster"):
         value = getattr(p, name)
         if not isinstance(value, str):
             raise TypeError(f"field {name!r} must be a str, got {type(value).__name__}")
@@ -104,6 +107,7 @@ def pipeline_row(p: PipelineStatus, updated: float) -> tuple:
         texts["summary"],
         texts["abort_reason"],
         float(started),
+        texts["cluster"],
         updated,
     )
 

@@ -15,7 +15,8 @@ from .schema import MEMBER_FIELDS, PIPELINE_COLUMNS, connect
 
 _EVENT_COLUMNS = (
     "id, time, kind, cause, shard, pipeline, worker, host, signature_id, "
-    "signature_title, evidence, attempt, killer, killer_how, killer_confidence, killer_summary"
+    "signature_title, evidence, attempt, killer, killer_how, killer_confidence, killer_summary, "
+    "cluster"
 )
 # A death without a report that named no shard is stored under shard '' (and pipeline ''
 # when its suspects ran in several), its suspects in the evidence: a filter on a shard or a
@@ -103,10 +104,12 @@ class ReaderMixin:
         killer: str | None = None,
         before: tuple[float, int] | None = None,
         max_bytes: int | None = None,
+        cluster: str | None = None,
     ) -> list[FailureEvent]:
         """Stored events, newest first (by event time, then id), matching every filter given.
         `shard` and `pipeline` also match the one event of a death that named no shard
-        when it lists the value among its (first 20) suspects or their pipelines.
+        when it lists the value among its (first 20) suspects or their pipelines. `cluster`:
+        the events of that cluster only (None: of every cluster).
 
         Pages: `before` (time, id) of the last event of the previous page gives the ones
         after it in this order. `max_bytes` stops once the rows read hold that many
@@ -123,6 +126,7 @@ class ReaderMixin:
             ("shard", shard),
             ("signature_id", signature),
             ("killer", killer),
+            ("cluster", cluster),
         ):
             if value is None:
                 continue
@@ -154,16 +158,21 @@ class ReaderMixin:
         limit: int | None = None,
         after: tuple[float, int] | None = None,
         max_bytes: int | None = None,
+        cluster: str | None = None,
     ) -> list[FailureEvent]:
         """One shard's own history, oldest first: the failures that name it (not a death
-        it was only one suspect of; `events(shard=...)` finds those too). Pages as
-        `events` does, `after` (time, id) the last event of the previous page.
+        it was only one suspect of; `events(shard=...)` finds those too), on `cluster`
+        only where given. Pages as `events` does, `after` (time, id) the last event of the
+        previous page.
 
         >>> [(e.attempt, e.cause) for e in store.shard("('load-0a1b', 17)")]
         [(1, 'oom_kill'), (2, 'oom_kill')]
         """
         sql = f"SELECT {_EVENT_COLUMNS} FROM events WHERE shard = ?"
         args: list[Any] = [key]
+        if cluster is not None:
+            sql += " AND cluster = ?"
+            args.append(cluster)
         if after is not None:
             sql += " AND time >= ? AND (time > ? OR id > ?)"
             args += [after[0], after[0], after[1]]
@@ -181,10 +190,13 @@ class ReaderMixin:
         limit: int | None = 100,
         offset: int = 0,
         max_bytes: int | None = None,
+        cluster: str | None = None,
     ) -> list[SignatureRow]:
-        """Signatures seen with `cause` / in `pipeline` / last seen at or after `since`,
-        by count (lifetime, across every host) descending, then last seen descending.
-        Pages: skip the first `offset`; `max_bytes` as for `events`.
+        """Signatures seen with `cause` / in `pipeline` / on `cluster` / last seen at or
+        after `since`, by count (lifetime, across every host and cluster) descending, then
+        last seen descending. Pages: skip the first `offset`; `max_bytes` as for `events`.
+        A signature's counts are never narrowed: on `cluster` means the cluster is among
+        its `clusters` (as `cause` and `pipeline` look in its member lists).
 
         >>> [(s.title, s.count, len(s.hosts)) for s in store.signatures(limit=20)]
         [('MemoryError in parse_block', 3, 3)]
@@ -195,7 +207,7 @@ class ReaderMixin:
             "limit": _limit(limit),
             "offset": max(0, int(offset)),
         }
-        for code, value in ((4, cause), (3, pipeline)):
+        for code, value in ((4, cause), (3, pipeline), (5, cluster)):
             if value is not None:
                 where.append(
                     f"EXISTS (SELECT 1 FROM signature_members m WHERE "
@@ -246,8 +258,8 @@ class ReaderMixin:
 
     @_read
     def distinct_counts(self, signature_id: str) -> dict[str, int]:
-        """The number of distinct hosts, workers, shards, pipelines and causes of a
-        signature (a SignatureRow lists at most `member_cap` of each).
+        """The number of distinct hosts, workers, shards, pipelines, causes and clusters of
+        a signature (a SignatureRow lists at most `member_cap` of each).
 
         Exact until a field of the signature has had more distinct values than
         `member_rows`, the rows the store keeps of it. Past that, a lower bound: the stored
@@ -255,7 +267,7 @@ class ReaderMixin:
         still grows when a batch brings more), never a value counted twice.
 
         >>> store.distinct_counts("3f2a9c")
-        {'hosts': 3, 'workers': 3, 'shards': 1, 'pipelines': 1, 'causes': 1}
+        {'hosts': 3, 'workers': 3, 'shards': 1, 'pipelines': 1, 'causes': 1, 'clusters': 2}
         """
         counts = dict.fromkeys(MEMBER_FIELDS, 0)
         for code, n in self._reader().execute(
@@ -264,49 +276,81 @@ class ReaderMixin:
             counts[MEMBER_FIELDS[code]] = n
         return counts
 
-    def pipeline(self, name: str) -> PipelineStatus | None:
-        """The status of the latest run (greatest `started`) of one pipeline, or None.
+    def pipeline(self, name: str, cluster: str | None = None) -> PipelineStatus | None:
+        """The status of the latest run (greatest `started`) of one pipeline, on `cluster`
+        where given, or None.
 
         >>> store.pipeline("nightly").status
         'aborted'
         """
-        runs = self.pipeline_runs(name, limit=1)
+        runs = self.pipeline_runs(name, limit=1, cluster=cluster)
         return runs[0] if runs else None
 
     @_read
-    def pipeline_runs(self, name: str, limit: int | None = 100) -> list[PipelineStatus]:
-        """The runs of one pipeline, newest (greatest `started`) first.
+    def pipeline_runs(
+        self, name: str, limit: int | None = 100, cluster: str | None = None
+    ) -> list[PipelineStatus]:
+        """The runs of one pipeline (on `cluster` only, where given), newest (greatest
+        `started`) first.
 
         >>> [(p.started, p.status) for p in store.pipeline_runs("nightly")]
         [(1790086400.0, 'running'), (1790000000.0, 'aborted')]
         """
-        # (name, started) is the key: no two runs of a name share `started`.
+        # (name, started, cluster) is the key: a cluster's runs of a name differ in
+        # `started`; runs of two clusters that share it come in rowid order.
+        where, args = ("name = ?", [name])
+        if cluster is not None:
+            where += " AND cluster = ?"
+            args.append(cluster)
         sql = (
-            f"SELECT {PIPELINE_COLUMNS} FROM pipelines WHERE name = ? "
-            "ORDER BY started DESC LIMIT ?"
+            f"SELECT {PIPELINE_COLUMNS} FROM pipelines WHERE {where} "
+            "ORDER BY started DESC, rowid DESC LIMIT ?"
         )
-        return [PipelineStatus(*r) for r in self._reader().execute(sql, (name, _limit(limit)))]
+        args.append(_limit(limit))
+        return [PipelineStatus(*r) for r in self._reader().execute(sql, args)]
 
     @_read
-    def pipelines(self, limit: int | None = 100) -> list[PipelineStatus]:
-        """Pipeline runs (a name may come more than once), most recently updated first.
+    def pipelines(
+        self, limit: int | None = 100, cluster: str | None = None
+    ) -> list[PipelineStatus]:
+        """Pipeline runs (a name may come more than once), most recently updated first;
+        of `cluster` only, where given.
 
         >>> [p.name for p in store.pipelines(limit=2)]
         ['nightly', 'backfill']
         """
-        sql = f"SELECT {PIPELINE_COLUMNS} FROM pipelines ORDER BY updated DESC, rowid DESC LIMIT ?"
-        return [PipelineStatus(*r) for r in self._reader().execute(sql, (_limit(limit),))]
+        where, args = ("", [])
+        if cluster is not None:
+            where, args = (" WHERE cluster = ?", [cluster])
+        sql = (
+            f"SELECT {PIPELINE_COLUMNS} FROM pipelines{where} "
+            "ORDER BY updated DESC, rowid DESC LIMIT ?"
+        )
+        args.append(_limit(limit))
+        return [PipelineStatus(*r) for r in self._reader().execute(sql, args)]
 
     @_read
     def known(self, field: str, value: str, limit: int = 1000) -> tuple[bool, list[str]]:
-        """Whether any event, run or signature has pipeline (`field` "pipeline") or
-        signature id ("signature") `value`, and up to `limit` of the names there are,
-        most recent first: a filter that matched nothing says why.
+        """Whether any event, run or signature has pipeline (`field` "pipeline"), signature
+        id ("signature") or cluster ("cluster") `value`, and up to `limit` of the names
+        there are, most recent first (clusters: by name): a filter that matched nothing
+        says why.
 
         >>> store.known("pipeline", "etl ")
         (False, ['etl', 'backfill'])
         """
         db = self._reader()
+        if field == "cluster":
+            found = db.execute(
+                "SELECT 1 FROM events WHERE cluster = ? UNION ALL "
+                "SELECT 1 FROM pipelines WHERE cluster = ? LIMIT 1",
+                (value, value),
+            ).fetchone()
+            names = sorted(
+                set(_distinct(db, "events", "cluster", limit))
+                | set(_distinct(db, "pipelines", "cluster", limit))
+            )
+            return found is not None, names[:limit]
         if field == "signature":
             found = db.execute("SELECT 1 FROM signatures WHERE id = ?", (value,)).fetchone()
             rows = db.execute(
@@ -314,7 +358,7 @@ class ReaderMixin:
             )
             return found is not None, [r[0] for r in rows]
         if field != "pipeline":
-            raise ValueError(f"known() takes 'pipeline' or 'signature', not {field!r}")
+            raise ValueError(f"known() takes 'pipeline', 'signature' or 'cluster', not {field!r}")
         found = db.execute(
             "SELECT 1 FROM pipelines WHERE name = ? UNION ALL "
             "SELECT 1 FROM events WHERE pipeline = ? LIMIT 1",
@@ -327,16 +371,22 @@ class ReaderMixin:
                 (limit,),
             )
         ]
-        # The pipelines of events, one index step each (no scan of a million events).
-        seen = db.execute(
-            "WITH RECURSIVE p(name) AS (SELECT min(pipeline) FROM events WHERE pipeline > ''"
-            " UNION ALL SELECT (SELECT min(pipeline) FROM events WHERE pipeline > p.name)"
-            " FROM p WHERE p.name IS NOT NULL) SELECT name FROM p WHERE name IS NOT NULL"
-            " LIMIT ?",
-            (limit,),
-        )
-        names = list(dict.fromkeys(runs + [r[0] for r in seen]))[:limit]
+        seen = _distinct(db, "events", "pipeline", limit)
+        names = list(dict.fromkeys(runs + seen))[:limit]
         return found is not None, names
+
+
+def _distinct(db: sqlite3.Connection, table: str, column: str, limit: int) -> list[str]:
+    """Up to `limit` distinct non-empty values of an indexed column, in order: one index
+    step each (no scan of a million events)."""
+    rows = db.execute(
+        f"WITH RECURSIVE p(name) AS (SELECT min({column}) FROM {table} WHERE {column} > ''"
+        f" UNION ALL SELECT (SELECT min({column}) FROM {table} WHERE {column} > p.name)"
+        " FROM p WHERE p.name IS NOT NULL) SELECT name FROM p WHERE name IS NOT NULL"
+        " LIMIT ?",
+        (limit,),
+    )
+    return [r[0] for r in rows]
 
 
 def _event(r: tuple) -> FailureEvent:
@@ -357,6 +407,7 @@ def _event(r: tuple) -> FailureEvent:
         killer_how=r[13],
         killer_confidence=r[14],
         killer_summary=r[15],
+        cluster=r[16],
     )
 
 

@@ -122,6 +122,36 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX events_killer ON events(killer, time)",
     ),
     (
+        # Clusters have names (issue 29): one history for many clusters. Rows stored
+        # before are of cluster ''. A run is keyed by its cluster too, so two clusters'
+        # runs of one name never overwrite each other: the table is rebuilt (SQLite cannot
+        # change a primary key), its rows in rowid order as migration 2 keeps them.
+        "ALTER TABLE events ADD COLUMN cluster TEXT NOT NULL DEFAULT ''",
+        "CREATE INDEX events_cluster ON events(cluster, time)",
+        """CREATE TABLE pipeline_runs (
+            name TEXT NOT NULL,
+            started REAL NOT NULL,
+            status TEXT NOT NULL,
+            shards_done INTEGER NOT NULL,
+            shards_failed INTEGER NOT NULL,
+            shards_aborted INTEGER NOT NULL,
+            infra_failures INTEGER NOT NULL,
+            user_failures INTEGER NOT NULL,
+            summary TEXT NOT NULL,
+            abort_reason TEXT NOT NULL,
+            updated REAL NOT NULL,
+            cluster TEXT NOT NULL DEFAULT '',
+            PRIMARY KEY (name, started, cluster)
+        )""",
+        """INSERT INTO pipeline_runs SELECT name, started, status, shards_done,
+            shards_failed, shards_aborted, infra_failures, user_failures, summary,
+            abort_reason, updated, '' FROM pipelines ORDER BY rowid""",
+        "DROP TABLE pipelines",  # and its index
+        "ALTER TABLE pipeline_runs RENAME TO pipelines",
+        "CREATE INDEX pipelines_updated ON pipelines(updated)",
+        "CREATE INDEX pipelines_cluster ON pipelines(cluster, updated)",
+    ),
+    (
         # A spool for a PostgreSQL history (issue 29): its origin id and the last event id
         # sent (`ship_state`), the events an amend deleted after they may have been sent
         # (`ship_deletes`), and the pipeline runs changed since last sent (`shipped` 0).
@@ -133,12 +163,12 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
 )
 
 #: The SignatureRow lists kept in signature_members; the position is the stored code.
-MEMBER_FIELDS = ("hosts", "workers", "shards", "pipelines", "causes")
+MEMBER_FIELDS = ("hosts", "workers", "shards", "pipelines", "causes", "clusters")
 
 # In PipelineStatus's field order.
 PIPELINE_COLUMNS = (
     "name, status, shards_done, shards_failed, shards_aborted, "
-    "infra_failures, user_failures, summary, abort_reason, started"
+    "infra_failures, user_failures, summary, abort_reason, started, cluster"
 )
 
 

@@ -41,8 +41,10 @@ class DaskActions:
         guard: Guard,
         pods: Any = None,
         host_name: Callable[[str], str] | None = None,
+        cluster: str = "",
     ) -> None:
         self.scheduler = scheduler
+        self.cluster = cluster  # stamped on every event stored (the core knows no cluster)
         self.host_name = host_name or address_host  # a worker's machine, as events name it
         self.store = store
         self.metrics = metrics
@@ -75,6 +77,8 @@ class DaskActions:
 
     def _record(self, d: Record) -> None:
         event = d.event
+        if event.cluster != self.cluster:
+            event = dataclasses.replace(event, cluster=self.cluster)
         if d.amends is not None:
             self.store.amend(
                 event,

@@ -106,6 +106,7 @@ class OomguardPage:
         self._live_names: tuple[str, ...] = ()
         self._store_id = 0
         self._detail_id: str | None = None
+        self._cluster = ""  # this cluster's name, from the last read (signature_columns)
         self._stored: list[PipelineStatus] = []  # finished pipelines, from the last read
 
         self.header = Div(text="", sizing_mode="stretch_width", name="oomguard-header")
@@ -152,6 +153,9 @@ class OomguardPage:
                 TableColumn(field="first_seen", title="first seen", formatter=when, width=150),
                 TableColumn(field="last_seen", title="last seen", formatter=when, width=150),
                 TableColumn(field="causes", title="causes", formatter=whole, width=120),
+                # Seen by how many other clusters sharing this store (oomguard report
+                # --signatures names them).
+                TableColumn(field="other_clusters", title="other clusters", width=90),
                 TableColumn(field="title", title="title", formatter=whole, width=600),
             ],
             index_position=None,
@@ -247,21 +251,23 @@ class OomguardPage:
             or now - self._read_at > STALE_S
         )
         if changed:
-            snap = await asyncio.to_thread(read_store, store, now)
+            self._cluster = cluster = getattr(plugin, "cluster", "")
+            snap = await asyncio.to_thread(read_store, store, now, cluster)
             # A pipeline leaving the policy is written just before: read again next tick.
             self._written = snap.written if names == self._live_names else -2
             self._store_id, self._read_at, self._live_names = id(store), now, names
             self._show(snap, now)
             self._set_header(
                 f"oomguard: signatures {len(snap.signatures)}, failures in the last 24 hours "
-                f"{len(snap.events)}, live pipelines {len(live)}. History: {store.path}"
+                f"{len(snap.events)}, live pipelines {len(live)}. Cluster {cluster!r}, "
+                f"history: {store.path}"
             )
         self.pipelines.data = pipeline_columns(live, self._stored)
 
     def _show(self, snap: Snapshot, now: float) -> None:
         self._stored = snap.pipelines
         self.failures.data = failure_columns(snap.events, now)
-        cols = signature_columns(snap.signatures)
+        cols = signature_columns(snap.signatures, self._cluster)
         if cols != self.signatures.data:
             self.signatures.data = cols
             # Keep the selected signature selected though rows moved.

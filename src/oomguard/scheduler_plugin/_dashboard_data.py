@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -16,6 +17,8 @@ from .._causes import DEATH_CAUSES, Cause
 
 if TYPE_CHECKING:
     from .._models import FailureEvent, PipelineStatus, SignatureRow
+
+logger = logging.getLogger("oomguard.scheduler")
 
 #: The plot covers this much history, from at most this many events (newest first).
 WINDOW_S = 24 * 3600.0
@@ -64,11 +67,12 @@ def failure_columns(events: Iterable[FailureEvent], now: float) -> dict[str, lis
     return columns
 
 
-def signature_columns(rows: Sequence[SignatureRow]) -> dict[str, list]:
-    """The signature table's columns; times in ms since the epoch.
+def signature_columns(rows: Sequence[SignatureRow], cluster: str = "") -> dict[str, list]:
+    """The signature table's columns; times in ms since the epoch; `other_clusters`: how
+    many clusters besides `cluster` (this one) saw each signature.
 
-    >>> signature_columns(store.signatures(limit=20))["title"]
-    ['MemoryError in parse_block']
+    >>> signature_columns(store.signatures(limit=20), "etl")["other_clusters"]
+    [2]
     """
     return {
         "id": [r.id for r in rows],
@@ -78,6 +82,7 @@ def signature_columns(rows: Sequence[SignatureRow]) -> dict[str, list]:
         "last_seen": [r.last_seen * 1000 for r in rows],
         "title": [r.title for r in rows],
         "causes": [", ".join(r.causes) for r in rows],
+        "other_clusters": [len(set(r.clusters) - {cluster}) for r in rows],
     }
 
 
@@ -136,6 +141,7 @@ def signature_detail(row: SignatureRow | None, events: Sequence[FailureEvent]) -
         f"workers    {_members(row.workers)}",
         f"shards     {_members(row.shards)}",
         f"pipelines  {_members(row.pipelines)}",
+        f"clusters   {_members(row.clusters)}",
         "",
         "Example trace",
         "-------------",
@@ -170,13 +176,23 @@ class Snapshot:
     written: int = -1
 
 
-def read_store(store: Any, now: float) -> Snapshot:
-    """Blocking: run it in a thread."""
+def read_store(store: Any, now: float, cluster: str | None = None) -> Snapshot:
+    """Blocking: run it in a thread. `cluster`: this cluster's events and runs, and the
+    signatures it saw (None: the whole history)."""
     written = store.written
+    signatures = store.signatures(limit=MAX_SIGNATURES, cluster=cluster)
+    history = getattr(store, "history", None)
+    if history is not None and history.shipper.up and signatures:
+        # The PostgreSQL history knows every cluster that saw them, and their whole count
+        # (one bounded query; with the history away, this scheduler's own view).
+        try:
+            signatures = history.reader.signatures(limit=MAX_SIGNATURES, cluster=cluster)
+        except Exception as e:  # away since: the next refresh tries again
+            logger.info("oomguard dashboard: the history is away (%s)", type(e).__name__)
     return Snapshot(
-        events=store.events(since=now - WINDOW_S, limit=MAX_EVENTS),
-        signatures=store.signatures(limit=MAX_SIGNATURES),
-        pipelines=store.pipelines(limit=MAX_PIPELINES),
+        events=store.events(since=now - WINDOW_S, limit=MAX_EVENTS, cluster=cluster),
+        signatures=signatures,
+        pipelines=store.pipelines(limit=MAX_PIPELINES, cluster=cluster),
         written=written,
     )
 

@@ -14,11 +14,13 @@ holds the keys. See docs/security.md.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from .._config import CLUSTER_NAME_MAX
 from .._exceptions import ReportError
 from .._protocol import (
     CLEAN_EXIT_HANDLER,
@@ -300,34 +302,47 @@ class Handlers:
         return {"reports": self.reports, "rejected": rejected, "overflow": overflow}
 
     async def query(self, comm=None, what: str = "", **filters: Any) -> Any:
-        """RPC for `oomguard.Failures` and `oomguard report`: JSON-able rows."""
+        """RPC for `oomguard.Failures` and `oomguard report`: JSON-able rows. The events,
+        shard histories, signatures and pipelines of this cluster only, unless `fleet`
+        is true (every cluster in the store) or `cluster` names one (`query_scope`)."""
         plugin = self.plugin
-        store = plugin.store
+        cluster = query_scope(plugin.cluster, filters)
+        if what == "cluster":
+            return plugin.cluster
+        # Another cluster's, or every cluster's: from the PostgreSQL history where there is
+        # one (this scheduler's store is its spool, of this cluster only).
+        history = plugin.store.history
+        store = plugin.store if history is None or cluster == plugin.cluster else history.reader
+        if what == "signature" and history is not None:
+            store = history.reader  # one signature by its id: its row spans every cluster
         if what == "pipeline":
             name = filters.get("name", "")
-            live = [plugin.policy.status(r) for r in plugin.policy.pipelines()]
+            live = [] if cluster not in (None, plugin.cluster) else self._live()
             live = [s for s in live if s.name == name]
             if live:
                 return max(live, key=lambda s: s.started).to_dict()
-            await asyncio.to_thread(store.flush)
-            row = await asyncio.to_thread(store.pipeline, name)
+            await asyncio.to_thread(self._flush)
+            row = await asyncio.to_thread(store.pipeline, name, cluster)
             return row.to_dict() if row else None
         if what == "pipelines":
-            await asyncio.to_thread(store.flush)
+            await asyncio.to_thread(self._flush)
             plugin.persist_pipelines(final=True)
-            await asyncio.to_thread(store.flush)
-            rows = await asyncio.to_thread(store.pipelines, filters.get("limit", 100))
+            await asyncio.to_thread(self._flush)
+            rows = await asyncio.to_thread(store.pipelines, filters.get("limit", 100), cluster)
             return [r.to_dict() for r in rows]
         if what == "stats":
             return plugin.metrics_snapshot()
         if what == "known":
             field, value = filters.get("field"), filters.get("value")
-            await asyncio.to_thread(store.flush)
+            await asyncio.to_thread(self._flush)
             found, names = await asyncio.to_thread(store.known, field, value)
             if field == "pipeline":  # runs not yet written
-                live = [plugin.policy.status(r).name for r in plugin.policy.pipelines()]
+                live = [p.name for p in self._live()]
                 found = found or value in live
                 names = list(dict.fromkeys(live + names))
+            elif field == "cluster":  # this one, whatever it stored yet
+                found = found or value == plugin.cluster
+                names = sorted({plugin.cluster, *names})
             return {"known": found, "names": names}
         readers = {
             "events": store.events,
@@ -340,13 +355,53 @@ class Handlers:
                 f"unknown oomguard query {what!r}; expected one of "
                 f"{', '.join(sorted(readers) + ['known', 'pipeline', 'pipelines', 'stats'])}"
             )
-        await asyncio.to_thread(store.flush)
+        if what != "signature":  # one signature by its id: its row spans every cluster
+            filters["cluster"] = cluster
+        await asyncio.to_thread(self._flush)
         rows = await asyncio.to_thread(readers[what], **bounded(what, filters))
         if rows is None:
             return None
         if isinstance(rows, list):
             return [r.to_dict() for r in rows]
         return rows.to_dict()
+
+    def _flush(self) -> None:
+        """What this scheduler recorded so far, committed; and sent to the history while
+        it takes events (a moment at most: a history away answers without the newest)."""
+        store = self.plugin.store
+        store.flush()
+        if store.history is not None and store.history.shipper.up:
+            store.history.shipper.sync(timeout=2.0)
+
+    def _live(self) -> list:
+        """The statuses of the runs in memory (not yet all written), with this cluster."""
+        plugin = self.plugin
+        policy = plugin.policy
+        return [
+            dataclasses.replace(policy.status(r), cluster=plugin.cluster)
+            for r in policy.pipelines()
+        ]
+
+
+def query_scope(own: str, filters: dict[str, Any]) -> str | None:
+    """The cluster a query reads (None: every cluster), taking `fleet` and `cluster` out
+    of `filters`: `cluster` when it names one, None for `fleet=True`, else `own`.
+    ValueError naming the field for a bad one.
+
+    >>> query_scope("etl", {}), query_scope("etl", {"fleet": True})
+    ('etl', None)
+    >>> query_scope("etl", {"cluster": "nightly"})
+    'nightly'
+    """
+    fleet = filters.pop("fleet", False)
+    cluster = filters.pop("cluster", None)
+    if not isinstance(fleet, bool):
+        raise ValueError(f"fleet={fleet!r}: expected true or false")
+    if cluster is not None:
+        if not isinstance(cluster, str) or not 0 < len(cluster) <= CLUSTER_NAME_MAX:
+            raise ValueError(f"cluster={cluster!r}: expected a cluster's name")
+        return cluster
+    return None if fleet else own
 
 
 def _stopped_by(v: Any) -> dict:

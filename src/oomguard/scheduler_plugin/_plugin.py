@@ -10,6 +10,7 @@ were only queued there.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -26,8 +27,8 @@ from .._log import follow_dask_logging
 from .._metrics import OomguardMetrics
 from .._protocol import ADMISSION_TOPIC, HOST_TOPIC, SCHEDULER_PLUGIN
 from .._store import FailureStore
-from .._store.url import is_postgres, redact
-from . import _removals, _setup
+from .._urls import is_postgres, redact
+from . import _cluster_name, _removals, _setup
 from ._actions import DaskActions, address_host
 from ._handlers import Handlers
 from ._intake import ReportIntake
@@ -61,6 +62,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
     # Opened by start() (where `core` stays None, oomguard is off), released by close().
     scheduler: Scheduler | None  # the scheduler served; None before start and after close
     settings: dict[str, Any]  # oomguard.scheduler.*, validated at start
+    cluster: str  # this cluster's name on every event and run stored (_cluster_name.py)
     store: FailureStore | None  # the failure history
     core: DecisionCore | None  # every decision: pure, fed by the hooks and the RPCs
     intake: ReportIntake | None  # death reports between the RPC and the core
@@ -90,6 +92,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
     def _reset(self) -> None:
         self.scheduler = None
         self.settings = {}
+        self.cluster = ""
         self.store = None
         self.core = None
         self.intake = None
@@ -177,6 +180,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             return  # stays off: every hook below returns while `core` is None
         _config.check_keys(logger)  # once per key and process: a preload checked already
         self.settings = settings = _config.scheduler_settings(self.config)
+        self.cluster, named_by = _cluster_name.resolve(settings["cluster-name"], scheduler)
         grace = settings["report-grace-timeout"]
         allowed = scheduler.allowed_failures
         self.core = DecisionCore(
@@ -186,7 +190,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             abort_on_repeat_signature=settings["abort-on-repeat-signature"],
             larger_only=settings["memory-retry-larger-only"],
         )
-        self.store = await _setup.open_store(scheduler, settings, self.metrics)
+        self.store = await _setup.open_store(scheduler, settings, self.metrics, self.cluster)
         self.intake = ReportIntake(
             self.handlers.on_reports, room=self.handlers.room, matched=self.core.pairing.waits
         )
@@ -200,6 +204,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             self.guard,
             pods=_setup.pod_lookup(settings, self.guard),
             host_name=self.host_name,
+            cluster=self.cluster,
         )
         # Dask's count stays a finite backstop, one above the core's exact bound, so the
         # core (which decides with the death report in hand) always speaks first.
@@ -240,7 +245,12 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             if addr not in self._workers:
                 self.add_worker(scheduler, addr)
         self._started = True
-        logger.info("oomguard: watching failures; store at %s", self.store.path)
+        logger.info(
+            "oomguard: watching failures of cluster %r (from %s); store at %s",
+            self.cluster,
+            named_by,
+            self.store.path,
+        )
 
     async def _tick_loop(self, interval: float) -> None:
         while True:
@@ -439,7 +449,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         for run in set(names) | set(gone):
             if not policy.has(run):
                 continue
-            status = policy.status(run)
+            status = dataclasses.replace(policy.status(run), cluster=self.cluster)
             if final or self._persisted.get(run) != status:
                 self.store.upsert_pipeline(status)
                 self._persisted[run] = status

@@ -127,14 +127,14 @@ def pod_lookup(settings: dict[str, Any], guard: Guard):
 
 
 async def open_store(
-    scheduler: Scheduler, settings: dict[str, Any], metrics: OomguardMetrics
+    scheduler: Scheduler, settings: dict[str, Any], metrics: OomguardMetrics, cluster: str
 ) -> FailureStore:
     """The started failure store: `settings["store"]`, or oomguard.sqlite3 in the
     scheduler's local directory. One that cannot be opened gives way to a fresh one (see
     `oomguard._store.recover`), with one WARNING and a count in oomguard_store_errors_total,
     unless `store-errors` is "fail": then its error stops the start, as it always did."""
     from .._store.recover import open_store
-    from .._store.url import is_postgres
+    from .._urls import is_postgres
 
     url = settings["store"] if is_postgres(settings["store"]) else None
     default = os.path.join(scheduler.local_directory or ".", "oomguard.sqlite3")
@@ -151,7 +151,7 @@ async def open_store(
         logger.warning("%s", problem.message())
         metrics.store_error(problem.kind)
     if url is not None:
-        attach_history(store, url, cluster_name(scheduler, settings), settings, metrics)
+        attach_history(store, url, cluster, settings, metrics)
     return store
 
 
@@ -160,7 +160,7 @@ def attach_history(
 ) -> None:
     """Make `store` the spool of the PostgreSQL history at `url`. Without the driver: one
     WARNING naming the extra (or the error, with store-errors: fail) and the spool alone."""
-    from .._store.url import driver_missing, redact
+    from .._urls import driver_missing, redact
 
     missing = driver_missing()
     if missing is not None:
@@ -193,15 +193,6 @@ def attach_history(
         history.path,
         store.path,
     )
-
-
-def cluster_name(scheduler: Scheduler, settings: dict[str, Any]) -> str:
-    """oomguard.scheduler.cluster-name, else the scheduler's host name and port."""
-    name = settings.get("cluster-name")
-    if name:
-        return name
-    port = getattr(scheduler, "port", None) or 0
-    return f"{own_hostname()}:{port}"
 
 
 def configure_store(store: FailureStore, settings: dict[str, Any]) -> None:

@@ -10,12 +10,11 @@ versioned and migrated under an advisory lock (`schema`). Needs psycopg 3 and it
 
 from __future__ import annotations
 
-from .reads import FIELDS, PgReader
+from .reads import PgReader
 from .schema import MIGRATIONS, NAMESPACE, check_version, migrate
 from .ship import Shipper, pg_connect
 
 __all__ = [
-    "FIELDS",
     "MIGRATIONS",
     "NAMESPACE",
     "PgReader",

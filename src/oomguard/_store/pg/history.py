@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..._urls import redact
 from ..store import FailureStore
-from ..url import redact
 from .reads import PgReader
 from .ship import Shipper
 

@@ -7,14 +7,15 @@ import threading
 from typing import Any
 
 from ..._models import FailureEvent, PipelineStatus, SignatureRow
+from ..._urls import redact
 from ..reads import _event, _signature, _within
 from ..schema import MEMBER_FIELDS
-from ..url import redact
 from .schema import NAMESPACE
 
 _EVENT_COLUMNS = (
     "id, time, kind, cause, shard, pipeline, worker, host, signature_id, "
-    "signature_title, evidence, attempt, killer, killer_how, killer_confidence, killer_summary"
+    "signature_title, evidence, attempt, killer, killer_how, killer_confidence, killer_summary, "
+    "cluster"
 )
 # As in the SQLite store: a death that named no shard is found by each of its suspects.
 _OR_SUSPECT = {
@@ -28,16 +29,14 @@ _SELECT_SIGNATURE = (
         "(SELECT coalesce(json_agg(value ORDER BY value), '[]')::text FROM (SELECT value"
         f" FROM signature_members WHERE signature_id = s.id AND field = {code}"
         " ORDER BY value LIMIT %(cap)s) AS m)"
-        for code in range(6)  # MEMBER_FIELDS and the clusters (field 5)
+        for code in range(len(MEMBER_FIELDS))
     )
     + " FROM signatures s"
 )
 _PIPELINE_COLUMNS = (
     "name, status, shards_done, shards_failed, shards_aborted, infra_failures, "
-    "user_failures, summary, abort_reason, started"
+    "user_failures, summary, abort_reason, started, cluster"
 )
-#: The member fields of the history: the store's, and the clusters.
-FIELDS = (*MEMBER_FIELDS[:5], "clusters")
 
 
 class PgReader:
@@ -146,10 +145,14 @@ class PgReader:
         limit: int | None = None,
         after: tuple[float, int] | None = None,
         max_bytes: int | None = None,
+        cluster: str | None = None,
     ) -> list[FailureEvent]:
         """As FailureStore.shard: one shard's own history, oldest first."""
         sql = f"SELECT {_EVENT_COLUMNS} FROM events WHERE shard = %s"
         args: list[Any] = [key]
+        if cluster is not None:
+            sql += " AND cluster = %s"
+            args.append(cluster)
         if after is not None:
             sql += " AND time >= %s AND (time > %s OR id > %s)"
             args += [after[0], after[0], after[1]]
@@ -203,12 +206,12 @@ class PgReader:
     def distinct_counts(self, signature_id: str) -> dict[str, int]:
         """The stored distinct values of each member field: exact up to the bound of values
         kept per field (member_rows), a lower bound past it."""
-        counts = dict.fromkeys(FIELDS, 0)
+        counts = dict.fromkeys(MEMBER_FIELDS, 0)
         for code, n in self._rows(
             "SELECT field, count(*) FROM signature_members WHERE signature_id = %s GROUP BY 1",
             (signature_id,),
         ):
-            counts[FIELDS[code]] = n
+            counts[MEMBER_FIELDS[code]] = n
         return counts
 
     def totals(self) -> tuple[int, int]:
@@ -250,7 +253,16 @@ class PgReader:
         return [PipelineStatus(*r) for r in self._rows(sql, args)]
 
     def known(self, field: str, value: str, limit: int = 1000) -> tuple[bool, list[str]]:
-        """As FailureStore.known."""
+        """As FailureStore.known: "pipeline", "signature" or "cluster"."""
+        if field == "cluster":
+            found = self._rows(
+                "SELECT 1 FROM events WHERE cluster = %s UNION ALL "
+                "(SELECT 1 FROM pipelines WHERE cluster = %s LIMIT 1) LIMIT 1",
+                (value, value),
+            )
+            names = set(self._distinct("events", "cluster", limit))
+            names |= set(self._distinct("pipelines", "cluster", limit))
+            return bool(found), sorted(names)[:limit]
         if field == "signature":
             found = self._rows("SELECT 1 FROM signatures WHERE id = %s", (value,))
             rows = self._rows(
@@ -258,7 +270,7 @@ class PgReader:
             )
             return bool(found), [r[0] for r in rows]
         if field != "pipeline":
-            raise ValueError(f"known() takes 'pipeline' or 'signature', not {field!r}")
+            raise ValueError(f"known() takes 'pipeline', 'signature' or 'cluster', not {field!r}")
         found = self._rows(
             "SELECT 1 FROM pipelines WHERE name = %s UNION ALL "
             "(SELECT 1 FROM events WHERE pipeline = %s LIMIT 1) LIMIT 1",
@@ -268,20 +280,25 @@ class PgReader:
             "SELECT name FROM pipelines GROUP BY name ORDER BY max(updated) DESC LIMIT %s",
             (limit,),
         )
-        # The pipelines of events, one index step each (no scan of a million events).
-        seen = self._rows(
-            "WITH RECURSIVE p(name) AS (SELECT min(pipeline) FROM events WHERE pipeline > ''"
-            " UNION ALL SELECT (SELECT min(pipeline) FROM events WHERE pipeline > p.name)"
+        seen = self._distinct("events", "pipeline", limit)
+        names = list(dict.fromkeys([r[0] for r in runs] + seen))[:limit]
+        return bool(found), names
+
+    def _distinct(self, table: str, column: str, limit: int) -> list[str]:
+        """Up to `limit` distinct non-empty values of an indexed column, one index step
+        each (no scan of a million events)."""
+        rows = self._rows(
+            f"WITH RECURSIVE p(name) AS (SELECT min({column}) FROM {table} WHERE {column} > ''"
+            f" UNION ALL SELECT (SELECT min({column}) FROM {table} WHERE {column} > p.name)"
             " FROM p WHERE p.name IS NOT NULL) SELECT name FROM p WHERE name IS NOT NULL"
             " LIMIT %s",
             (limit,),
         )
-        names = list(dict.fromkeys([r[0] for r in runs] + [r[0] for r in seen]))[:limit]
-        return bool(found), names
+        return [r[0] for r in rows]
 
 
 def _row(r: tuple) -> SignatureRow:
-    return _signature(r if len(MEMBER_FIELDS) == len(FIELDS) else r[: 7 + len(MEMBER_FIELDS)])
+    return _signature(r)
 
 
 def _limit(limit: int | None) -> int | None:

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..._exceptions import StoreError
+from ..._urls import redact
 from ..schema import refusal
-from ..url import redact
 
 NAMESPACE = "oomguard"
 #: pg_advisory_xact_lock's key while migrating: "OOMG".
@@ -46,7 +46,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX events_pipeline ON events(pipeline, time)",
         "CREATE INDEX events_cause ON events(cause, time)",
         "CREATE INDEX events_killer ON events(killer, time)",
-        "CREATE INDEX events_cluster ON events(cluster, id)",
+        "CREATE INDEX events_cluster ON events(cluster, time)",
         """CREATE TABLE signatures (
             id text PRIMARY KEY,
             title text NOT NULL,
@@ -82,6 +82,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             PRIMARY KEY (cluster, name, started)
         )""",
         "CREATE INDEX pipelines_updated ON pipelines(updated)",
+        "CREATE INDEX pipelines_cluster ON pipelines(cluster, updated)",
     ),
 )
 

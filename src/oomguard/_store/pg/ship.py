@@ -21,9 +21,9 @@ import uuid
 from typing import Any
 
 from ..._exceptions import StoreError
+from ..._urls import redact
 from ..schema import connect as connect_spool
 from ..store import FailureStore
-from ..url import redact
 from . import sql
 from .schema import NAMESPACE, migrate
 
@@ -68,8 +68,9 @@ def _password(url: str) -> str:
 
 
 class Shipper:
-    """Sends `spool`'s commits to the history at `url` (see the module docstring). `cluster`
-    names the events and runs the spool stored without a cluster name."""
+    """Sends `spool`'s commits to the history at `url` (see the module docstring), each
+    event and run under the cluster it was stored with. `cluster`: this scheduler's, whose
+    events and runs in the history `max_events` and `max_pipelines` bound."""
 
     def __init__(
         self,
@@ -207,10 +208,8 @@ class Shipper:
         """Send one batch; whether anything was left to send."""
         if self.refused:
             return True
-        if self._pg is None or self._pg.closed:
-            self._connect()
-            if self.refused:
-                return True
+        if (self._pg is None or self._pg.closed) and not self._connect():
+            return True
         events, deletes, pipelines, examples = self._read()
         if not (events or deletes or pipelines):
             self.backlog = 0
@@ -233,12 +232,15 @@ class Shipper:
         except Exception as e:
             self.last_error = f"spool: {e!r}"
 
-    def _connect(self) -> None:
+    def _connect(self) -> bool:
+        """Connect and migrate; False (said and counted) when the history is away or
+        refused."""
         try:
             conn = pg_connect(self.url)
         except Exception as e:
             self._away(e)
-            raise _Away from None
+            self._count_backlog()
+            return False
         try:
             migrate(conn, self.url)
             conn.execute(sql.CREATE_STAGE)
@@ -248,11 +250,12 @@ class Shipper:
             if getattr(e, "kind", "") == "newer_schema":
                 self.refused = str(e)
                 logger.warning("oomguard: %s Events stay in the spool %s.", e, self.spool.path)
-                return
+                return False
             raise
         self._pg = conn
         if self.up is not True:
             self._back()
+        return True
 
     def _read(self) -> tuple[list, list, list, dict[str, str]]:
         """One consistent snapshot of what the spool has to send."""
@@ -304,12 +307,11 @@ class Shipper:
         return events
 
     def _send(self, events: list, deletes: list, pipelines: list, examples: dict) -> None:
-        name = self.cluster
         with self._pg.transaction(), self._pg.cursor() as cur:
             if events:
                 with cur.copy(sql.COPY_STAGE) as copy:
                     for e in events:
-                        row = (e[0], e[1] or name, *e[2:])
+                        row = e
                         if any(type(v) is str and "\x00" in v for v in row):
                             row = tuple(_no_nul(v) for v in row)
                         copy.write_row(row)
@@ -321,7 +323,7 @@ class Shipper:
             if deletes:
                 cur.execute(sql.DELETE_SENT, (self.origin, [d[1] for d in deletes]))
             if pipelines:
-                cur.executemany(sql.UPSERT_PIPELINE, [(p[0] or name, *p[1:]) for p in pipelines])
+                cur.executemany(sql.UPSERT_PIPELINE, pipelines)
         self.sent += inserted
 
     def _mark(self, events: list, deletes: list, pipelines: list) -> None:
@@ -338,8 +340,9 @@ class Shipper:
             if deletes:
                 local.execute("DELETE FROM ship_deletes WHERE seq <= ?", (deletes[-1][0],))
             local.executemany(
-                "UPDATE pipelines SET shipped = 1 WHERE name = ? AND started = ? AND updated = ?",
-                [(p[1], p[2], p[11]) for p in pipelines],
+                "UPDATE pipelines SET shipped = 1"
+                " WHERE cluster = ? AND name = ? AND started = ? AND updated = ?",
+                [(p[0], p[1], p[2], p[11]) for p in pipelines],
             )
             local.execute("COMMIT")
         except BaseException:
@@ -372,8 +375,6 @@ class Shipper:
     # -- the database's state -------------------------------------------------------------
 
     def _away(self, error: BaseException) -> None:
-        if isinstance(error, _Away):
-            return
         self.errors += 1
         self.last_error = one_line(error, self.url)
         if self._pg is not None:
@@ -422,7 +423,3 @@ def _data_errors() -> tuple[type[BaseException], ...]:
     import psycopg
 
     return (psycopg.DataError, psycopg.IntegrityError, psycopg.errors.ProgramLimitExceeded)
-
-
-class _Away(Exception):
-    """The database could not be reached; already counted and said by `_away`."""

@@ -9,14 +9,14 @@ from ..items import ROW
 
 #: The columns sent of an event, in the spool's names; `cluster` is the row's own.
 SPOOL_EVENT_COLUMNS = (
-    "id, '' AS cluster, time, kind, cause, shard, pipeline, worker, host, signature_id, "
+    "id, cluster, time, kind, cause, shard, pipeline, worker, host, signature_id, "
     "signature_title, evidence, attempt, grouping_version, killer, killer_how, "
     "killer_confidence, killer_summary"
 )
 SPOOL_EVENTS = f"SELECT {SPOOL_EVENT_COLUMNS} FROM events WHERE id > ? ORDER BY id LIMIT ?"
 SPOOL_DELETES = "SELECT seq, event_id FROM ship_deletes ORDER BY seq LIMIT ?"
 SPOOL_PIPELINES = (
-    "SELECT '' AS cluster, name, started, status, shards_done, shards_failed, shards_aborted,"
+    "SELECT cluster, name, started, status, shards_done, shards_failed, shards_aborted,"
     " infra_failures, user_failures, summary, abort_reason, updated FROM pipelines"
     " WHERE shipped = 0 LIMIT ?"
 )
@@ -29,7 +29,7 @@ STAGE_COLUMNS = (
     "signature_title, evidence, attempt, grouping_version, killer, killer_how, "
     "killer_confidence, killer_summary"
 )
-assert STAGE_COLUMNS.count(",") + 1 == ROW + 2  # the events row, its id and cluster
+assert STAGE_COLUMNS.count(",") + 1 == ROW + 1  # the events row (with its cluster), its id
 
 CREATE_STAGE = """CREATE TEMP TABLE IF NOT EXISTS stage (
     local_id bigint, cluster text, time double precision, kind text, cause text, shard text,
@@ -115,7 +115,10 @@ WHERE pipelines.updated <= excluded.updated
 # -- retention (PostgreSQL) ----------------------------------------------------------------
 
 CLUSTER_EVENTS = "SELECT count(*) FROM events WHERE cluster = %s"
-DROP_CLUSTER_EVENTS = "DELETE FROM events WHERE id IN (SELECT id FROM events WHERE cluster = %s ORDER BY id LIMIT %s)"
+DROP_CLUSTER_EVENTS = (
+    "DELETE FROM events WHERE id IN"
+    " (SELECT id FROM events WHERE cluster = %s ORDER BY time, id LIMIT %s)"
+)
 DROP_OLD_EVENTS = "DELETE FROM events WHERE time < %s"
 DROP_SIGNATURES = """
 WITH old AS (
