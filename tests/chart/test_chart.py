@@ -309,6 +309,56 @@ def test_existing_claim_and_explicit_store_path():
     ]
 
 
+def test_a_postgresql_history_with_its_password_from_a_secret():
+    """Issue 29: the URL as the store, the password only by reference, the spool on the
+    claim; read back as Dask reads the env."""
+    url = "postgresql://oomguard@db.data.svc:5432/oomguard?sslmode=verify-full"
+    values = {
+        "store": {
+            "url": url,
+            "passwordSecret": {"name": "oomguard-db", "key": "pw"},
+            "persistence": {"enabled": True},
+        }
+    }
+    deploy = by_kind(manifests(render(values)))[("Deployment", SCHED)]
+    env = {e["name"]: e for e in container(deploy)["env"]}
+    assert env["DASK_OOMGUARD__SCHEDULER__STORE"]["value"] == url
+    assert env["PGPASSWORD"] == {
+        "name": "PGPASSWORD",
+        "valueFrom": {"secretKeyRef": {"name": "oomguard-db", "key": "pw"}},
+    }
+    (mount,) = container(deploy)["volumeMounts"]
+    spool = f"{mount['mountPath']}/oomguard.sqlite3"
+    assert env["DASK_OOMGUARD__SCHEDULER__SPOOL"]["value"] == spool
+    plain = {k: v["value"] for k, v in env.items() if k.startswith("DASK_OOMGUARD")}
+    with dask.config.set(dask.config.collect_env(plain)):
+        settings = oomguard._config.scheduler_settings()
+    assert (settings["store"], settings["spool"]) == (url, spool)
+
+
+@pytest.mark.parametrize(
+    "values, names",
+    [
+        ({"store": {"url": "postgresql://u:secret@db/h"}}, ["/store/url"]),
+        ({"store": {"url": "mysql://db/h"}}, ["/store/url"]),
+    ],
+)
+def test_a_history_url_with_a_password_or_another_scheme_is_refused(values, names):
+    h = helm()
+    with pytest.raises(h.HelmValuesError) as info:
+        render(values)
+    assert all(n in str(info.value) for n in names)
+
+
+def test_a_store_named_twice_fails_the_render():
+    values = {
+        "store": {"url": "postgresql://db/h"},
+        "oomguard": {"scheduler": {"store": "/var/lib/oomguard/x.sqlite3"}},
+    }
+    with pytest.raises(Exception, match="both name the failure store"):
+        render(values)
+
+
 def test_the_cluster_is_named_after_the_release_unless_named(default):
     # Issue 29: the scheduler stamps this name on what it stores; read as Dask reads env.
     env = container(by_kind(manifests(default))[("Deployment", SCHED)])["env"]

@@ -200,7 +200,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "tcp://10.0.0.5:8786 (default: Dask's scheduler-address setting, "
         "DASK_SCHEDULER_ADDRESS)",
     )
-    src.add_argument("--store", metavar="PATH", help="a failure store file (read only)")
+    src.add_argument(
+        "--store",
+        metavar="PATH",
+        help="a failure store file, or a postgresql:// history of many clusters (read only)",
+    )
     p.add_argument(
         "--timeout",
         type=_seconds,
