@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -70,7 +71,7 @@ def feed(path: str, url: str | None, events: int, cluster: str) -> dict:
     t0 = time.perf_counter()
     result = asyncio.run(
         bench_store.ingest(
-            spool, args, hosts, workers, sigs, titles, pipes, example, psutil.Process()
+            spool, args, hosts, workers, sigs, titles, pipes, example, psutil.Process(), cluster
         )
     )
     if shipper is not None:
@@ -225,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         timings = queries(url)
         by_driver = drivers(url, min(args.events, 50_000))
     finally:
+        shutil.rmtree(tmp, ignore_errors=True)
         if lab is not None:
             lab.close()
     stall_alone = max(r["stall_ms"] for r in alone)

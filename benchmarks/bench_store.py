@@ -166,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-async def ingest(store, args, hosts, workers, sig_ids, titles, pipes, example, proc) -> dict:
+async def ingest(
+    store, args, hosts, workers, sig_ids, titles, pipes, example, proc, cluster: str = ""
+) -> dict:
     loop = asyncio.get_running_loop()
     lateness: list[float] = []
     rss_peak = proc.memory_info().rss
@@ -242,6 +244,7 @@ async def ingest(store, args, hosts, workers, sig_ids, titles, pipes, example, p
                 },
                 attempt=1 + i % 3,
                 time=base + i * 0.001,
+                cluster=cluster,
             )
             refused += not store.add(ev, grouping_version=1, example=example if first else "")
         if start % 10_000 == 0:  # the plugin updates a pipeline's status now and then
