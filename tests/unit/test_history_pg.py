@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -241,3 +242,33 @@ def test_a_row_the_database_refuses_is_skipped_and_said_the_rest_arrive(pg_url, 
     (line,) = [r.getMessage() for r in caplog.records if "refused event" in r.getMessage()]
     assert "event 2 of the spool" in line and "out of range" in line
     assert one(pg_url, "SELECT sum(count) FROM signatures") == (3,)
+
+
+def test_retention_per_cluster_by_age_and_of_signatures(pg_url, spool):
+    other = Shipper(spool, pg_url, "other")  # another cluster's 10 old events
+    other.start()
+    for n in range(10):
+        spool.add(ev(n, cluster="other", time=1_000.0 + n, signature_id=f"old-{n}"))
+    assert other.sync()
+    other.close()
+    shipper = Shipper(spool, pg_url, "a", max_events=50, max_signatures=8, max_age=3600.0 * 24)
+    shipper.start()
+    try:
+        for n in range(80):  # 80 of cluster a, now, on 7 signatures
+            spool.add(ev(n, cluster="a", time=time.time() - 80 + n))
+        assert shipper.sync()
+        shipper._next_retention = 0.0  # the next round's pass, not in a minute
+        spool.add(ev(999, cluster="a", time=time.time()))
+        assert shipper.sync()
+    finally:
+        shipper.close()
+    with pg_connect(pg_url) as conn:
+        by_cluster = dict(conn.execute("SELECT cluster, count(*) FROM events GROUP BY 1"))
+        signatures = {r[0] for r in conn.execute("SELECT id FROM signatures")}
+        fields = {r[0] for r in conn.execute("SELECT signature_id FROM signature_fields")}
+        members = {r[0] for r in conn.execute("SELECT signature_id FROM signature_members")}
+    # Cluster a keeps its newest 50; the other cluster's events are past max-age; past 8
+    # signatures the least recently seen go, with their lists.
+    assert by_cluster == {"a": 50}
+    assert signatures == {f"sig-{k}" for k in range(7)} | {"old-9"}
+    assert fields == members == signatures

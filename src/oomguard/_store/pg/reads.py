@@ -208,7 +208,7 @@ class PgReader:
         kept per field (member_rows), a lower bound past it."""
         counts = dict.fromkeys(MEMBER_FIELDS, 0)
         for code, n in self._rows(
-            "SELECT field, count(*) FROM signature_members WHERE signature_id = %s GROUP BY 1",
+            "SELECT field, n FROM signature_fields WHERE signature_id = %s",
             (signature_id,),
         ):
             counts[MEMBER_FIELDS[code]] = n
@@ -216,9 +216,8 @@ class PgReader:
 
     def totals(self) -> tuple[int, int]:
         ((n, hosts),) = self._rows(
-            "SELECT (SELECT count(*) FROM signatures), coalesce((SELECT max(c) FROM"
-            " (SELECT count(*) AS c FROM signature_members WHERE field = 0"
-            " GROUP BY signature_id) AS h), 0)"
+            "SELECT (SELECT count(*) FROM signatures),"
+            " (SELECT coalesce(max(n), 0) FROM signature_fields WHERE field = 0)"
         )
         return n, hosts
 

@@ -66,6 +66,14 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             value text NOT NULL,
             PRIMARY KEY (signature_id, field, value)
         )""",
+        # How many values signature_members holds per list: what bounds a list, read in
+        # one step per (signature, field) instead of counting its rows at every batch.
+        """CREATE TABLE signature_fields (
+            signature_id text NOT NULL,
+            field smallint NOT NULL,
+            n integer NOT NULL,
+            PRIMARY KEY (signature_id, field)
+        )""",
         """CREATE TABLE pipelines (
             cluster text NOT NULL,
             name text NOT NULL,

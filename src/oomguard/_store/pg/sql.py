@@ -67,16 +67,17 @@ WITH new AS (
         grouping_version = excluded.grouping_version
     RETURNING (xmax = 0) AS inserted
 ), stored AS (
-    SELECT m.signature_id, m.field, count(*) AS n FROM signature_members m
-    WHERE m.signature_id IN (SELECT signature_id FROM agg) GROUP BY 1, 2
+    SELECT f.signature_id, f.field, f.n FROM signature_fields f
+    WHERE f.signature_id IN (SELECT signature_id FROM agg)
 ), fresh AS (
     SELECT c.signature_id, c.field, c.value,
            row_number() OVER (PARTITION BY c.signature_id, c.field ORDER BY c.value) AS k
-    FROM (SELECT DISTINCT signature_id, f AS field, v AS value FROM new
+    FROM (SELECT DISTINCT n.signature_id, m.f AS field, m.v AS value FROM new n
           CROSS JOIN LATERAL (VALUES (0::smallint, host), (1::smallint, worker),
               (2::smallint, shard), (3::smallint, pipeline), (4::smallint, cause),
               (5::smallint, cluster)) AS m(f, v)
-          WHERE v <> '') AS c
+          LEFT JOIN stored s ON s.signature_id = n.signature_id AND s.field = m.f
+          WHERE m.v <> '' AND coalesce(s.n, 0) < %(rows)s) AS c  -- a full list takes none
     WHERE NOT EXISTS (SELECT 1 FROM signature_members m WHERE m.signature_id = c.signature_id
                       AND m.field = c.field AND m.value = c.value)
 ), mem AS (
@@ -86,6 +87,11 @@ WITH new AS (
     WHERE f.k <= %(rows)s - coalesce(s.n, 0)
     ORDER BY 1, 2, 3
     ON CONFLICT DO NOTHING
+    RETURNING signature_id, field
+), counted AS (
+    INSERT INTO signature_fields (signature_id, field, n)
+    SELECT signature_id, field, count(*) FROM mem GROUP BY 1, 2 ORDER BY 1, 2
+    ON CONFLICT (signature_id, field) DO UPDATE SET n = signature_fields.n + excluded.n
 )
 SELECT (SELECT count(*) FROM new), (SELECT count(*) FROM sig WHERE inserted)
 """
@@ -124,8 +130,10 @@ DROP_SIGNATURES = """
 WITH old AS (
     DELETE FROM signatures WHERE id IN
         (SELECT id FROM signatures ORDER BY last_seen, id LIMIT %s) RETURNING id
+), members AS (
+    DELETE FROM signature_members WHERE signature_id IN (SELECT id FROM old)
 )
-DELETE FROM signature_members WHERE signature_id IN (SELECT id FROM old)
+DELETE FROM signature_fields WHERE signature_id IN (SELECT id FROM old)
 """
 DROP_PIPELINES = """
 DELETE FROM pipelines WHERE (cluster, name, started) IN (
