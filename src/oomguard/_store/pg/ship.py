@@ -304,7 +304,6 @@ class Shipper:
                     self.last_error,
                     self.skipped,
                 )
-        return events
 
     def _send(self, events: list, deletes: list, pipelines: list, examples: dict) -> None:
         with self._pg.transaction(), self._pg.cursor() as cur:
