@@ -117,8 +117,11 @@ def test_deaths_and_aborts_are_logged_with_dasks_level_and_time(tmp_path):
     ours = "\n".join(line for line in text.splitlines() if " - oomguard" in line)
     # Dask's own format: "<time> - <logger> - <LEVEL> - <message>".
     stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} - oomguard\.scheduler - "
+    # The cluster's name and where it came from (issue 29): here, the scheduler's address.
     assert re.search(
-        stamp + r"INFO - oomguard: watching failures; store at " + re.escape(str(store)), text
+        stamp + r"INFO - oomguard: watching failures of cluster '[^']+:\d+' \(from the "
+        r"scheduler's host and port\); store at " + re.escape(str(store)),
+        text,
     ), ours
     deaths = re.findall(
         stamp + r"INFO - oomguard: worker (\S+) on \S+ died: (\w+)[^\n]*"
