@@ -12,7 +12,7 @@ import yaml
 
 from capabilities import require
 
-CHART = pathlib.Path(__file__).resolve().parents[2] / "charts" / "oomguard"
+CHART = pathlib.Path(__file__).resolve().parents[1] / "charts" / "oomguard"
 RELEASE, NAMESPACE = "etl", "data"
 
 #: Every optional part switched on.
