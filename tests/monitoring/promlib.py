@@ -188,7 +188,6 @@ class Prometheus:
                 f"--config.file={self.config}",
                 f"--storage.tsdb.path={self.directory / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
-                "--web.enable-lifecycle",
             ],
             stdout=subprocess.DEVNULL,
             stderr=open(self.log, "w"),
