@@ -17,13 +17,14 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from capabilities import require
-from chartlib import by_kind, manifests, render
+from chartlib import manifests, render
 
 #: The rules and the dashboard with every other monitoring value at its default.
 MONITORING_ON: dict[str, Any] = {
@@ -65,8 +66,11 @@ def alerts_of(groups: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def dashboard(values: dict[str, Any] | None = None) -> dict[str, Any]:
     """The Grafana dashboard JSON as the chart ships it (its ConfigMap)."""
-    objs = by_kind(manifests(render(merged(values))))
-    (cm,) = [o for (kind, _), o in objs.items() if kind == "ConfigMap" and "dashboard" in _]
+    (cm,) = [
+        o
+        for o in manifests(render(merged(values)))
+        if o["kind"] == "ConfigMap" and "oomguard.json" in o.get("data", {})
+    ]
     return json.loads(cm["data"]["oomguard.json"])
 
 
@@ -105,18 +109,13 @@ def selectors(expr: str) -> list[tuple[str, dict[str, tuple[str, str]]]]:
     text = re.sub(r"\b(by|without|on|ignoring)\s*\([^)]*\)", "", text)
     for m in _SELECTOR.finditer(text):
         name, braces = m.group(1), m.group(2)
-        end = m.end(1)
-        rest = text[end:].lstrip()
+        rest = text[m.end(1) :].lstrip()
         if name in _PROMQL_WORDS or (rest.startswith("(") and not braces):
             continue  # a function call or a keyword
-        if _inside_quotes(text, m.start(1)) or re.fullmatch(r"[0-9.]+", name):
-            continue
+        if text[: m.start(1)].count('"') % 2:
+            continue  # inside a string
         out.append((name, dict((k, (op, v)) for k, op, v in _MATCHER.findall(braces or ""))))
     return out
-
-
-def _inside_quotes(text: str, pos: int) -> bool:
-    return text[:pos].count('"') % 2 == 1
 
 
 def grouping_labels(expr: str) -> set[str]:
@@ -149,6 +148,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def epoch(rfc3339: str) -> float:
+    """Unix time of Prometheus's RFC 3339 time with nanoseconds, in any zone.
+
+    >>> epoch("1970-01-01T01:00:01.5+01:00")
+    1.5
+    """
+    m = re.fullmatch(r"([^.Z+]+?)(\.\d+)?(Z|[+-]\d\d:\d\d)", rfc3339)
+    assert m, rfc3339
+    zone = "+00:00" if m.group(3) == "Z" else m.group(3)
+    return datetime.fromisoformat(m.group(1) + zone).timestamp() + float(m.group(2) or 0)
 
 
 class Prometheus:
@@ -230,6 +241,13 @@ class Prometheus:
 
     def query(self, promql: str) -> list[dict[str, Any]]:
         return self.api("query", query=promql)["result"]
+
+    def evaluated_since(self, t: float) -> bool:
+        """Whether every rule is healthy and was evaluated after the Unix time `t`."""
+        rules = [r for g in self.api("rules")["groups"] for r in g["rules"]]
+        return bool(rules) and all(
+            r["health"] == "ok" and epoch(r["lastEvaluation"]) > t for r in rules
+        )
 
     def alerts(self) -> dict[str, dict[str, Any]]:
         """Alert name -> the alert (state "pending" or "firing") as /api/v1/alerts has it."""
