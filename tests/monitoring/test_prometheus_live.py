@@ -194,7 +194,8 @@ def test_a_real_prometheus_fires_the_abort_and_oom_kill_alerts(lab, tmp_path):
     require_worker_groups()
     binary("prometheus")
     start = time.monotonic()
-    # Any OOM kill alerts here: the threshold through its documented value, never the text.
+    # One OOM kill must alert here: oomKillsPerHour (a documented value) is 0; the rules'
+    # text is the chart's, as rendered.
     values = merged({"metrics": {"prometheusRule": {"oomKillsPerHour": 0}}})
     rules = write_rules(tmp_path / "rules.yaml", values)
     target = (f"127.0.0.1:{lab['dashboard']}", {"namespace": NAMESPACE, "pod": POD})
