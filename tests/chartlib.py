@@ -48,6 +48,8 @@ ALL_ON: dict[str, Any] = {
             "oomKillsPerHour": 20,
             "signatureHosts": 4,
             "oomKillCauses": ["oom_kill", "memory_terminate"],
+            "userspaceOomKillsPerHour": 2,
+            "kubeletKillsPerHour": 1,
         },
     },
     "grafana": {"dashboard": {"enabled": True}},

@@ -170,16 +170,19 @@ def test_prometheus_rule_structure(all_on):
         f"max(oomguard_signature_max_hosts{{{sel}}}) > 4"
     )
     assert alerts["OomguardUserspaceOomKills"]["expr"] == (
-        f'sum(increase(oomguard_worker_deaths_total{{{sel}, killer=~"earlyoom|systemd-oomd"}}[1h])) > 0'
+        f'sum(increase(oomguard_worker_deaths_total{{{sel}, killer=~"earlyoom|systemd-oomd"}}[1h])) > 2'
     )
     assert alerts["OomguardKubeletKills"]["expr"] == (
-        f'sum(increase(oomguard_worker_deaths_total{{{sel}, killer="kubelet"}}[1h])) > 0'
+        f'sum(increase(oomguard_worker_deaths_total{{{sel}, killer="kubelet"}}[1h])) > 1'
     )
     for r in group["rules"]:
         assert set(r) == {"alert", "expr", "labels", "annotations"}
         assert r["labels"] == {"severity": "warning"}
         assert r["annotations"]["summary"] and r["annotations"]["description"]
         assert set(re.findall(r"oomguard_\w+", r["expr"])) <= METRICS
+    assert alerts["OomguardKubeletKills"]["annotations"]["summary"] == (
+        f"the kubelet killed more than 1 workers in the last hour in {NAMESPACE}/{RELEASE}"
+    )
 
 
 def test_grafana_dashboard(all_on):
