@@ -15,6 +15,9 @@ import dask.config
 import kubernetes_validate
 import pytest
 import yaml
+from dask.utils import parse_bytes
+
+import oomguard._config  # noqa: F401  (oomguard's Dask config defaults)
 from chartlib import (
     ALL_ON,
     CHART,
@@ -27,15 +30,14 @@ from chartlib import (
     manifests,
     render,
 )
-from dask.utils import parse_bytes
-
-import oomguard._config  # noqa: F401  (oomguard's Dask config defaults)
 
 SCHED, WORKER = f"{RELEASE}-oomguard-scheduler", f"{RELEASE}-oomguard-worker"
 CRDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
-#: What the scheduler exports (oomguard_signature_max_hosts: asked of the metrics side).
+#: The metrics the rules and the dashboard use (tests/monitoring checks each against the
+#: /metrics of a live scheduler).
 METRICS = {
     "oomguard_failures_total",
+    "oomguard_worker_deaths_total",
     "oomguard_pipeline_aborts_total",
     "oomguard_signatures",
     "oomguard_signature_max_hosts",
@@ -154,6 +156,8 @@ def test_prometheus_rule_structure(all_on):
         "OomguardPipelineAborted",
         "OomguardOomKillsHigh",
         "OomguardSignatureSpread",
+        "OomguardUserspaceOomKills",
+        "OomguardKubeletKills",
     }
     sel = f'namespace="{NAMESPACE}", pod=~"{SCHED}-.*"'
     assert alerts["OomguardPipelineAborted"]["expr"] == (
@@ -165,11 +169,20 @@ def test_prometheus_rule_structure(all_on):
     assert alerts["OomguardSignatureSpread"]["expr"] == (
         f"max(oomguard_signature_max_hosts{{{sel}}}) > 4"
     )
+    assert alerts["OomguardUserspaceOomKills"]["expr"] == (
+        f'sum(increase(oomguard_worker_deaths_total{{{sel}, killer=~"earlyoom|systemd-oomd"}}[1h])) > 2'
+    )
+    assert alerts["OomguardKubeletKills"]["expr"] == (
+        f'sum(increase(oomguard_worker_deaths_total{{{sel}, killer="kubelet"}}[1h])) > 1'
+    )
     for r in group["rules"]:
         assert set(r) == {"alert", "expr", "labels", "annotations"}
         assert r["labels"] == {"severity": "warning"}
         assert r["annotations"]["summary"] and r["annotations"]["description"]
         assert set(re.findall(r"oomguard_\w+", r["expr"])) <= METRICS
+    assert alerts["OomguardKubeletKills"]["annotations"]["summary"] == (
+        f"the kubelet killed more than 1 workers in the last hour in {NAMESPACE}/{RELEASE}"
+    )
 
 
 def test_grafana_dashboard(all_on):
@@ -178,7 +191,7 @@ def test_grafana_dashboard(all_on):
     dash = json.loads(cm["data"]["oomguard.json"])
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
     used = {m for e in exprs for m in re.findall(r"oomguard_\w+", e)}
-    assert used == METRICS
+    assert used == METRICS - {"oomguard_worker_deaths_total"}
     assert len({p["id"] for p in dash["panels"]}) == len(dash["panels"])
 
 

@@ -19,8 +19,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from chartlib import NAMESPACE, RELEASE, by_kind, container, manifests, render
 from dask.utils import parse_bytes
+
+from chartlib import NAMESPACE, RELEASE, by_kind, container, manifests, render
 
 SCHED, WORKER = f"{RELEASE}-oomguard-scheduler", f"{RELEASE}-oomguard-worker"
 BIN = Path(sys.executable).parent

@@ -22,10 +22,12 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.request
 
 import dask
 import pytest
 from distributed import Client, LocalCluster
+from prometheus_client.parser import text_string_to_metric_families
 
 import oomguard
 from capabilities import require
@@ -185,6 +187,18 @@ def _no_event(client, cause: str, eo: _Earlyoom) -> str:
     return f"no {cause} event; earlyoom:\n{eo.output()}\nscheduler events: {events}"
 
 
+def _deaths_metric(client, **labels: str) -> float:
+    """oomguard_worker_deaths_total{labels} on the scheduler's /metrics."""
+    port = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.http_server.port)
+    url = f"http://127.0.0.1:{port}/metrics"
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "oomguard_worker_deaths_total" and sample.labels == labels:
+                return sample.value
+    raise AssertionError(f"no oomguard_worker_deaths_total{labels} on {url}")
+
+
 def test_earlyoom_sigterm_is_named_from_the_signal_sender(cluster, tmp_path):
     event, eo_pid, term, _, sent = _killed_by_earlyoom(cluster, tmp_path, escalate=False)
     assert sent == "SIGTERM"
@@ -198,6 +212,8 @@ def test_earlyoom_sigterm_is_named_from_the_signal_sender(cluster, tmp_path):
     assert event.evidence["memavailable_bytes"] <= term  # the nanny's last reading
     assert event.killer_summary.startswith(f"SIGTERM from earlyoom (pid {eo_pid}, uid 0) at ")
     assert "MemAvailable" in event.killer_summary
+    # The series the chart's OomguardUserspaceOomKills alert counts (tests/monitoring).
+    assert _deaths_metric(cluster, cause="sigterm", killer="earlyoom") == 1
 
 
 def test_earlyoom_sigkill_is_likely_earlyoom_with_the_numbers(cluster, tmp_path):

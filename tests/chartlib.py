@@ -12,7 +12,7 @@ import yaml
 
 from capabilities import require
 
-CHART = pathlib.Path(__file__).resolve().parents[2] / "charts" / "oomguard"
+CHART = pathlib.Path(__file__).resolve().parents[1] / "charts" / "oomguard"
 RELEASE, NAMESPACE = "etl", "data"
 
 #: Every optional part switched on.
@@ -48,6 +48,8 @@ ALL_ON: dict[str, Any] = {
             "oomKillsPerHour": 20,
             "signatureHosts": 4,
             "oomKillCauses": ["oom_kill", "memory_terminate"],
+            "userspaceOomKillsPerHour": 2,
+            "kubeletKillsPerHour": 1,
         },
     },
     "grafana": {"dashboard": {"enabled": True}},
