@@ -62,12 +62,7 @@ def feed(path: str, url: str | None, events: int, cluster: str) -> dict:
     if url is not None:
         shipper = Shipper(spool, url, cluster)
         shipper.start()
-    hosts = [f"10.0.{i // 256}.{i % 256}" for i in range(args.hosts)]
-    workers = [f"tcp://{h}:40{i % 100:02d}" for i, h in enumerate(hosts)]
-    sigs = [f"{i:016x}" for i in range(args.signatures)]
-    titles = [f"MemoryError in parse_block_{i} (decode.py)" for i in range(args.signatures)]
-    pipes = [f"nightly-load-{i}" for i in range(args.pipelines)]
-    example = "Traceback (most recent call last):\n" + '  File "<path>/decode.py", line 42\n' * 50
+    hosts, workers, sigs, titles, pipes, example = bench_store.pools(args)
     t0 = time.perf_counter()
     result = asyncio.run(
         bench_store.ingest(

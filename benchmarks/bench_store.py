@@ -51,18 +51,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    proc = psutil.Process()
-    tmp = tempfile.mkdtemp(prefix="bench-store-", dir=args.dir)
-    path = os.path.join(tmp, "store.sqlite3")
-    # Shared string pools: the scheduler's events reuse interned host/worker/signature names.
+def pools(args: argparse.Namespace) -> tuple[list, list, list, list, list, str]:
+    """Shared string pools, as the scheduler's events reuse interned host, worker and
+    signature names: (hosts, workers, signature ids, titles, pipelines, an example)."""
     hosts = [f"10.0.{i // 256}.{i % 256}" for i in range(args.hosts)]
     workers = [f"tcp://{h}:40{i % 100:02d}" for i, h in enumerate(hosts)]
     sig_ids = [f"{i:016x}" for i in range(args.signatures)]
     titles = [f"MemoryError in parse_block_{i} (decode.py)" for i in range(args.signatures)]
     pipes = [f"nightly-load-{i}" for i in range(args.pipelines)]
     example = "Traceback (most recent call last):\n" + '  File "<path>/decode.py", line 42\n' * 50
+    return hosts, workers, sig_ids, titles, pipes, example
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    proc = psutil.Process()
+    tmp = tempfile.mkdtemp(prefix="bench-store-", dir=args.dir)
+    path = os.path.join(tmp, "store.sqlite3")
+    hosts, workers, sig_ids, titles, pipes, example = pools(args)
     rss0 = proc.memory_info().rss
     store = FailureStore(path, max_events=args.max_events)
     store.start()

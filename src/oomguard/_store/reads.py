@@ -8,16 +8,11 @@ import json
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator
-from typing import Any
 
 from .._models import FailureEvent, PipelineStatus, SignatureRow
+from . import query
 from .schema import MEMBER_FIELDS, PIPELINE_COLUMNS, connect
 
-_EVENT_COLUMNS = (
-    "id, time, kind, cause, shard, pipeline, worker, host, signature_id, "
-    "signature_title, evidence, attempt, killer, killer_how, killer_confidence, killer_summary, "
-    "cluster"
-)
 # A death without a report that named no shard is stored under shard '' (and pipeline ''
 # when its suspects ran in several), its suspects in the evidence: a filter on a shard or a
 # pipeline finds it too. Both terms use the column's index: only such rows are parsed.
@@ -27,6 +22,7 @@ _OR_SUSPECT = {
     "pipeline": "(pipeline = ? OR (pipeline = '' AND shard = '' AND EXISTS (SELECT 1 FROM "
     "json_each(evidence, '$.suspect_pipelines') WHERE value = ?)))",
 }
+SQLITE = query.Dialect("?", lambda name: f":{name}", _OR_SUSPECT)
 # Each member list comes back as one JSON array: one row per signature, not one per member.
 _SELECT_SIGNATURE = (
     "SELECT id, title, grouping_version, count, first_seen, last_seen, example, "
@@ -118,36 +114,19 @@ class ReaderMixin:
         >>> [e.shard for e in store.events(cause="oom_kill", since=time.time() - 3600)]
         ["('load-0a1b', 17)"]
         """
-        where, args = [], []
-        for column, value in (
-            ("kind", kind),
-            ("cause", cause),
-            ("pipeline", pipeline),
-            ("shard", shard),
-            ("signature_id", signature),
-            ("killer", killer),
-            ("cluster", cluster),
-        ):
-            if value is None:
-                continue
-            if column in _OR_SUSPECT:
-                where.append(_OR_SUSPECT[column])
-                args += [value, value]
-            else:
-                where.append(f"{column} = ?")
-                args.append(value)
-        if since is not None:
-            where.append("time >= ?")
-            args.append(since)
-        if before is not None:
-            # (time, id) < before, with a range on `time` an index can take.
-            where.append("time <= ? AND (time < ? OR id < ?)")
-            args += [before[0], before[0], before[1]]
-        sql = f"SELECT {_EVENT_COLUMNS} FROM events"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY time DESC, id DESC LIMIT ?"
-        args.append(_limit(limit))
+        sql, args = query.events(
+            SQLITE,
+            kind=kind,
+            cause=cause,
+            pipeline=pipeline,
+            shard=shard,
+            signature=signature,
+            killer=killer,
+            cluster=cluster,
+            since=since,
+            before=before,
+            limit=_limit(limit),
+        )
         return [_event(r) for r in _within(self._reader().execute(sql, args), max_bytes)]
 
     @_read
@@ -168,16 +147,7 @@ class ReaderMixin:
         >>> [(e.attempt, e.cause) for e in store.shard("('load-0a1b', 17)")]
         [(1, 'oom_kill'), (2, 'oom_kill')]
         """
-        sql = f"SELECT {_EVENT_COLUMNS} FROM events WHERE shard = ?"
-        args: list[Any] = [key]
-        if cluster is not None:
-            sql += " AND cluster = ?"
-            args.append(cluster)
-        if after is not None:
-            sql += " AND time >= ? AND (time > ? OR id > ?)"
-            args += [after[0], after[0], after[1]]
-        sql += " ORDER BY time, id LIMIT ?"
-        args.append(_limit(limit))
+        sql, args = query.shard(SQLITE, key, cluster=cluster, after=after, limit=_limit(limit))
         return [_event(r) for r in _within(self._reader().execute(sql, args), max_bytes)]
 
     @_read
@@ -201,28 +171,18 @@ class ReaderMixin:
         >>> [(s.title, s.count, len(s.hosts)) for s in store.signatures(limit=20)]
         [('MemoryError in parse_block', 3, 3)]
         """
-        where = []
-        args: dict[str, Any] = {
-            "cap": self.member_cap,
-            "limit": _limit(limit),
-            "offset": max(0, int(offset)),
-        }
-        for code, value in ((4, cause), (3, pipeline), (5, cluster)):
-            if value is not None:
-                where.append(
-                    f"EXISTS (SELECT 1 FROM signature_members m WHERE "
-                    f"m.signature_id = s.id AND m.field = {code} "
-                    f"AND m.value = :f{code})"
-                )
-                args[f"f{code}"] = value
-        if since is not None:
-            where.append("s.last_seen >= :since")
-            args["since"] = since
-        sql = _SELECT_SIGNATURE
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY count DESC, last_seen DESC, id LIMIT :limit OFFSET :offset"
-        return [_signature(r) for r in _within(self._reader().execute(sql, args), max_bytes)]
+        sql, params = query.signatures(
+            SQLITE,
+            _SELECT_SIGNATURE,
+            cause=cause,
+            pipeline=pipeline,
+            cluster=cluster,
+            since=since,
+            cap=self.member_cap,
+            limit=_limit(limit),
+            offset=offset,
+        )
+        return [_signature(r) for r in _within(self._reader().execute(sql, params), max_bytes)]
 
     @_read
     def totals(self) -> tuple[int, int]:
@@ -340,52 +300,20 @@ class ReaderMixin:
         (False, ['etl', 'backfill'])
         """
         db = self._reader()
-        if field == "cluster":
-            found = db.execute(
-                "SELECT 1 FROM events WHERE cluster = ? UNION ALL "
-                "SELECT 1 FROM pipelines WHERE cluster = ? LIMIT 1",
-                (value, value),
-            ).fetchone()
-            names = sorted(
-                set(_distinct(db, "events", "cluster", limit))
-                | set(_distinct(db, "pipelines", "cluster", limit))
-            )
-            return found is not None, names[:limit]
-        if field == "signature":
-            found = db.execute("SELECT 1 FROM signatures WHERE id = ?", (value,)).fetchone()
-            rows = db.execute(
-                "SELECT id FROM signatures ORDER BY last_seen DESC LIMIT ?", (limit,)
-            )
-            return found is not None, [r[0] for r in rows]
-        if field != "pipeline":
-            raise ValueError(f"known() takes 'pipeline', 'signature' or 'cluster', not {field!r}")
-        found = db.execute(
-            "SELECT 1 FROM pipelines WHERE name = ? UNION ALL "
-            "SELECT 1 FROM events WHERE pipeline = ? LIMIT 1",
-            (value, value),
-        ).fetchone()
-        runs = [
-            r[0]
-            for r in db.execute(
-                "SELECT name FROM pipelines GROUP BY name ORDER BY max(updated) DESC LIMIT ?",
-                (limit,),
-            )
-        ]
-        seen = _distinct(db, "events", "pipeline", limit)
-        names = list(dict.fromkeys(runs + seen))[:limit]
-        return found is not None, names
+        return query.known(
+            SQLITE,
+            lambda sql, args: db.execute(sql, args).fetchall(),
+            lambda table, column, limit: _distinct(db, table, column, limit),
+            field,
+            value,
+            limit,
+        )
 
 
 def _distinct(db: sqlite3.Connection, table: str, column: str, limit: int) -> list[str]:
     """Up to `limit` distinct non-empty values of an indexed column, in order: one index
     step each (no scan of a million events)."""
-    rows = db.execute(
-        f"WITH RECURSIVE p(name) AS (SELECT min({column}) FROM {table} WHERE {column} > ''"
-        f" UNION ALL SELECT (SELECT min({column}) FROM {table} WHERE {column} > p.name)"
-        " FROM p WHERE p.name IS NOT NULL) SELECT name FROM p WHERE name IS NOT NULL"
-        " LIMIT ?",
-        (limit,),
-    )
+    rows = db.execute(query.distinct(SQLITE, table, column), (limit,))
     return [r[0] for r in rows]
 
 

@@ -8,21 +8,18 @@ from typing import Any
 
 from ..._models import FailureEvent, PipelineStatus, SignatureRow
 from ..._urls import redact
+from .. import query
 from ..reads import _event, _signature, _within
 from ..schema import MEMBER_FIELDS
 from .schema import NAMESPACE
 
-_EVENT_COLUMNS = (
-    "id, time, kind, cause, shard, pipeline, worker, host, signature_id, "
-    "signature_title, evidence, attempt, killer, killer_how, killer_confidence, killer_summary, "
-    "cluster"
-)
 # As in the SQLite store: a death that named no shard is found by each of its suspects.
 _OR_SUSPECT = {
     "shard": "(shard = %s OR (shard = '' AND evidence::jsonb -> 'suspects' ? %s))",
     "pipeline": "(pipeline = %s OR (pipeline = '' AND shard = ''"
     " AND evidence::jsonb -> 'suspect_pipelines' ? %s))",
 }
+POSTGRES = query.Dialect("%s", lambda name: f"%({name})s", _OR_SUSPECT)
 _SELECT_SIGNATURE = (
     "SELECT id, title, grouping_version, count, first_seen, last_seen, example, "
     + ", ".join(
@@ -106,36 +103,19 @@ class PgReader:
         cluster: str | None = None,
     ) -> list[FailureEvent]:
         """As FailureStore.events, over every cluster or the one named."""
-        where: list[str] = []
-        args: list[Any] = []
-        for column, value in (
-            ("kind", kind),
-            ("cause", cause),
-            ("pipeline", pipeline),
-            ("shard", shard),
-            ("signature_id", signature),
-            ("killer", killer),
-            ("cluster", cluster),
-        ):
-            if value is None:
-                continue
-            if column in _OR_SUSPECT:
-                where.append(_OR_SUSPECT[column])
-                args += [value, value]
-            else:
-                where.append(f"{column} = %s")
-                args.append(value)
-        if since is not None:
-            where.append("time >= %s")
-            args.append(since)
-        if before is not None:
-            where.append("time <= %s AND (time < %s OR id < %s)")
-            args += [before[0], before[0], before[1]]
-        sql = f"SELECT {_EVENT_COLUMNS} FROM events"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY time DESC, id DESC LIMIT %s"
-        args.append(_limit(limit))
+        sql, args = query.events(
+            POSTGRES,
+            kind=kind,
+            cause=cause,
+            pipeline=pipeline,
+            shard=shard,
+            signature=signature,
+            killer=killer,
+            cluster=cluster,
+            since=since,
+            before=before,
+            limit=_limit(limit),
+        )
         return [_event(r) for r in self._rows(sql, args, max_bytes)]
 
     def shard(
@@ -148,16 +128,7 @@ class PgReader:
         cluster: str | None = None,
     ) -> list[FailureEvent]:
         """As FailureStore.shard: one shard's own history, oldest first."""
-        sql = f"SELECT {_EVENT_COLUMNS} FROM events WHERE shard = %s"
-        args: list[Any] = [key]
-        if cluster is not None:
-            sql += " AND cluster = %s"
-            args.append(cluster)
-        if after is not None:
-            sql += " AND time >= %s AND (time > %s OR id > %s)"
-            args += [after[0], after[0], after[1]]
-        sql += " ORDER BY time, id LIMIT %s"
-        args.append(_limit(limit))
+        sql, args = query.shard(POSTGRES, key, cluster=cluster, after=after, limit=_limit(limit))
         return [_event(r) for r in self._rows(sql, args, max_bytes)]
 
     # -- signatures ------------------------------------------------------------------------
@@ -175,27 +146,18 @@ class PgReader:
     ) -> list[SignatureRow]:
         """As FailureStore.signatures; counts are across every cluster. `cluster`: only the
         signatures that cluster saw."""
-        where = []
-        args: dict[str, Any] = {
-            "cap": self.member_cap,
-            "limit": _limit(limit),
-            "offset": max(0, int(offset)),
-        }
-        for code, value in ((4, cause), (3, pipeline), (5, cluster)):
-            if value is not None:
-                where.append(
-                    "EXISTS (SELECT 1 FROM signature_members m WHERE m.signature_id = s.id"
-                    f" AND m.field = {code} AND m.value = %(f{code})s)"
-                )
-                args[f"f{code}"] = value
-        if since is not None:
-            where.append("s.last_seen >= %(since)s")
-            args["since"] = since
-        sql = _SELECT_SIGNATURE
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY count DESC, last_seen DESC, id LIMIT %(limit)s OFFSET %(offset)s"
-        return [_row(r) for r in self._rows(sql, args, max_bytes)]
+        sql, params = query.signatures(
+            POSTGRES,
+            _SELECT_SIGNATURE,
+            cause=cause,
+            pipeline=pipeline,
+            cluster=cluster,
+            since=since,
+            cap=self.member_cap,
+            limit=_limit(limit),
+            offset=offset,
+        )
+        return [_row(r) for r in self._rows(sql, params, max_bytes)]
 
     def signature(self, signature_id: str) -> SignatureRow | None:
         rows = self._rows(
@@ -253,46 +215,12 @@ class PgReader:
 
     def known(self, field: str, value: str, limit: int = 1000) -> tuple[bool, list[str]]:
         """As FailureStore.known: "pipeline", "signature" or "cluster"."""
-        if field == "cluster":
-            found = self._rows(
-                "SELECT 1 FROM events WHERE cluster = %s UNION ALL "
-                "(SELECT 1 FROM pipelines WHERE cluster = %s LIMIT 1) LIMIT 1",
-                (value, value),
-            )
-            names = set(self._distinct("events", "cluster", limit))
-            names |= set(self._distinct("pipelines", "cluster", limit))
-            return bool(found), sorted(names)[:limit]
-        if field == "signature":
-            found = self._rows("SELECT 1 FROM signatures WHERE id = %s", (value,))
-            rows = self._rows(
-                "SELECT id FROM signatures ORDER BY last_seen DESC LIMIT %s", (limit,)
-            )
-            return bool(found), [r[0] for r in rows]
-        if field != "pipeline":
-            raise ValueError(f"known() takes 'pipeline', 'signature' or 'cluster', not {field!r}")
-        found = self._rows(
-            "SELECT 1 FROM pipelines WHERE name = %s UNION ALL "
-            "(SELECT 1 FROM events WHERE pipeline = %s LIMIT 1) LIMIT 1",
-            (value, value),
-        )
-        runs = self._rows(
-            "SELECT name FROM pipelines GROUP BY name ORDER BY max(updated) DESC LIMIT %s",
-            (limit,),
-        )
-        seen = self._distinct("events", "pipeline", limit)
-        names = list(dict.fromkeys([r[0] for r in runs] + seen))[:limit]
-        return bool(found), names
+        return query.known(POSTGRES, self._rows, self._distinct, field, value, limit)
 
     def _distinct(self, table: str, column: str, limit: int) -> list[str]:
         """Up to `limit` distinct non-empty values of an indexed column, one index step
         each (no scan of a million events)."""
-        rows = self._rows(
-            f"WITH RECURSIVE p(name) AS (SELECT min({column}) FROM {table} WHERE {column} > ''"
-            f" UNION ALL SELECT (SELECT min({column}) FROM {table} WHERE {column} > p.name)"
-            " FROM p WHERE p.name IS NOT NULL) SELECT name FROM p WHERE name IS NOT NULL"
-            " LIMIT %s",
-            (limit,),
-        )
+        rows = self._rows(query.distinct(POSTGRES, table, column), (limit,))
         return [r[0] for r in rows]
 
 
