@@ -92,19 +92,31 @@ def in_group(group: str, argv: list[str], *, container: bool) -> list[str]:
     return ["sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$@"', "sh", *inner]
 
 
-def doctor(group: str, *, container: bool) -> dict:
-    """`oomguard doctor --json` where the nanny runs. Once: each Python start costs tens of
-    seconds under emulation (its text is the same checks, `render_text`)."""
-    run = subprocess.run(
-        in_group(group, [PY, "-m", "oomguard._cli", "doctor", "--json"], container=container),
-        capture_output=True,
+def doctor(group: str, *, container: bool) -> subprocess.Popen:
+    """`oomguard doctor --json` where the nanny runs, started now and read with
+    `doctor_result`. Once per layout, beside the nanny's start: each Python start costs tens
+    of seconds under emulation, and the VM's second vCPU is idle while the nanny imports
+    Dask (its text is the same checks, `render_text`). Read before a kill, so that it is
+    not in the group when the kernel picks a victim there."""
+    argv = [PY, "-m", "oomguard._cli", "doctor", "--json"]
+    return subprocess.Popen(
+        in_group(group, argv, container=container),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=TIMEOUT,
     )
+
+
+def doctor_result(proc: subprocess.Popen) -> dict:
     try:
-        return json.loads(run.stdout)
+        out, err = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    try:
+        return json.loads(out)
     except ValueError:
-        return {"error": (run.stdout + run.stderr)[-2000:]}
+        return {"error": (out + err)[-2000:]}
 
 
 def start_nanny(address: str, group: str, *, nworkers: int, memory_limit: int, container: bool):
@@ -190,9 +202,11 @@ def delegated(client, address: str) -> dict:
     os.setxattr(base, "trusted.delegate", b"1")  # what systemd's Delegate=yes marks
     write(f"{base}/cgroup.subtree_control", "+memory")
     limit = 300 * MiB
+    doc = doctor(f"{base}/nanny", container=False)
     nanny = start_nanny(address, f"{base}/nanny", nworkers=1, memory_limit=limit, container=False)
     try:
         ((worker, pid),) = workers_and_pids(client, 1).items()
+        report = doctor_result(doc)
         group = f"{base}/oomguard-worker-{pid}"
         facts = {
             "children": sorted(n for n in os.listdir(base) if os.path.isdir(f"{base}/{n}")),
@@ -209,7 +223,7 @@ def delegated(client, address: str) -> dict:
         return {
             "events": events,
             "facts": facts,
-            "doctor": doctor(f"{base}/nanny", container=False),
+            "doctor": report,
         }
     finally:
         stop(nanny)
@@ -219,9 +233,11 @@ def container(client, address: str) -> dict:
     ctr = f"{CG}/ctr"
     os.makedirs(ctr)
     write(f"{ctr}/memory.max", str(600 * MiB))
+    doc = doctor(ctr, container=True)
     nanny = start_nanny(address, ctr, nworkers=2, memory_limit=2**30, container=True)
     try:
         pids = workers_and_pids(client, 2)
+        report = doctor_result(doc)
         (a, _), (b, pid_b) = sorted(pids.items())
         facts: dict = {"oom_kill_at_start": events_of(ctr)["oom_kill"]}
         # 1. Long before: a task's subprocess on worker B is OOM-killed; B lives on.
@@ -245,7 +261,7 @@ def container(client, address: str) -> dict:
             "events_a": events_a,
             "events_b": events_b,
             "facts": facts,
-            "doctor": doctor(ctr, container=True),
+            "doctor": report,
         }
     finally:
         stop(nanny)
@@ -260,13 +276,14 @@ def oomgroup(client, address: str) -> dict:
     nanny = start_nanny(address, grp, nworkers=1, memory_limit=2**30, container=True)
     try:
         ((worker, _),) = workers_and_pids(client, 1).items()
+        report = doctor_result(doc)  # memory.oom.group: it would die with the worker
         client.submit(allocate, 800 * MiB, pure=False)
         events = failures_for(client, worker)
         facts = {
             "nanny_returncode": nanny.wait(60),
             "memory_events": events_of(grp),
         }
-        return {"events": events, "facts": facts, "doctor": doc}
+        return {"events": events, "facts": facts, "doctor": report}
     finally:
         stop(nanny)
 

@@ -114,6 +114,7 @@ class Shipper:
         self._rounds = threading.Condition()
         self._round = 0  # rounds completed
         self._clean = 0  # the last round that found nothing to send
+        self._want = 0  # the clean round a sync() waits for
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -172,6 +173,7 @@ class Shipper:
             return False
         with self._rounds:
             target = self._round + 1  # a round that starts after this call
+            self._want = max(self._want, target + 1)
             self._wake.set()
             return self._rounds.wait_for(
                 lambda: self._clean > target, max(0.0, deadline - time.monotonic())
@@ -198,9 +200,10 @@ class Shipper:
                 self._round += 1
                 if not pending:
                     self._clean = self._round
+                waited = self._want > self._clean  # a sync() waits for a later round
                 self._rounds.notify_all()
-            if pending and self.up:
-                self._wake.set()  # more to send: no wait
+            if (pending or waited) and self.up:
+                self._wake.set()  # more to send, or a sync() waiting: no wait
             if stopping:
                 return
 
