@@ -35,7 +35,7 @@ import time
 CG = "/sys/fs/cgroup"
 MiB = 2**20
 PY = sys.executable
-TIMEOUT = 420  # seconds for anything to happen under emulation
+TIMEOUT = 900  # seconds for anything to happen under emulation, beside other work
 
 NANNY_ENV = {
     "DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD": "forkserver",
