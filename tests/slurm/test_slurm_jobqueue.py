@@ -105,11 +105,15 @@ def env(slurm, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def timed(env):
-    """The job with a 1 minute limit, submitted first: its minute runs meanwhile."""
+    """The job with a 1 minute limit, submitted first, and a long task running in it: its
+    minute runs while the other scenarios do, however long they take."""
     with _cluster(env, "timed", memory="1GiB", walltime="00:01:00") as cluster:
+        submitted = time.monotonic()
         cluster.scale(jobs=1)
         with Client(cluster) as client:
-            yield cluster, client, time.monotonic()
+            client.wait_for_workers(1, timeout=120)
+            fut = client.submit(sleep_long, 600, pure=False)
+            yield cluster, client, fut, submitted
 
 
 def _job_id(cluster) -> str:
@@ -189,10 +193,9 @@ def test_healthy_task_oom_and_scancel(slurm, env, timed):
 
 
 def test_time_limit(slurm, timed):
-    cluster, client, submitted = timed
-    client.wait_for_workers(1, timeout=120)
+    cluster, client, fut, submitted = timed
     job = _job_id(cluster)
-    fut = client.submit(sleep_long, 600, pure=False)
+    assert fut.status == "pending"  # the task runs on, until SLURM ends the job
     # The 1 minute limit, checked by slurmctld every 30 s: ended 60-90 s after its start.
     assert slurm.wait_state(job, "TIMEOUT", timeout=150) == "TIMEOUT"
     lost = _event(client, "worker_lost", "slurm")

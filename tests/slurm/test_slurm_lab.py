@@ -21,4 +21,8 @@ def test_a_batch_job_runs_and_finishes(slurm):
 def test_a_job_over_its_mem_is_out_of_memory(slurm):
     job = slurm.sbatch("--mem=100M", "--wrap", "python3 -c 'b = bytearray(2**29); print(len(b))'")
     assert slurm.wait_state(job, "OUT_OF_MEMORY", "COMPLETED", "FAILED") == "OUT_OF_MEMORY"
-    assert re.search(rf"Detected 1 oom-kill event\(s\) in StepId={job}\.batch", slurm.output(job))
+    # One kill or more: python3 and, at times, the batch shell too (2 in one run here).
+    found = re.search(
+        rf"Detected (\d+) oom-kill event\(s\) in StepId={job}\.batch", slurm.output(job)
+    )
+    assert found and int(found.group(1)) >= 1, slurm.output(job)
