@@ -12,7 +12,9 @@ What runs (root only: slurmd must start jobs as their users, and the cgroup plug
 - `munged -F` with a fresh 1 KiB key and its own socket (`AuthInfo=socket=...`), so the
   host's munge (if any) is never touched;
 - `slurmctld -D` and `slurmd -D` on two free loopback ports, `SlurmctldHost=localhost`,
-  one node named as this host with its real CPUs and memory (`slurmd -C`), one partition;
+  one node named as this host with its real CPUs and memory (`slurmd -C`); partitions
+  `lab` (the default), `low` and `high` over it, with `PreemptType=preempt/partition_prio`
+  and `PreemptMode=CANCEL`: only a `low` job is preemptable, by a `high` one;
 - `ProctrackType=proctrack/cgroup`, `TaskPlugin=task/cgroup` with `CgroupPlugin=cgroup/v1`
   and `ConstrainRAMSpace=yes`: this host is cgroup v1 and we are root in a container whose
   memory hierarchy is writable, so slurmd makes each job's memory group
@@ -130,7 +132,11 @@ InactiveLimit=0
 Waittime=0
 MessageTimeout=10
 {_node_line()}
-PartitionName=lab Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+PreemptType=preempt/partition_prio
+PreemptMode=CANCEL
+PartitionName=lab Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
+PartitionName=low Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=CANCEL
+PartitionName=high Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=3 PreemptMode=OFF
 """
         with open(self.conf, "w") as f:
             f.write(conf)
@@ -169,8 +175,8 @@ PartitionName=lab Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         self._wait(self._idle, "the node idle in sinfo", timeout)
 
     def _idle(self) -> bool:
-        out = self.run(["sinfo", "-h", "-N", "-o", "%T"], check=False).stdout.strip()
-        return out == "idle"
+        out = self.run(["sinfo", "-h", "-N", "-o", "%T"], check=False).stdout.split()
+        return bool(out) and set(out) == {"idle"}  # one line per partition of the node
 
     def _wait(self, probe, what: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -13,6 +13,8 @@ Two clusters, each one job with one worker (`cores=1, processes=1`):
 - `timed` (walltime 1 min): submitted when the module starts, so its minute runs while the
   other scenarios do; slurmctld checks time limits every 30 s, so the job is ended 60-90 s
   after it started, while a task runs.
+- `low` (partition `low`, preemptable): once the others are done, a job of the whole node
+  in partition `high` preempts it (PreemptMode=CANCEL) while a task runs.
 """
 
 from __future__ import annotations
@@ -65,12 +67,12 @@ def _env(slurm, tmp) -> dict[str, str]:
     }
 
 
-def _cluster(tmp, name: str, **kwargs):
+def _cluster(tmp, name: str, queue: str = "lab", **kwargs):
     return SLURMCluster(
         cores=1,
         processes=1,
         python=sys.executable,
-        queue="lab",
+        queue=queue,
         job_name=name,
         log_directory=str(tmp / "logs"),
         worker_extra_args=["--preload-nanny", "oomguard.worker_plugin"],
@@ -207,3 +209,29 @@ def test_time_limit(slurm, timed):
     assert lost.evidence["slurm_reason"] == "TimeLimit"
     assert lost.evidence["slurm_time_limit"] == "00:01:00"
     assert "DUE TO TIME LIMIT ***" in lost.evidence["slurm_output_line"]
+
+
+def test_preemption(slurm, env):
+    with (
+        _cluster(env, "low", queue="low", memory="1GiB", walltime="00:10:00") as cluster,
+        Client(cluster) as client,
+    ):
+        cluster.scale(jobs=1)
+        client.wait_for_workers(1, timeout=120)
+        job = _job_id(cluster)
+        fut = client.submit(sleep_long, 600, pure=False)
+        wait_for(lambda: any(client.processing().values()), "the task never started")
+        # The whole node, in a partition of a higher tier: only the low job can make room.
+        high = slurm.sbatch("-p", "high", "-c", str(_cpus(slurm)), "--wrap", "sleep 1")
+        assert slurm.wait_state(job, "PREEMPTED", timeout=120) == "PREEMPTED"
+        lost = _event(client, "worker_lost", "slurm")
+        assert lost.shard == str(fut.key)
+        assert (lost.killer_how, lost.killer_confidence) == ("job state", "confirmed")
+        assert lost.evidence["slurm_job_id"] == job
+        assert lost.evidence["slurm_state"] == "PREEMPTED"
+        assert "DUE TO PREEMPTION ***" in lost.evidence["slurm_output_line"]
+        slurm.wait_state(high, "COMPLETED")
+
+
+def _cpus(slurm) -> int:
+    return int(slurm.run(["sinfo", "-h", "-N", "-p", "high", "-o", "%c"]).stdout.split()[0])

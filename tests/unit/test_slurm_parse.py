@@ -28,6 +28,7 @@ def text(name: str) -> str:
         ("scontrol-cancel.txt", "3", "CANCELLED", None, "UNLIMITED", 24105 * 2**20),
         ("scontrol-timeout.txt", "2", "TIMEOUT", "TimeLimit", "00:01:00", 24105 * 2**20),
         ("scontrol-timeout-oneliner.txt", "2", "TIMEOUT", "TimeLimit", "00:01:00", 24105 * 2**20),
+        ("scontrol-preempt.txt", "1", "PREEMPTED", None, "UNLIMITED", 500 * 2**20),
     ],
 )
 def test_scontrol_show_job(name, job, state, reason, limit, mem):
@@ -39,7 +40,11 @@ def test_scontrol_show_job(name, job, state, reason, limit, mem):
 
 @pytest.mark.parametrize(
     "name, job, state",
-    [("stderr-cancel.txt", "3", "CANCELLED"), ("stderr-timeout.txt", "2", "TIMEOUT")],
+    [
+        ("stderr-cancel.txt", "3", "CANCELLED"),
+        ("stderr-timeout.txt", "2", "TIMEOUT"),
+        ("stderr-preempt.txt", "1", "PREEMPTED"),
+    ],
 )
 def test_slurmstepd_end_lines(name, job, state):
     f = slurm.parse_output(text(name), job)
