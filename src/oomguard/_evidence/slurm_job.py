@@ -40,18 +40,20 @@ def _run(argv: list[str], timeout: float, cap: int = OUTPUT_MAX) -> str | None:
         )
     except OSError:
         return None
-    timer = threading.Timer(timeout, proc.kill)  # also ends a read that waits past it
+    timer = threading.Timer(timeout, proc.kill)  # also ends a read or wait past it
     timer.start()
     try:
-        out = proc.stdout.read(cap) if proc.stdout is not None else b""
+        out = proc.stdout.read(cap + 1) if proc.stdout is not None else b""
+        if len(out) <= cap:
+            proc.wait()  # at its end of output: let it exit (a kill now would race it)
     finally:
         timer.cancel()
-        if proc.poll() is None:
+        if proc.poll() is None:  # past its cap: the rest is never read
             proc.kill()
         proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
-    if proc.returncode != 0:
+    if proc.returncode != 0 or len(out) > cap:
         return None
     return out.decode("utf-8", "replace")
 
