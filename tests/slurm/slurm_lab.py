@@ -28,6 +28,7 @@ What runs (root only: slurmd must start jobs as their users, and the cgroup plug
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shutil
@@ -37,7 +38,7 @@ import subprocess
 import tempfile
 import time
 
-BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "scancel")
+BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "squeue", "scancel")
 CGROUP_MEMORY = "/sys/fs/cgroup/memory"
 
 
@@ -157,6 +158,7 @@ PartitionName=high Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=3 PreemptMod
         log.close()
 
     def start(self, timeout: float = 90.0) -> None:
+        self.remove_job_groups()  # an earlier lab's, killed before its close
         r = self.root
         self._start(
             "munged",
@@ -188,6 +190,10 @@ PartitionName=high Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=3 PreemptMod
             time.sleep(0.2)
 
     def stop(self) -> None:
+        """Cancel the jobs left (slurmd's stop would orphan their slurmstepd), stop the
+        daemons, and remove the job groups SLURM could not."""
+        if all(p.poll() is None for p in self.procs.values()) and self.procs:
+            self._cancel_all()
         for name in ("slurmd", "slurmctld", "munged"):
             p = self.procs.pop(name, None)
             if p is None or p.poll() is not None:
@@ -198,6 +204,33 @@ PartitionName=high Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=3 PreemptMod
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+    def _cancel_all(self, timeout: float = 30.0) -> None:
+        jobs = self.run(["squeue", "-h", "-o", "%i"], check=False).stdout.split()
+        if jobs:
+            self.run(["scancel", *jobs], check=False)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.run(["squeue", "-h", "-o", "%i"], check=False).stdout.split():
+                return
+            time.sleep(0.2)
+
+    def remove_job_groups(self) -> list[str]:
+        """Remove the empty groups left under this node's `slurm_<node>` trees (every
+        controller); the ones that could not be removed (a process still in them).
+
+        A worker's nanny SIGKILLed by slurmstepd (time limit, scancel, preemption) cannot
+        remove the memory group it made for its worker inside the job's step group, and
+        slurmstepd does not remove a group with a child it did not make: the job's tree
+        stays (seen here with SLURM 22.05 on cgroup v1)."""
+        left = []
+        for top in glob.glob(f"/sys/fs/cgroup/*/slurm_{self.node}"):
+            for d, _, _ in sorted(os.walk(top), key=lambda w: -w[0].count("/")):
+                try:
+                    os.rmdir(d)
+                except OSError:
+                    left.append(d)
+        return left
 
     def logs(self, tail: int = 3000) -> str:
         out = []
@@ -211,6 +244,7 @@ PartitionName=high Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=3 PreemptMod
 
     def close(self) -> None:
         self.stop()
+        self.remove_job_groups()
         shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self) -> SlurmLab:
