@@ -10,6 +10,8 @@ Two clusters, each one job with one worker (`cores=1, processes=1`):
   the worker's own group, made by its nanny inside the job's, gets that limit and is where
   the kernel counts the kill; the report carries the job's id, state and `--mem` as
   scontrol tells them. Then the job is `scancel`ed while a task runs.
+- `shared`: the same kill with `oomguard.worker.cgroup-limit: false` (no per-worker group,
+  the job script's prologue exports it): counted in SLURM's own task group.
 - `timed` (walltime 1 min): submitted when the module starts, so its minute runs while the
   other scenarios do; slurmctld checks time limits every 30 s, so the job is ended 60-90 s
   after it started, while a task runs.
@@ -192,6 +194,36 @@ def test_healthy_task_oom_and_scancel(slurm, env, timed):
         assert f"*** JOB {job} ON {slurm.node} CANCELLED AT " in lost.evidence["slurm_output_line"]
         # No slurmdbd here: who cancelled is known only to sacct (its "CANCELLED by UID").
         assert "slurm_cancelled_by" not in lost.evidence
+
+
+def test_oom_counted_in_slurms_own_group(slurm, env):
+    """With `oomguard.worker.cgroup-limit: false` (exported by the job script's prologue,
+    which SLURM runs in a shell) the worker stays in SLURM's own task group: the kernel
+    kills it at the job's --mem and counts it there, shared with the nanny and the shell."""
+    prologue = ["export DASK_OOMGUARD__WORKER__CGROUP_LIMIT=false"]
+    with (
+        _cluster(
+            env, "shared", memory="2GiB", job_mem="600M", walltime="00:10:00",
+            job_script_prologue=prologue,
+        ) as cluster,
+        Client(cluster) as client,
+    ):  # fmt: skip
+        assert prologue[0] in cluster.job_script()
+        cluster.scale(jobs=1)
+        client.wait_for_workers(1, timeout=120)
+        wait_installed(client, 1)
+        job = _job_id(cluster)
+        fut = client.submit(allocate, 900 * MiB, pure=False)
+        with pytest.raises(oomguard.PipelineAborted):
+            fut.result(timeout=120)
+        oom = _event(client, "oom_kill")
+        assert oom.killer == "kernel" and oom.killer_how in ("kernel counter", "kernel log")
+        assert oom.shard == str(fut.key)
+        assert oom.evidence["oom_kill_delta"] == 1, oom.evidence
+        assert oom.evidence["peak_scope"] == "shared"  # SLURM's task group, not the worker's
+        assert JOB_MEM * 0.9 < oom.evidence["peak_bytes"] <= JOB_MEM * 1.01
+        assert oom.evidence["slurm_job_id"] == job
+        assert oom.evidence["slurm_mem_limit_bytes"] == JOB_MEM
 
 
 def test_time_limit(slurm, timed):
