@@ -215,21 +215,40 @@ PartitionName=high Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=3 PreemptMod
                 return
             time.sleep(0.2)
 
-    def remove_job_groups(self) -> list[str]:
+    def remove_job_groups(self, job: str | None = None) -> list[str]:
         """Remove the empty groups left under this node's `slurm_<node>` trees (every
-        controller); the ones that could not be removed (a process still in them).
+        controller; only job `job`'s with it); the ones that could not be removed (a
+        process still in them).
 
-        A worker's nanny SIGKILLed by slurmstepd (time limit, scancel, preemption) cannot
-        remove the memory group it made for its worker inside the job's step group, and
-        slurmstepd does not remove a group with a child it did not make: the job's tree
-        stays (seen here with SLURM 22.05 on cgroup v1)."""
+        With `oomguard.worker.cgroup-limit: true`, a worker's nanny SIGKILLed by slurmstepd
+        (time limit, scancel, preemption) cannot remove the memory group it made for its
+        worker inside the job's step group, and slurmstepd does not remove a group with a
+        child it did not make: the job's tree stays (seen here with SLURM 22.05 on cgroup
+        v1). The default makes no such group; the tests check `groups_left` first."""
         left = []
-        for top in glob.glob(f"/sys/fs/cgroup/*/slurm_{self.node}"):
+        pattern = f"slurm_{self.node}" + (f"/uid_*/job_{job}" if job else "")
+        for top in glob.glob(f"/sys/fs/cgroup/*/{pattern}"):
             for d, _, _ in sorted(os.walk(top), key=lambda w: -w[0].count("/")):
                 try:
                     os.rmdir(d)
                 except OSError:
                     left.append(d)
+        return left
+
+    def job_groups(self, job: str) -> list[str]:
+        """Every group of job `job` still under this node's SLURM trees (every controller)."""
+        found = []
+        for top in glob.glob(f"/sys/fs/cgroup/*/slurm_{self.node}/uid_*/job_{job}"):
+            found += [d for d, _, _ in os.walk(top)]
+        return sorted(found)
+
+    def groups_left(self, job: str, timeout: float = 20.0) -> list[str]:
+        """The groups of an ended job that slurmstepd has not removed after `timeout`
+        seconds: none once it cleaned up (call it before `remove_job_groups`, which would
+        hide them)."""
+        deadline = time.monotonic() + timeout
+        while (left := self.job_groups(job)) and time.monotonic() < deadline:
+            time.sleep(0.2)
         return left
 
     def logs(self, tail: int = 3000) -> str:

@@ -2,25 +2,30 @@
 docs/deploying.md (`--preload-nanny oomguard.worker_plugin` in the job script, the
 scheduler preload `oomguard.scheduler_plugin`), and SLURM's verdicts in the death reports.
 
-Two clusters, each one job with one worker (`cores=1, processes=1`):
+Each cluster is one job with one worker (`cores=1, processes=1`):
 
-- `jobs` (walltime 10 min): a healthy task completes; a task past the job's `--mem`
-  (`job_mem` 600 MiB, below `memory` 2 GiB) is OOM-killed by the kernel. Dask caps the
-  worker's memory_limit at the job's memory group's limit (600 MiB, SLURM's `--mem`), so
-  the worker's own group, made by its nanny inside the job's, gets that limit and is where
-  the kernel counts the kill; the report carries the job's id, state and `--mem` as
-  scontrol tells them. Then the job is `scancel`ed while a task runs.
-- `shared`: the same kill with `oomguard.worker.cgroup-limit: false` (no per-worker group,
-  the job script's prologue exports it): counted in SLURM's own task group.
+- `jobs` (walltime 10 min), the recipe as it is: a healthy task completes; a task past the
+  job's `--mem` (`job_mem` 600 MiB, below `memory` 2 GiB) is OOM-killed by the kernel in
+  SLURM's own task group: inside a SLURM job's group the nanny makes no per-worker group
+  (`oomguard.worker.cgroup-limit: auto`) and logs why; the kill is counted in the group it
+  shares with the batch shell, and the report carries the job's id, state and `--mem` as
+  scontrol tells them. Then the job is `scancel`ed while a task runs, and slurmstepd
+  removes the job's whole cgroup tree.
+- `own`: the same kill with `cgroup-limit: true` exported by the job script's prologue:
+  the worker's own group (its limit the job's `--mem`, Dask's cap) counts it; after a
+  `scancel` that group and the job's tree are left on the node (documented), and the test
+  removes them.
 - `timed` (walltime 1 min): submitted when the module starts, so its minute runs while the
   other scenarios do; slurmctld checks time limits every 30 s, so the job is ended 60-90 s
-  after it started, while a task runs.
+  after it started, while a task runs. No group of the job is left after.
 - `low` (partition `low`, preemptable): once the others are done, a job of the whole node
-  in partition `high` preempts it (PreemptMode=CANCEL) while a task runs.
+  in partition `high` preempts it (PreemptMode=CANCEL) while a task runs. No group of the
+  job is left after.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import sys
 import time
@@ -125,6 +130,23 @@ def _job_id(cluster) -> str:
     return str(job)
 
 
+def _job_log(tmp, job: str) -> str:
+    """The job's stderr file (dask-jobqueue's `<log_directory>/<name>-<job>.err`)."""
+    text = ""
+    for path in glob.glob(str(tmp / "logs" / f"*-{job}.err")):
+        with open(path, errors="replace") as f:
+            text += f.read()
+    return text
+
+
+def _no_group_left(slurm, job: str) -> None:
+    """slurmstepd removed every group of the ended job: no `oomguard-worker-*` group kept
+    its tree on the node. Checked before the lab's own cleanup, which would hide it."""
+    left = slurm.groups_left(job)
+    assert not [g for g in left if "oomguard-worker-" in g], left
+    assert left == [], left
+
+
 def _event(client, cause: str, killer: str | None = None):
     """The one stored event of `cause` (with `killer`, once amended), waited for."""
 
@@ -160,18 +182,24 @@ def test_healthy_task_oom_and_scancel(slurm, env, timed):
         assert slurm.state(job) == "RUNNING"
         assert client.submit(sum, [1, 2, 3]).result(timeout=60) == 6
 
-        # Past the job's --mem: the kernel kills the worker at its group's limit, the job's
-        # --mem; the nanny lives on, reports it, and asks SLURM about its job.
+        # Inside SLURM's job group the nanny makes no group of its own, and says why.
+        assert "no per-worker memory cgroups (inside SLURM job " + job in _job_log(env, job)
+
+        # Past the job's --mem: the kernel kills the worker in SLURM's task group, at the
+        # job's --mem; the nanny lives on, reports it, and asks SLURM about its job.
         fut = client.submit(allocate, 900 * MiB, pure=False)
         # The only worker is this size: oomguard aborts at the first OOM kill.
         with pytest.raises(oomguard.PipelineAborted) as aborted:
             fut.result(timeout=120)
         assert aborted.value.cause == "oom_kill", str(aborted.value)
         oom = _event(client, "oom_kill")
-        # Counted in the worker's memory group (root here: the kernel log names it too).
-        assert oom.killer == "kernel" and oom.killer_how in ("kernel counter", "kernel log")
+        # Counted in SLURM's task group, shared with the nanny and the batch shell (root
+        # here: the kernel log names the victim too).
+        assert (oom.killer, oom.killer_confidence) == ("kernel", "confirmed")
+        assert oom.killer_how in ("kernel counter", "kernel log")
         assert oom.evidence["oom_kill_delta"] == 1, oom.evidence
-        assert oom.evidence["limit_bytes"] == JOB_MEM  # Dask's cap: the job's limit
+        assert oom.evidence["peak_scope"] == "shared"  # SLURM's task group, not the worker's
+        assert JOB_MEM * 0.9 < oom.evidence["peak_bytes"] <= JOB_MEM * 1.01
         assert oom.shard == str(fut.key)
         assert oom.evidence["slurm_job_id"] == job
         assert oom.evidence["slurm_state"] == "RUNNING"  # the job goes on: a new worker
@@ -194,16 +222,18 @@ def test_healthy_task_oom_and_scancel(slurm, env, timed):
         assert f"*** JOB {job} ON {slurm.node} CANCELLED AT " in lost.evidence["slurm_output_line"]
         # No slurmdbd here: who cancelled is known only to sacct (its "CANCELLED by UID").
         assert "slurm_cancelled_by" not in lost.evidence
+        _no_group_left(slurm, job)
 
 
-def test_oom_counted_in_slurms_own_group(slurm, env):
-    """With `oomguard.worker.cgroup-limit: false` (exported by the job script's prologue,
-    which SLURM runs in a shell) the worker stays in SLURM's own task group: the kernel
-    kills it at the job's --mem and counts it there, shared with the nanny and the shell."""
-    prologue = ["export DASK_OOMGUARD__WORKER__CGROUP_LIMIT=false"]
+def test_explicit_cgroup_limit_true_keeps_a_group_per_worker(slurm, env):
+    """`oomguard.worker.cgroup-limit: true` (exported by the job script's prologue, which
+    SLURM runs in a shell): the worker's own group inside the job's counts the kill at the
+    job's --mem; once SLURM kills the job, that group and the job's tree stay on the node
+    (docs/deploying.md says so), and the test removes them."""
+    prologue = ["export DASK_OOMGUARD__WORKER__CGROUP_LIMIT=true"]
     with (
         _cluster(
-            env, "shared", memory="2GiB", job_mem="600M", walltime="00:10:00",
+            env, "own", memory="2GiB", job_mem="600M", walltime="00:10:00",
             job_script_prologue=prologue,
         ) as cluster,
         Client(cluster) as client,
@@ -220,10 +250,20 @@ def test_oom_counted_in_slurms_own_group(slurm, env):
         assert oom.killer == "kernel" and oom.killer_how in ("kernel counter", "kernel log")
         assert oom.shard == str(fut.key)
         assert oom.evidence["oom_kill_delta"] == 1, oom.evidence
-        assert oom.evidence["peak_scope"] == "shared"  # SLURM's task group, not the worker's
-        assert JOB_MEM * 0.9 < oom.evidence["peak_bytes"] <= JOB_MEM * 1.01
+        assert oom.evidence["peak_scope"] == "worker"  # its own group
+        assert oom.evidence["limit_bytes"] == JOB_MEM  # Dask's cap: the job's limit
         assert oom.evidence["slurm_job_id"] == job
         assert oom.evidence["slurm_mem_limit_bytes"] == JOB_MEM
+
+        # scancel with the restarted worker up: slurmstepd SIGKILLs the nanny, whose group
+        # for that worker then stays in the job's.
+        client.wait_for_workers(1, timeout=120)
+        slurm.run(["scancel", job])
+        assert slurm.wait_state(job, "CANCELLED") == "CANCELLED"
+        left = slurm.groups_left(job, timeout=10)
+        assert [g for g in left if "/oomguard-worker-" in g], left  # the documented leftover
+        assert slurm.remove_job_groups(job) == []
+        assert slurm.job_groups(job) == []
 
 
 def test_time_limit(slurm, timed):
@@ -241,6 +281,7 @@ def test_time_limit(slurm, timed):
     assert lost.evidence["slurm_reason"] == "TimeLimit"
     assert lost.evidence["slurm_time_limit"] == "00:01:00"
     assert "DUE TO TIME LIMIT ***" in lost.evidence["slurm_output_line"]
+    _no_group_left(slurm, job)
 
 
 def test_preemption(slurm, env):
@@ -262,6 +303,7 @@ def test_preemption(slurm, env):
         assert lost.evidence["slurm_job_id"] == job
         assert lost.evidence["slurm_state"] == "PREEMPTED"
         assert "DUE TO PREEMPTION ***" in lost.evidence["slurm_output_line"]
+        _no_group_left(slurm, job)
         slurm.wait_state(high, "COMPLETED")
 
 
