@@ -39,6 +39,7 @@ def pytest_report_header(config):
 #: Lines tests add to the end-of-run summary, printed pass or fail (CI keeps the log).
 KERNEL_TIMINGS: list[str] = []  # tests/kernel: the VM's boot and scenario times
 HOSTS_TIMINGS: list[str] = []  # tests/hosts: the multi-host lab's times
+SLURM_TIMINGS: list[str] = []  # tests/slurm: the SLURM lab's time per test module
 ADMISSION_FIGURES: list[str] = []  # memory admission: leases, waits, kernel OOM kills
 
 
@@ -52,6 +53,7 @@ def pytest_terminal_summary(terminalreporter):
     for heading, lines in (
         ("cgroup v2 VM (tests/kernel)", KERNEL_TIMINGS),
         ("multi-host lab (tests/hosts)", HOSTS_TIMINGS),
+        ("SLURM lab (tests/slurm)", SLURM_TIMINGS),
         ("memory admission (tests/cluster)", ADMISSION_FIGURES),
     ):
         if lines:

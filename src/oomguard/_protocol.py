@@ -96,6 +96,7 @@ SCHEDULER_GUARD_SITES = frozenset(
         "metrics",
         "dashboard",
         "pod_lookup",
+        "slurm_lookup",
         "admission",
     }
 )

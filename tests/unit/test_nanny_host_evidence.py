@@ -73,7 +73,9 @@ def test_host_reading_killers_and_environment_reach_build_report(tmp_path, built
     (kw,) = built
     assert kw["host_reading"] is life.host and kw["host_reading"]["time"] < 2e9
     assert set(kw["host_reading"]) == {"time", "total", "available", "psi_some10", "psi_full10"}
+    said = kw["environment"].pop("slurm")  # what SLURM says of the job (no SLURM here)
     assert kw["environment"] == {"slurm_job_id": "4242", "slurm_step_id": "1"}
+    assert said["slurm_job_id"] == "4242" and said["slurm_query_seconds"] < 30
     # The last periodic scan's earlyoom, gone by the death, is still named.
     assert {"name": "earlyoom", "pid": 999_999_999, "cmdline": "earlyoom"} in kw["killers"]
     assert kw["oomd"] is None  # no cgroup known for this worker

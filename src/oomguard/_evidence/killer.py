@@ -53,6 +53,7 @@ from .._models import evidence_int as _int
 from .._models import evidence_map as _map
 from .._models import evidence_number as _num
 from .._units import format_bytes
+from . import slurm as _slurm
 
 #: Process names (/proc/PID/comm, at most 15 characters) of the killers we can name.
 SENDER_NAMES = {
@@ -228,9 +229,11 @@ def _by_sender(s: dict, r: Mapping[str, Any], host: dict) -> Attribution:
         return _sent(Killer.TASK, f"SIGTERM from the worker itself ({who})", facts)
     killer = SENDER_NAMES.get(name or "", Killer.PROCESS)
     summary = f"SIGTERM from {who}"
-    job = _slurm_facts(r).get("slurm_job_id")
-    if killer is Killer.SLURM and job:
-        summary += f" in SLURM job {job}: its time limit, scancel or preemption"
+    job = _slurm_facts(r)
+    if killer is Killer.SLURM and _slurm.ended_by_slurm(job):
+        summary += f": {_slurm.describe(job)}"
+    elif killer is Killer.SLURM and job:
+        summary += f" in SLURM job {job['slurm_job_id']}: its time limit, scancel or preemption"
     if killer in MEMORY_KILLERS:
         summary += _memory_phrase(host, _threshold(r, killer, pid, "term"))
     return _sent(killer, summary, facts)
@@ -243,7 +246,7 @@ def _sent(killer: Killer, summary: str, facts: dict) -> Attribution:
 
 
 def _inferred(
-    sig: str, r: Mapping[str, Any], host: dict, slurm: dict, signals: list[dict]
+    sig: str, r: Mapping[str, Any], host: dict, job: dict, signals: list[dict]
 ) -> Attribution:
     """K6: no sender seen. Say what was excluded, and what is likely, with the numbers."""
     facts: dict[str, Any] = {}
@@ -294,12 +297,20 @@ def _inferred(
                 f"{sig}, likely from {k['name']} (pid {k['pid']}){phrase}",
                 facts,
             )
-    if slurm:
+    if job and _slurm.ended_by_slurm(job):
+        return Attribution(
+            Killer.SLURM.value,
+            Known.JOB_STATE.value,
+            Confidence.CONFIRMED.value,
+            f"{sig} from slurmstepd: {_slurm.describe(job)}",
+            facts,
+        )
+    if job:
         return Attribution(
             Killer.SLURM.value,
             Known.JOB_STATE.value,
             Confidence.LIKELY.value,
-            f"{sig} in SLURM job {slurm.get('slurm_job_id')}: likely slurmstepd (time limit, scancel or preemption)",
+            f"{sig} in SLURM job {job.get('slurm_job_id')}: likely slurmstepd (time limit, scancel or preemption)",
             facts,
         )
     why = "; ".join(excluded) or "no killer evidence was readable"
@@ -376,12 +387,20 @@ def _largest(r: Mapping[str, Any], host: dict) -> bool:
 
 
 def _slurm_facts(r: Mapping[str, Any]) -> dict[str, Any]:
+    """The job from the worker's environment, and what SLURM said of it after the death
+    (``environment["slurm"]``: `slurm_job.query`'s flat facts, keys in `slurm.KEYS`)."""
     env = _map(r.get("environment"))
     out = {}
     for key in ("slurm_job_id", "slurm_step_id"):
         v = env.get(key)
         if isinstance(v, str) and v:
             out[key] = v[:64]
+    if out.get("slurm_job_id"):
+        said = _map(env.get("slurm"))
+        for key in (*_slurm.KEYS, "slurm_query_seconds"):
+            v = said.get(key)
+            if key not in out and isinstance(v, (str, int, float)) and not isinstance(v, bool):
+                out[key] = v[: _slurm.LINE_MAX] if isinstance(v, str) else v
     return out
 
 

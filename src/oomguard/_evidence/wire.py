@@ -42,7 +42,9 @@ executing       list (<= 64) of task dicts                    tasks executing at
 crash           {signal: str (<= 32) | None, text: str} |     the faulthandler crash file;
                 None                                          text <= max_bytes characters
 evidence        dict (<= 96 keys, each str <= 128) of         flat; see facts.evidence
-                str (<= 1024) | int | float | bool | None
+                str (<= 1024) | int | float | bool | None     (``slurm_*`` keys: only those
+                                                              of slurm.KEYS, typed, a
+                                                              state SLURM has; wire_check)
 cgroup          {version: 1 | 2, path: str (<= 1024),         the worker's memory cgroup
                 before: counters | None, after: counters |    counters at worker start and
                 None} | None                                  after its death
@@ -85,6 +87,7 @@ from .wire_check import (
     _notes,
     _seq,
     _str,
+    slurm_evidence,
 )
 from .wire_check import LIST_MAX as LIST_MAX  # the schema's caps, re-exported
 from .wire_check import NOTE_MAX as NOTE_MAX
@@ -293,6 +296,7 @@ def _validate(report: Any, max_bytes: int) -> dict[str, Any]:
     out["evidence"] = {
         _str(k, "evidence", EVIDENCE_KEY_MAX): _evidence_value(v, k) for k, v in ev.items()
     }
+    slurm_evidence(out["evidence"])
     cg = _map(d["cgroup"], "cgroup", ("version", "path", "before", "after"), none=True)
     if cg is not None:
         version = _int(cg["version"], "cgroup.version")

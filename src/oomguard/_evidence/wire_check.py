@@ -129,3 +129,30 @@ def _map(
 
 def _notes(v: Any, field: str) -> list[str]:
     return [_str(s, f"{field}[{i}]", NOTE_MAX) for i, s in enumerate(_seq(v, field, LIST_MAX))]
+
+
+#: The SLURM evidence keys (`slurm.KEYS`) and their types: ints, a float, the rest text.
+_SLURM_INTS = ("slurm_mem_limit_bytes", "slurm_oom_kill_events")
+_SLURM_LONG = ("slurm_output_line", "slurm_source")
+
+
+def slurm_evidence(ev: dict[str, Any]) -> None:
+    """The ``slurm_*`` evidence keys a nanny adds (`killer._slurm_facts`): known keys,
+    their types and caps, and a job state SLURM has. A `ReportError` names the key."""
+    from . import slurm
+
+    for key, v in ev.items():
+        if not key.startswith("slurm_") or v is None:
+            continue
+        field = f"evidence.{key}"
+        if key == "slurm_query_seconds":
+            if _float(v, field) < 0:
+                raise ReportError(field, "must not be negative", "bad_value")
+        elif key in _SLURM_INTS:
+            _int(v, field, minimum=0)
+        elif key in slurm.KEYS:
+            _str(v, field, slurm.LINE_MAX if key in _SLURM_LONG else slurm.TEXT_MAX)
+            if key == "slurm_state" and v not in slurm.STATES:
+                raise ReportError(field, f"{v!r} is not a SLURM job state", "bad_value")
+        else:
+            raise ReportError(field, "is not a SLURM fact oomguard knows", "bad_value")

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._decide import Forgive, Hold, Record, Release, Restrict, Stop, Widen, nanny_stop_record
 from .._words import death_line
+from ._slurm_jobs import SlurmJobs
 from ._trust import LOGGED_ABORTS, Bounded
 
 #: What a pod lookup says of the killer: event fields, not evidence (see kubernetes._killer).
@@ -50,6 +51,7 @@ class DaskActions:
         self.metrics = metrics
         self.guard = guard
         self._pods = pods  # oomguard._evidence.kubernetes.PodLookup where enabled
+        self.slurm_jobs = SlurmJobs()  # workers' SLURM jobs, asked about when one is lost
         self._lookups: set[asyncio.Task] = set()
         self._saved: dict[Any, tuple] = {}  # held key -> its own restrictions, to restore
         self._logged_aborts = Bounded(LOGGED_ABORTS)  # runs whose abort was announced
@@ -93,6 +95,8 @@ class DaskActions:
             self.metrics.deaths(event.cause, event.killer)
             if d.amends is None:
                 logger.info("oomguard: %s", death_line(event))
+            if event.cause == "worker_lost":
+                self.slurm_jobs.lost(self.store, self.guard, event)
             if event.cause == "worker_lost" and self._pods is not None:
                 task = asyncio.create_task(self._pod_evidence(event))
                 self._lookups.add(task)

@@ -395,6 +395,8 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         ):
             self._hostnames[worker] = host
             self._machines[address_host(worker)] = host
+            if self.actions is not None:  # its SLURM job, if any (_slurm_jobs.py)
+                self.actions.slurm_jobs.note(worker, msg)
 
     def host_name(self, address: str) -> str:
         """The one name of a worker's machine in events: the hostname its worker plugin

@@ -1,4 +1,5 @@
-"""Placement: each worker process in a memory cgroup of its own, from its spawn on.
+"""Placement: each worker process in a memory cgroup of its own, from its spawn on (or not:
+`_cgroup.per_worker_choice`, e.g. none by default inside a SLURM job's group).
 
 The group's limit is Dask's memory_limit. Groups left by a nanny that died with its workers
 are swept at setup; a restart of a worker that its own limit killed while the nanny starts
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from distributed import Nanny
 
 logger = logging.getLogger("oomguard.nanny")
+_SAID: set[str] = set()  # why no per-worker groups, logged once a process
 
 
 @dataclass
@@ -65,7 +67,13 @@ class PlacementMixin:
     _guard: Any  # OomguardNannyPlugin._guard(fn, where, *args)
 
     def _decide_cgroups(self) -> None:
-        if self.cgroup_limit == "false":
+        choice, why = _cgroup.per_worker_choice(
+            self.cgroup_limit or "auto", os.environ.get("SLURM_JOB_ID"), _cgroup.detect().path
+        )
+        if choice == "off":
+            if self.cgroup_limit != "false" and why not in _SAID:  # oomguard chose it
+                _SAID.add(why)  # once a process: a nanny's plugin is set up twice
+                logger.info("oomguard: no per-worker memory cgroups (%s)", why)
             return
         ok, reason = _cgroup.can_create_child()
         if ok:
@@ -73,7 +81,7 @@ class PlacementMixin:
             # Groups of workers whose nanny died with them (SIGKILL of the whole host
             # process tree) cannot be removed by that nanny: sweep them here.
             _cgroup.cleanup_stale(f"{WORKER_GROUP_PREFIX}", stale=_dead_worker_group)
-        elif self.cgroup_limit == "true":
+        elif choice == "required":
             raise CgroupError(
                 f"oomguard.worker.cgroup-limit is true but a per-worker memory cgroup "
                 f"cannot be made here: {reason}. Set it to 'auto' to go on without one."

@@ -21,6 +21,8 @@ from .._evidence.flight import read_flight_record
 from .._evidence.host import oomd_xattrs
 from .._evidence.killers import find_killers, merge_killers
 from .._evidence.paths import crash_path, flight_path
+from .._evidence.slurm_job import query as query_job
+from .._evidence.slurm_job import valid_job_id
 from .._private import read_regular
 from .._protocol import CLEAN_EXIT_HANDLER, DEATH_TOPIC, OVERFLOW, REPORT_HANDLER
 from ._send import send_with_retry
@@ -82,6 +84,11 @@ class ReportingMixin:
         host_memory = _cgroup.host_memory()
         # Killers now, and those of the last scan that are gone since (stopped after a kill).
         killers = merge_killers(self._killers, find_killers(host_memory.get("total")))
+        environment = life.environment if life else None
+        if environment and valid_job_id(environment.get("slurm_job_id")):
+            # What SLURM says of the job now (its state, its --mem): bounded subprocesses.
+            said = query_job(environment["slurm_job_id"], environment.get("slurm_step_id"))
+            environment = {**environment, "slurm": said}
         oomd = None
         if life is not None and life.cgroup_path is not None:
             after = oomd_xattrs(life.cgroup_path)  # before the group is removed, below
@@ -117,7 +124,7 @@ class ReportingMixin:
             host_reading=life.host if life else None,
             killers=killers,
             oomd=oomd,
-            environment=life.environment if life else None,
+            environment=environment,
             flight_read=flight["read"],
         )
         remove_files(self.crash_dir, pid)

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("oomguard.worker")
 
+#: The SLURM job the worker runs in, as its HOST_TOPIC event names it (see _slurm_jobs).
+_SLURM_VARS = (("slurm_job_id", "SLURM_JOB_ID"), ("slurm_step_id", "SLURM_STEP_ID"))
 #: The most frames the sampler keeps of one executing task's stack (the innermost ones).
 _STACK_LIMIT = 64
 
@@ -130,7 +132,9 @@ class OomguardWorkerPlugin(WorkerPlugin):
         try:
             # The name its nanny's death reports give this host, so that the scheduler
             # names the host of an exception, or of a death without a report, the same.
-            worker.log_event(HOST_TOPIC, {"host": socket.gethostname()})
+            # Its SLURM job too, for the scheduler to ask SLURM when the worker is lost.
+            job = {k: os.environ[v] for k, v in _SLURM_VARS if os.environ.get(v)}
+            worker.log_event(HOST_TOPIC, {"host": socket.gethostname(), **job})
         except Exception:
             self._internal_error("setup")
 

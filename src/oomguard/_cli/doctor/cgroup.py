@@ -56,11 +56,15 @@ def check_cgroup(
     *,
     info: CgroupInfo | None = None,
     probe: Callable[[CgroupInfo], tuple[bool, str]] = _cgroup.can_create_child,
+    setting: str = "auto",
+    slurm_job_id: str | None = None,
 ) -> tuple[str, list[Check]]:
     """(layout label, checks) for the memory cgroup of this process.
 
     `probe` really creates and removes a child group (`_cgroup.can_create_child`); it is not
-    called when the cgroup mount is read-only, where it could only fail.
+    called when the cgroup mount is read-only, where it could only fail, nor where a nanny
+    would make no per-worker group (`setting`, `oomguard.worker.cgroup-limit`, false, or
+    `auto` in SLURM's group of job `slurm_job_id`: `_cgroup.per_worker_choice`).
     """
     info = info or _cgroup.detect(root=root)
     v = info.version
@@ -83,6 +87,21 @@ def check_cgroup(
         checks.append(Check("cgroup.memory", "ok", f"memory controller enabled in {group}"))
     point, opts = _mount_options(info, root)
     read_only = "ro" in opts
+    choice, off = _cgroup.per_worker_choice(setting, slurm_job_id, group)
+    if choice == "off":
+        # Nothing to make: a read-only mount is no finding.
+        mode = "read-only" if read_only else "read-write"
+        checks.append(
+            Check(
+                "cgroup.mount",
+                "ok",
+                f"{point} is mounted {mode}" if point else "its mount was not found",
+            )
+        )
+        per = f"no per-worker memory groups ({off}); {SHARED}"
+        checks.append(Check("cgroup.per-worker", "ok", per))
+        checks += _v2_checks(info.path, group, False) if v == 2 else _v1_checks(info.path)
+        return layout_label(v, True, False), checks
     if read_only:
         checks.append(Check("cgroup.mount", "warn", f"{point} is mounted read-only", FIX["mount"]))
         per_worker, why = False, f"the cgroup filesystem at {point} is mounted read-only"

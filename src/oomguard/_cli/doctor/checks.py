@@ -187,7 +187,12 @@ def diagnose(
     from .killers import check_killer_evidence, check_oom_killers
 
     info = _cgroup.detect(root=root)
-    layout, checks = check_cgroup(root, info=info, probe=probe)
+    try:
+        setting = _config.get_choice("worker.cgroup-limit", ("auto", "true", "false"))
+    except ConfigError:
+        setting = "auto"  # the nanny names the bad value at its start
+    job = os.environ.get("SLURM_JOB_ID")
+    layout, checks = check_cgroup(root, info=info, probe=probe, setting=setting, slurm_job_id=job)
     checks += [check_kernel_log(root), *check_oom_killers(root)]
     checks += check_killer_evidence(root, info.path)
     try:

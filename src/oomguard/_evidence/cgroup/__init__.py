@@ -11,7 +11,8 @@ Missing files are not errors: readers return what is there and list what was mis
 
 The modules: `info` (which cgroup, v1 or v2, which mount: `detect`), `counters` (a group's
 counters and processes), `child` (per-worker groups), `proc` (/proc readers for a process
-and the host), `kmsg` (the kernel log) and `files` (the shared read helpers).
+and the host), `kmsg` (the kernel log), `files` (the shared read helpers) and `choice`
+(whether each worker gets a group of its own: the setting, and SLURM's job group).
 
 Interface files and where they come from (Documentation/admin-guide/cgroup-v1/memory.rst,
 Documentation/admin-guide/cgroup-v2.rst):
@@ -41,6 +42,7 @@ Example (this machine, cgroup v1):
 from __future__ import annotations
 
 from .child import ChildGroup, can_create_child, cleanup_stale
+from .choice import IN_SLURM_JOB, per_worker_choice, slurm_job_group
 from .counters import (
     MemoryCounters,
     group_pids,
@@ -55,6 +57,7 @@ from .kmsg import KMSG_RECORD, kernel_oom_victims, read_kernel_log
 from .proc import host_memory, process_rss, process_running, stat_running
 
 __all__ = [
+    "IN_SLURM_JOB",
     "KMSG_RECORD",
     "CgroupInfo",
     "ChildGroup",
@@ -66,6 +69,7 @@ __all__ = [
     "host_memory",
     "oom_kill_file",
     "parse_oom_kill",
+    "per_worker_choice",
     "join_root",
     "kernel_oom_victims",
     "process_rss",
@@ -74,6 +78,7 @@ __all__ = [
     "read_memory_counters",
     "read_oom_kill",
     "read_text",
+    "slurm_job_group",
     "stat_running",
     "unescape_mount",
 ]

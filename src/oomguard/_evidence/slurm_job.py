@@ -1,0 +1,94 @@
+"""Ask SLURM about one job (`query`): ``sacct`` where accounting runs, ``scontrol show job``,
+and the tail of the job's stderr, each bounded in time and size. Blocking: call it off the
+event loop (`asyncio.to_thread`). The parsing is `slurm`'s; this only runs the commands.
+
+A command that is missing, fails, or exceeds its time gives nothing, and the others are
+still asked; `query` never raises for what SLURM says or does not say.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+from typing import Any
+
+from . import slurm
+
+TIMEOUT = 5.0  # seconds per command; slurmctld answers in milliseconds when it is up
+OUTPUT_MAX = 64 * 1024  # bytes read from a command
+_SACCT_FIELDS = "JobID,State,Reason,ExitCode,Timelimit,ReqMem"
+_JOB_ID = re.compile(r"\d{1,12}(_\d{1,12})?")
+
+
+def valid_job_id(v: Any) -> bool:
+    """A SLURM job id as SLURM_JOB_ID holds it (digits; an array task's ``N_M``)."""
+    return isinstance(v, str) and _JOB_ID.fullmatch(v) is not None
+
+
+def _run(argv: list[str], timeout: float, cap: int = OUTPUT_MAX) -> str | None:
+    """The command's stdout (at most `cap` bytes), or None when it is missing, fails or
+    runs past `timeout` (then it is killed)."""
+    if shutil.which(argv[0]) is None:
+        return None
+    try:
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL
+        )
+    except OSError:
+        return None
+    timer = threading.Timer(timeout, proc.kill)  # also ends a read or wait past it
+    timer.start()
+    try:
+        out = proc.stdout.read(cap + 1) if proc.stdout is not None else b""
+        if len(out) <= cap:
+            proc.wait()  # at its end of output: let it exit (a kill now would race it)
+    finally:
+        timer.cancel()
+        if proc.poll() is None:  # past its cap: the rest is never read
+            proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    if proc.returncode != 0 or len(out) > cap:
+        return None
+    return out.decode("utf-8", "replace")
+
+
+def _tail(path: str, cap: int = slurm.OUTPUT_TAIL) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(f.tell() - cap, 0))
+            return f.read(cap).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def query(
+    job_id: str, step_id: str | None = None, *, timeout: float = TIMEOUT, accounting: bool = True
+) -> dict[str, Any]:
+    """SLURM's facts of job `job_id` as flat evidence (`slurm.job_facts`), with
+    ``slurm_query_seconds``. `accounting` False skips ``sacct`` (no slurmdbd)."""
+    if not valid_job_id(job_id):
+        return {}
+    t0 = time.monotonic()
+    acct = None
+    if accounting:
+        text = _run(
+            ["sacct", "-j", job_id, "-X", "-n", "-P", "-o", _SACCT_FIELDS], timeout=timeout
+        )
+        acct = slurm.parse_sacct(text or "", job_id)
+    shown = slurm.parse_scontrol(_run(["scontrol", "show", "job", job_id], timeout) or "")
+    if shown.get("job_id") not in (None, job_id):
+        shown = {}
+    out = None
+    path = slurm.stderr_path(shown)
+    if path is not None:
+        out = slurm.parse_output(_tail(path) or "", job_id)
+    facts = slurm.job_facts(job_id, step_id, sacct=acct, scontrol=shown, output=out)
+    facts["slurm_query_seconds"] = round(time.monotonic() - t0, 3)
+    return facts
