@@ -41,6 +41,7 @@ KERNEL_TIMINGS: list[str] = []  # tests/kernel: the VM's boot and scenario times
 HOSTS_TIMINGS: list[str] = []  # tests/hosts: the multi-host lab's times
 SLURM_TIMINGS: list[str] = []  # tests/slurm: the SLURM lab's time per test module
 ADMISSION_FIGURES: list[str] = []  # memory admission: leases, waits, kernel OOM kills
+FOLDER_SECONDS: dict[str, float] = {}  # set-up, call and teardown, per folder of tests/
 
 
 @pytest.fixture
@@ -49,8 +50,16 @@ def admission_figures() -> list[str]:
     return ADMISSION_FIGURES
 
 
+def pytest_runtest_logreport(report):
+    parts = report.nodeid.split("::")[0].split("/")
+    folder = parts[1] if len(parts) > 2 and parts[0] == "tests" else parts[0]
+    FOLDER_SECONDS[folder] = FOLDER_SECONDS.get(folder, 0.0) + report.duration
+
+
 def pytest_terminal_summary(terminalreporter):
+    by_folder = [f"  {name}: {secs:.0f} s" for name, secs in sorted(FOLDER_SECONDS.items())]
     for heading, lines in (
+        ("time per folder (tests/...)", by_folder),
         ("cgroup v2 VM (tests/kernel)", KERNEL_TIMINGS),
         ("multi-host lab (tests/hosts)", HOSTS_TIMINGS),
         ("SLURM lab (tests/slurm)", SLURM_TIMINGS),
