@@ -242,6 +242,12 @@ def test_worker_group_counts_what_the_worker_held_at_start_up(info, tmp_path):
         "oomguard.worker.cgroup-limit": "true",
         "oomguard.worker.sample-interval": "100ms",
         "distributed.worker.memory.terminate": False,  # the kernel, not the nanny, kills
+        # Nor does the worker pause at 80% of its limit: its 200 MiB held at start plus the
+        # interpreter's file pages (RSS 366 MiB of 400 on distributed 2024.12, under load)
+        # paused it, and the task that should cross the limit never ran.
+        "distributed.worker.memory.pause": False,
+        "distributed.worker.memory.spill": False,
+        "distributed.worker.memory.target": False,
         "distributed.deploy.lost-worker-timeout": "1h",
     }
     with (
@@ -328,6 +334,7 @@ def test_a_worker_too_big_for_its_limit_at_start_up_is_explained(info, tmp_path,
     import logging
 
     import dask
+    import distributed
     from distributed import LocalCluster
 
     require_worker_groups(info)
@@ -341,9 +348,16 @@ def test_a_worker_too_big_for_its_limit_at_start_up_is_explained(info, tmp_path,
     }
     # distributed 2026.7.0 and later fail the nanny's start; earlier releases would restart
     # the worker (racing the first start's wait for it), and oomguard refuses that restart.
+    # There, closing the cluster can also meet the refused restart half-begun: Dask's own
+    # `assert self.status in (...)` in WorkerProcess.kill fails with "Status.starting"
+    # (seen on 2024.12 under load). Either way the cluster does not start, which is Dask's
+    # part; oomguard's is the line below, said once, and the group gone.
+    expected: tuple[type[BaseException], ...] = (RuntimeError,)
+    if _version(distributed.__version__) < (2026, 7):
+        expected = (RuntimeError, AssertionError)
     with dask.config.set(config), caplog.at_level(logging.WARNING, logger="oomguard"):
         with (
-            pytest.raises(RuntimeError, match="failed to start"),
+            pytest.raises(expected, match="failed to start|Status.starting"),
             LocalCluster(
                 n_workers=1,
                 threads_per_worker=1,
@@ -440,3 +454,8 @@ def test_a_restart_too_big_for_its_limit_does_not_loop(info, tmp_path, caplog):
         r for r in caplog.records if "without oomguard's memory cgroup limit" in r.getMessage()
     ]
     assert len(said) == 1 and len(unlimited) == 1, caplog.text
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """(2024, 12) of "2024.12.0": enough to tell Dask releases apart here."""
+    return tuple(int(part) for part in text.split(".")[:2] if part.isdigit())
