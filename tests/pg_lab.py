@@ -14,10 +14,12 @@ import glob
 import os
 import pwd
 import shutil
-import socket
+import signal
 import subprocess
 import tempfile
 import time
+
+from labs import Lab, free_port, stop_process
 
 #: Where Debian puts the server (postgresql-NN); the newest major first.
 BIN_GLOB = "/usr/lib/postgresql/*/bin"
@@ -34,13 +36,7 @@ def bindir() -> str | None:
     return os.path.dirname(found) if found else None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class PostgresLab:
+class PostgresLab(Lab):
     """One PostgreSQL server on 127.0.0.1 (see the module docstring)."""
 
     def __init__(self, durable: bool = False) -> None:
@@ -108,13 +104,7 @@ class PostgresLab:
 
     def stop(self) -> None:
         """A fast shutdown (SIGINT): clients are disconnected, the data stays."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(2)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, signal.SIGINT)
         self.proc = None
 
     def create_database(self) -> str:
@@ -137,17 +127,6 @@ class PostgresLab:
     def close(self) -> None:
         self.stop()
         shutil.rmtree(self.root, ignore_errors=True)
-
-    def __enter__(self) -> PostgresLab:
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 class ShippedStore:

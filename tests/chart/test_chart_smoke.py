@@ -22,6 +22,7 @@ import pytest
 from dask.utils import parse_bytes
 
 from chartlib import NAMESPACE, RELEASE, by_kind, container, manifests, render
+from labs import free_port
 
 SCHED, WORKER = f"{RELEASE}-oomguard-scheduler", f"{RELEASE}-oomguard-worker"
 BIN = Path(sys.executable).parent
@@ -32,12 +33,6 @@ VALUES = {
     "worker": {"replicas": 1, "nworkers": 1, "nthreads": 1, "memoryLimit": "2Gi"},
     "oomguard": {"scheduler": {"reportGraceTimeout": "3s", "maxShardInfraFailures": 7}},
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def kube_env(c: dict, pod_name: str, tmp: Path) -> dict[str, str]:

@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -25,6 +23,7 @@ import yaml
 
 from capabilities import require
 from chartlib import manifests, render
+from labs import free_port, stop_process
 
 #: The rules and the dashboard with every other monitoring value at its default.
 MONITORING_ON: dict[str, Any] = {
@@ -144,12 +143,6 @@ def promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess
     )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def epoch(rfc3339: str) -> float:
     """Unix time of Prometheus's RFC 3339 time with nanoseconds, in any zone.
 
@@ -217,13 +210,7 @@ class Prometheus:
             time.sleep(0.1)
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, timeout=20)
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")[-3000:]

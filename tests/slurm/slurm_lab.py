@@ -32,11 +32,12 @@ import glob
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
 import time
+
+from labs import Lab, free_port, stop_process
 
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "squeue", "scancel")
 CGROUP_MEMORY = "/sys/fs/cgroup/memory"
@@ -57,12 +58,6 @@ def missing() -> str | None:
     return None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _node_line() -> str:
     """This host as slurmd sees it: its name, CPUs and memory (`slurmd -C`)."""
     out = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, timeout=30).stdout
@@ -73,7 +68,7 @@ def _node_line() -> str:
     )
 
 
-class SlurmLab:
+class SlurmLab(Lab):
     """munged, slurmctld and slurmd on loopback (see the module docstring)."""
 
     def __init__(self) -> None:
@@ -195,15 +190,7 @@ PartitionName=high Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=3 PreemptMod
         if all(p.poll() is None for p in self.procs.values()) and self.procs:
             self._cancel_all()
         for name in ("slurmd", "slurmctld", "munged"):
-            p = self.procs.pop(name, None)
-            if p is None or p.poll() is not None:
-                continue
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            stop_process(self.procs.pop(name, None))
 
     def _cancel_all(self, timeout: float = 30.0) -> None:
         jobs = self.run(["squeue", "-h", "-o", "%i"], check=False).stdout.split()
@@ -265,17 +252,6 @@ PartitionName=high Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=3 PreemptMod
         self.stop()
         self.remove_job_groups()
         shutil.rmtree(self.root, ignore_errors=True)
-
-    def __enter__(self) -> SlurmLab:
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     # --- jobs ---------------------------------------------------------------------------
 
