@@ -100,6 +100,37 @@ def test_a_batch_sent_twice_is_counted_once(pg_url, spool):
     assert one(pg_url, "SELECT sum(count) FROM signatures") == (30,)
 
 
+def test_the_shipper_never_waits_for_the_spools_write_lock(pg_url, spool):
+    """Another writer holds the spool's lock (as the writer thread does during its long
+    commits): the batch still goes out at once, and its mark is stored by the spool's writer
+    once the lock is free."""
+    import sqlite3
+
+    first = Shipper(spool, pg_url, "a")  # the spool's origin made, nothing to send
+    first.start()
+    first.close()
+    for n in range(40):
+        spool.add(ev(n))
+    assert spool.flush()
+    holder = sqlite3.connect(spool._file, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    shipper = Shipper(spool, pg_url, "a")
+    shipper.start()
+    try:
+        t = time.monotonic()
+        assert shipper.sync(timeout=3)  # the lock waits up to 5 s (busy_timeout)
+        assert time.monotonic() - t < 2
+        assert one(pg_url, "SELECT count(*) FROM events") == (40,)
+        stored = "SELECT value FROM ship_state WHERE key = 'sent'"
+        assert holder.execute(stored).fetchall() == []
+        holder.execute("COMMIT")
+    finally:
+        shipper.close()
+        holder.close()
+    last = spool._conn.execute("SELECT max(id) FROM events").fetchone()[0]
+    assert spool._conn.execute(stored).fetchone() == (str(last),)
+
+
 def test_an_amend_after_sending_replaces_the_event_in_the_history(pg_url, spool):
     shipper = Shipper(spool, pg_url, "a")
     shipper.start()

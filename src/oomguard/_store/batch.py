@@ -134,11 +134,41 @@ class Limits(NamedTuple):
     ships: bool = False  # a spool: deletions of events are recorded for the history
 
 
+class ShipMark(NamedTuple):
+    """What a spool's shipper has in the history: the events up to id `sent`, these
+    deletions (seq, event id) and these pipeline runs (cluster, name, started, updated)."""
+
+    sent: int
+    deletes: list[tuple]
+    runs: list[tuple]
+
+    def merge(self, newer: ShipMark | None) -> ShipMark:
+        if newer is None:
+            return self
+        return ShipMark(
+            max(self.sent, newer.sent), self.deletes + newer.deletes, self.runs + newer.runs
+        )
+
+
+def apply_mark(conn: sqlite3.Connection, mark: ShipMark) -> None:
+    """Move a spool's marks past what was shipped, inside the caller's transaction. A run
+    updated since it was sent keeps `shipped = 0`: its `updated` no longer matches."""
+    conn.execute("INSERT OR REPLACE INTO ship_state VALUES ('sent', ?)", (str(mark.sent),))
+    # By (seq, event id): a seq is reused once its row is gone, an event id never.
+    conn.executemany("DELETE FROM ship_deletes WHERE seq = ? AND event_id = ?", mark.deletes)
+    conn.executemany(
+        "UPDATE pipelines SET shipped = 1"
+        " WHERE cluster = ? AND name = ? AND started = ? AND updated = ?",
+        mark.runs,
+    )
+
+
 def commit_batch(
-    conn: sqlite3.Connection, items: list[tuple], limits: Limits
+    conn: sqlite3.Connection, items: list[tuple], limits: Limits, mark: ShipMark | None = None
 ) -> tuple[int, int, int]:
     """Commit `items` in one transaction: (events, signatures) in the file after it, and
-    the events written. Raises, rolled back, when it fails.
+    the events written. Raises, rolled back, when it fails. `mark`: the shipper's, moved in
+    the same transaction (see pg/ship.py).
 
     Retention, in the same transaction: past `max_pipelines` runs the least recently updated
     finished ones go; past `max_events` the oldest events; past `max_signatures` the least
@@ -184,6 +214,8 @@ def commit_batch(
     signatures = limits.signatures
     try:
         conn.execute("BEGIN IMMEDIATE")
+        if mark is not None:
+            apply_mark(conn, mark)
         # The single writer: every id above `last` is an event of this batch. The
         # signature and member updates are computed from them by SQLite, which does the
         # work without holding the GIL (the event loop's thread needs it).

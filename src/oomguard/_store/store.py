@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .batch import CREATE_BATCH_MEMBERS
+from .batch import CREATE_BATCH_MEMBERS, ShipMark
 from .reads import ReaderMixin
 from .schema import MIGRATIONS, check_file, connect, migrate, require_json
 from .writer import FULL_RETRY, WAL_CHECKPOINT_PAGES, WRITER_CACHE_KIB, WriterMixin
@@ -121,6 +121,10 @@ class FailureStore(WriterMixin, ReaderMixin):
         self._event_count = 0
         self._signature_count = 0
         self._last_log = 0.0
+        self._ship_mark: ShipMark | None = None  # the shipper's, for the next transaction
+        self._marks_asked = 0  # mark_shipped() calls taken
+        self._marks_done = 0  # of those, committed
+        self._writer_gone = False  # the writer thread ended
 
     # -- lifecycle ------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from .._models import FailureEvent, PipelineStatus
-from .batch import Limits, commit_batch, disk_full
+from .batch import Limits, ShipMark, commit_batch, disk_full
 from .items import describe_event, event_item, item_size, pipeline_row
 
 logger = logging.getLogger("oomguard.store")
@@ -66,6 +66,10 @@ class WriterMixin:
     _last_log: float
     ships: bool
     on_commit: Callable[[], None] | None
+    _ship_mark: ShipMark | None
+    _marks_asked: int
+    _marks_done: int
+    _writer_gone: bool
 
     # -- writes (from the event loop) -----------------------------------------------------
 
@@ -205,6 +209,32 @@ class WriterMixin:
                 return False
             return not any(lo < target and hi > since for lo, hi in self._lost)
 
+    # -- the shipper's marks (pg/ship.py) -------------------------------------------------
+
+    def mark_shipped(self, mark: ShipMark) -> bool:
+        """Move the spool's marks past `mark` in the writer's next transaction, so that the
+        shipper never waits for the file's write lock. No I/O. False when the writer is not
+        running: the caller writes the mark itself."""
+        with self._lock:
+            if self._closed or self._thread is None or not self._thread.is_alive():
+                return False
+            self._ship_mark = mark if self._ship_mark is None else self._ship_mark.merge(mark)
+            self._marks_asked += 1
+        self._wake.set()
+        return True
+
+    def flush_marks(self, timeout: float = 10.0) -> bool:
+        """Block until every mark taken before this call is committed. False on timeout or
+        when the writer stopped first (then the caller writes the mark itself)."""
+        with self._lock:
+            target = self._marks_asked
+        with self._done:
+            if self._marks_done >= target:
+                return True
+            self._wake.set()
+            self._done.wait_for(lambda: self._marks_done >= target or self._writer_gone, timeout)
+            return self._marks_done >= target
+
     # -- the writer thread ----------------------------------------------------------------
 
     def _run(self) -> None:
@@ -218,10 +248,15 @@ class WriterMixin:
             try:
                 while self._queue and self._write_batch():
                     pass
+                if self._ship_mark is not None and self._full_since is None:
+                    self._commit([])  # a mark with no item to go with
             except Exception as e:  # never let the writer die: count, log, go on
                 self._error(f"writer: {e!r}")
             if stopping and (not self._queue or self._full_since is not None):
                 self._abandon()
+                with self._done:
+                    self._writer_gone = True  # flush_marks() waits no longer
+                    self._done.notify_all()
                 return
 
     def _write_batch(self) -> bool:
@@ -318,11 +353,24 @@ class WriterMixin:
             self.max_signatures,
             self.ships,
         )
-        count, signatures, written = commit_batch(self._conn, items, limits)
+        with self._lock:
+            mark, self._ship_mark = self._ship_mark, None
+            asked = self._marks_asked
+        try:
+            count, signatures, written = commit_batch(self._conn, items, limits, mark)
+        except BaseException:
+            if mark is not None:  # taken again by the next transaction
+                with self._lock:
+                    self._ship_mark = mark.merge(self._ship_mark)
+            raise
         self._event_count = count
         self._signature_count = signatures
         self.written += written
-        if self.on_commit is not None:
+        if mark is not None:
+            with self._done:
+                self._marks_done = asked
+                self._done.notify_all()
+        if self.on_commit is not None and items:
             self.on_commit()
 
     def _error(self, message: str) -> None:

@@ -5,8 +5,9 @@ The spool is the SQLite store the scheduler writes anyway: every event has an id
 is never reused. The shipper sends the events above the last id sent (`ship_state.sent`),
 the deletions amends made (`ship_deletes`) and the pipeline runs changed since last sent
 (`shipped = 0`), in one PostgreSQL transaction per batch, and only then moves the spool's
-marks. Killed between the two, it sends the batch again: an event is inserted once per
-(origin, local id), and only inserted events are counted. While the database is away the
+marks: in the spool writer's next transaction, so that the shipper never waits for the
+file's write lock. Killed between the two, it sends the batch again: an event is inserted
+once per (origin, local id), and only inserted events are counted. While the database is away the
 spool keeps everything up to its own bounds (max-events); the shipper retries with backoff,
 one WARNING when it goes and one when it is back.
 """
@@ -22,6 +23,7 @@ from typing import Any
 
 from ..._exceptions import StoreError
 from ..._urls import redact
+from ..batch import ShipMark, apply_mark
 from ..schema import connect as connect_spool
 from ..store import FailureStore
 from . import sql
@@ -102,7 +104,10 @@ class Shipper:
         self.last_error = ""
         self.backlog = 0  # events in the spool not sent yet, as of the last round
         self.origin = ""
-        self._cursor = 0
+        self._cursor = 0  # the last event id sent
+        # Sent, their marks maybe not stored yet: deletions (seq, event id), runs (key: updated).
+        self._deletes_sent: set[tuple] = set()
+        self._runs_sent: dict[tuple, float] = {}
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -122,13 +127,16 @@ class Shipper:
         """Read (or make) the spool's origin and mark, then start the thread. The database is
         not contacted here: a scheduler starts whether or not it is reachable."""
         local = connect_spool(self.spool._file)
+        state = "SELECT key, value FROM ship_state"
         try:
-            local.execute("BEGIN IMMEDIATE")
-            rows = dict(local.execute("SELECT key, value FROM ship_state").fetchall())
-            if "origin" not in rows:
-                rows["origin"] = uuid.uuid4().hex
-                local.execute("INSERT INTO ship_state VALUES ('origin', ?)", (rows["origin"],))
-            local.execute("COMMIT")
+            rows = dict(local.execute(state).fetchall())
+            if "origin" not in rows:  # the first shipper of this spool: the only write here
+                local.execute("BEGIN IMMEDIATE")
+                rows = dict(local.execute(state).fetchall())
+                if "origin" not in rows:
+                    rows["origin"] = uuid.uuid4().hex
+                    local.execute("INSERT INTO ship_state VALUES ('origin', ?)", (rows["origin"],))
+                local.execute("COMMIT")
         except BaseException:
             local.close()
             raise
@@ -157,6 +165,11 @@ class Shipper:
                 self.spool.path,
             )
             return
+        if not self.spool.flush_marks(timeout):  # the spool's writer stopped first
+            try:
+                self._mark_here(ShipMark(self._cursor, [], []))
+            except sqlite3.Error as e:  # sent again by the next shipper: no loss
+                self.last_error = f"spool: {e!r}"
         for conn in (self._pg, self._local):
             if conn is not None:
                 try:
@@ -266,8 +279,8 @@ class Shipper:
         local.execute("BEGIN")
         try:
             events = local.execute(sql.SPOOL_EVENTS, (self._cursor, self.batch)).fetchall()
-            deletes = local.execute(sql.SPOOL_DELETES, (self.batch,)).fetchall()
-            pipelines = local.execute(sql.SPOOL_PIPELINES, (1000,)).fetchall()
+            deletes = self._unsent_deletes(local.execute(sql.SPOOL_DELETES, (2 * self.batch,)))
+            pipelines = self._unsent_runs(local.execute(sql.SPOOL_PIPELINES, (1000,)).fetchall())
             ids = sorted({e[9] for e in events})
             examples: dict[str, str] = {}
             for i in range(0, len(ids), 500):
@@ -285,6 +298,23 @@ class Shipper:
         finally:
             local.execute("COMMIT")
         return events, deletes, pipelines, examples
+
+    def _unsent_deletes(self, rows: Any) -> list:
+        """The deletions not sent yet (at most a batch), as `_unsent_runs` finds runs."""
+        rows = [tuple(r) for r in rows]
+        sent = self._deletes_sent
+        if len(rows) < 2 * self.batch:
+            self._deletes_sent = sent & set(rows)
+        return [r for r in rows if r not in sent][: self.batch]
+
+    def _unsent_runs(self, unshipped: list) -> list:
+        """The runs not sent yet: `unshipped` less those sent whose mark is not stored yet
+        (the spool's writer stores it with its next transaction)."""
+        sent = self._runs_sent
+        runs = [p for p in unshipped if sent.get(p[:3]) != p[11]]
+        if len(unshipped) < 1000:  # all of them: forget the marks stored since
+            self._runs_sent = {p[:3]: p[11] for p in unshipped if sent.get(p[:3]) == p[11]}
+        return runs
 
     def _isolate(self, events: list, examples: dict) -> None:
         """Send `events` one at a time after a batch was refused as data; the refused ones
@@ -329,23 +359,25 @@ class Shipper:
         self.sent += inserted
 
     def _mark(self, events: list, deletes: list, pipelines: list) -> None:
-        """The batch is in the history: move the spool's marks past it."""
+        """The batch is in the history: move past it here, and in the spool's file with the
+        writer's next transaction (or here, when the writer is not running)."""
+        if events:
+            self._cursor = events[-1][0]
+            self.backlog = max(0, self.backlog - len(events))
+        deletes = [tuple(d) for d in deletes]
+        self._deletes_sent.update(deletes)
+        runs = [(p[0], p[1], p[2], p[11]) for p in pipelines]
+        self._runs_sent.update((r[:3], r[3]) for r in runs)
+        if events or deletes or runs:
+            mark = ShipMark(self._cursor, deletes, runs)
+            if not self.spool.mark_shipped(mark):
+                self._mark_here(mark)
+
+    def _mark_here(self, mark: ShipMark) -> None:
         local = self._local
         local.execute("BEGIN IMMEDIATE")
         try:
-            if events:
-                self._cursor = events[-1][0]
-                local.execute(
-                    "INSERT OR REPLACE INTO ship_state VALUES ('sent', ?)", (str(self._cursor),)
-                )
-                self.backlog = max(0, self.backlog - len(events))
-            if deletes:
-                local.execute("DELETE FROM ship_deletes WHERE seq <= ?", (deletes[-1][0],))
-            local.executemany(
-                "UPDATE pipelines SET shipped = 1"
-                " WHERE cluster = ? AND name = ? AND started = ? AND updated = ?",
-                [(p[0], p[1], p[2], p[11]) for p in pipelines],
-            )
+            apply_mark(local, mark)
             local.execute("COMMIT")
         except BaseException:
             local.execute("ROLLBACK")
