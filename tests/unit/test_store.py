@@ -407,6 +407,24 @@ def test_full_queue_is_counted_in_overflow(tmp_path):
         s.close()
 
 
+def test_a_flood_is_committed_less_often_and_one_event_at_once_after(tmp_path):
+    """A flood (a queue of FLOOD_ITEMS or more at a commit) spaces commits FLOOD_INTERVAL
+    apart, fewer and larger; the first smaller commit brings batch_interval back."""
+    from oomguard._store.writer import FLOOD_INTERVAL, FLOOD_ITEMS
+
+    s = FailureStore(str(tmp_path / "s.sqlite3"), batch_interval=0.01)
+    s.start()
+    try:
+        for n in range(FLOOD_ITEMS):
+            s.add(ev(n))
+        assert s.flush() and s._interval == FLOOD_INTERVAL
+        s.add(ev(FLOOD_ITEMS))
+        assert s.flush() and s._interval == 0.01
+        assert len(s.events(limit=None)) == FLOOD_ITEMS + 1
+    finally:
+        s.close()
+
+
 def test_a_failed_transaction_is_counted_and_flush_says_so(store):
     other = sqlite3.connect(store._file, isolation_level=None)
     try:

@@ -125,6 +125,7 @@ class FailureStore(WriterMixin, ReaderMixin):
         self._marks_asked = 0  # mark_shipped() calls taken
         self._marks_done = 0  # of those, committed
         self._writer_gone = False  # the writer thread ended
+        self._interval = self.batch_interval
 
     # -- lifecycle ------------------------------------------------------------------------
 

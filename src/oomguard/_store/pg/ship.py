@@ -7,9 +7,9 @@ the deletions amends made (`ship_deletes`) and the pipeline runs changed since l
 (`shipped = 0`), in one PostgreSQL transaction per batch, and only then moves the spool's
 marks: in the spool writer's next transaction, so that the shipper never waits for the
 file's write lock. Killed between the two, it sends the batch again: an event is inserted
-once per (origin, local id), and only inserted events are counted. While the database is away the
-spool keeps everything up to its own bounds (max-events); the shipper retries with backoff,
-one WARNING when it goes and one when it is back.
+once per (origin, local id), and only inserted events are counted. While the database is
+away the spool keeps everything up to its own bounds (max-events); the shipper retries with
+backoff, one WARNING when it goes and one when it is back.
 """
 
 from __future__ import annotations
@@ -339,13 +339,21 @@ class Shipper:
                 )
 
     def _send(self, events: list, deletes: list, pipelines: list, examples: dict) -> None:
+        try:
+            self._send_rows(events, deletes, pipelines, examples)
+        except _data_errors():
+            # psycopg refuses a NUL character (SQLite's text holds it, PostgreSQL's cannot):
+            # looked for only then, not in every row of every batch.
+            if not any(type(v) is str and "\x00" in v for e in events for v in e):
+                raise
+            rows = [tuple(_no_nul(v) for v in e) for e in events]
+            self._send_rows(rows, deletes, pipelines, examples)
+
+    def _send_rows(self, rows: list, deletes: list, pipelines: list, examples: dict) -> None:
         with self._pg.transaction(), self._pg.cursor() as cur:
-            if events:
+            if rows:
                 with cur.copy(sql.COPY_STAGE) as copy:
-                    for e in events:
-                        row = e
-                        if any(type(v) is str and "\x00" in v for v in row):
-                            row = tuple(_no_nul(v) for v in row)
+                    for row in rows:
                         copy.write_row(row)
                 cur.execute(sql.INSERT_STAGED, {"origin": self.origin, "rows": self.member_rows})
                 inserted, _ = cur.fetchone()
