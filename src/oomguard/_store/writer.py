@@ -29,8 +29,8 @@ FULL_RETRY = 1.0
 #: A commit of FLOOD_ITEMS items or more means a flood of events: until a commit is smaller,
 #: the writer commits every FLOOD_INTERVAL seconds instead of every batch_interval. Fewer,
 #: larger transactions: each has a fixed cost (the signature and member statements), and
-#: under a flood that cost is what limits the rate (+10-25% events/s into a PostgreSQL
-#: history, docs/performance.md). One event alone still waits batch_interval at most.
+#: under a flood that cost is what limits the rate (with a PostgreSQL history:
+#: docs/performance.md). One event alone still waits batch_interval at most.
 FLOOD_ITEMS = 500
 FLOOD_INTERVAL = 0.25
 
