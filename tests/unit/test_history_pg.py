@@ -117,9 +117,7 @@ def test_the_shipper_never_waits_for_the_spools_write_lock(pg_url, spool):
     shipper = Shipper(spool, pg_url, "a")
     shipper.start()
     try:
-        t = time.monotonic()
-        assert shipper.sync(timeout=3)  # the lock waits up to 5 s (busy_timeout)
-        assert time.monotonic() - t < 2
+        assert shipper.sync(timeout=30)  # never, were the mark waiting for the lock
         assert one(pg_url, "SELECT count(*) FROM events") == (40,)
         stored = "SELECT value FROM ship_state WHERE key = 'sent'"
         assert holder.execute(stored).fetchall() == []

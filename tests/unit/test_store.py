@@ -413,10 +413,10 @@ def test_a_flood_is_committed_less_often_and_one_event_at_once_after(tmp_path):
     from oomguard._store.writer import FLOOD_INTERVAL, FLOOD_ITEMS
 
     s = FailureStore(str(tmp_path / "s.sqlite3"), batch_interval=0.01)
+    for n in range(FLOOD_ITEMS):  # queued before the writer starts: one flood, however slow
+        s.add(ev(n))
     s.start()
     try:
-        for n in range(FLOOD_ITEMS):
-            s.add(ev(n))
         assert s.flush() and s._interval == FLOOD_INTERVAL
         s.add(ev(FLOOD_ITEMS))
         assert s.flush() and s._interval == 0.01
