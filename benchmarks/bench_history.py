@@ -41,6 +41,7 @@ import bench_store  # noqa: E402
 
 from oomguard._store import FailureStore  # noqa: E402
 from oomguard._store.pg import PgReader, Shipper, pg_connect  # noqa: E402
+from oomguard._urls import redact  # noqa: E402
 
 TARGETS = {"events_per_s": 10_000, "query_ms": 100, "stall_ratio": 1.5, "stall_ms": 50}
 
@@ -227,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     stall_alone = max(r["stall_ms"] for r in alone)
     stall_shipped = max(r["stall_ms"] for r in shipped)
     ratio = stall_shipped / max(stall_alone, 1.0)
-    print(f"# {' '.join([os.path.basename(sys.executable), *sys.argv])}")
+    argv = [redact(a) if "://" in a else a for a in sys.argv]  # no password in the output
+    print(f"# {' '.join([os.path.basename(sys.executable), *argv])}")
     print(f"# {args.events:,} events; python {sys.version.split()[0]}; {os.cpu_count()} cpus")
     rows = [
         ("events/s into PostgreSQL, one scheduler (add -> in the history)",
