@@ -107,7 +107,7 @@ class Shipper:
         self._cursor = 0  # the last event id sent
         # Sent, their marks maybe not stored yet: deletions (seq, event id), runs (key: updated).
         self._deletes_sent: set[tuple] = set()
-        self._runs_sent: dict[tuple, float] = {}
+        self._runs_sent: set[tuple] = set()  # (cluster, name, started, updated)
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -279,8 +279,11 @@ class Shipper:
         local.execute("BEGIN")
         try:
             events = local.execute(sql.SPOOL_EVENTS, (self._cursor, self.batch)).fetchall()
-            deletes = self._unsent_deletes(local.execute(sql.SPOOL_DELETES, (2 * self.batch,)))
-            pipelines = self._unsent_runs(local.execute(sql.SPOOL_PIPELINES, (1000,)).fetchall())
+            rows = local.execute(sql.SPOOL_DELETES, (2 * self.batch,)).fetchall()
+            deletes, self._deletes_sent = _unsent(rows, tuple, self._deletes_sent, 2 * self.batch)
+            deletes = deletes[: self.batch]
+            rows = local.execute(sql.SPOOL_PIPELINES, (1000,)).fetchall()
+            pipelines, self._runs_sent = _unsent(rows, _run_key, self._runs_sent, 1000)
             ids = sorted({e[9] for e in events})
             examples: dict[str, str] = {}
             for i in range(0, len(ids), 500):
@@ -298,23 +301,6 @@ class Shipper:
         finally:
             local.execute("COMMIT")
         return events, deletes, pipelines, examples
-
-    def _unsent_deletes(self, rows: Any) -> list:
-        """The deletions not sent yet (at most a batch), as `_unsent_runs` finds runs."""
-        rows = [tuple(r) for r in rows]
-        sent = self._deletes_sent
-        if len(rows) < 2 * self.batch:
-            self._deletes_sent = sent & set(rows)
-        return [r for r in rows if r not in sent][: self.batch]
-
-    def _unsent_runs(self, unshipped: list) -> list:
-        """The runs not sent yet: `unshipped` less those sent whose mark is not stored yet
-        (the spool's writer stores it with its next transaction)."""
-        sent = self._runs_sent
-        runs = [p for p in unshipped if sent.get(p[:3]) != p[11]]
-        if len(unshipped) < 1000:  # all of them: forget the marks stored since
-            self._runs_sent = {p[:3]: p[11] for p in unshipped if sent.get(p[:3]) == p[11]}
-        return runs
 
     def _isolate(self, events: list, examples: dict) -> None:
         """Send `events` one at a time after a batch was refused as data; the refused ones
@@ -372,10 +358,9 @@ class Shipper:
         if events:
             self._cursor = events[-1][0]
             self.backlog = max(0, self.backlog - len(events))
-        deletes = [tuple(d) for d in deletes]
         self._deletes_sent.update(deletes)
-        runs = [(p[0], p[1], p[2], p[11]) for p in pipelines]
-        self._runs_sent.update((r[:3], r[3]) for r in runs)
+        runs = [_run_key(p) for p in pipelines]
+        self._runs_sent.update(runs)
         if events or deletes or runs:
             mark = ShipMark(self._cursor, deletes, runs)
             if not self.spool.mark_shipped(mark):
@@ -454,6 +439,21 @@ class Shipper:
             )
         else:
             logger.info("oomguard: sending failure events to the history %s", redact(self.url))
+
+
+def _unsent(rows: list, key: Any, sent: set, limit: int) -> tuple[list, set]:
+    """`rows` less those whose key is in `sent` (sent, their marks not stored yet by the
+    spool's writer), and `sent` kept to the keys still read when `rows` is all there is
+    (fewer than `limit`): the others' marks are stored."""
+    keys = [key(r) for r in rows]
+    if len(rows) < limit:
+        sent = sent.intersection(keys)
+    return [r for r, k in zip(rows, keys) if k not in sent], sent
+
+
+def _run_key(p: tuple) -> tuple:
+    """A spool's pipelines row as its mark names it: (cluster, name, started, updated)."""
+    return (p[0], p[1], p[2], p[11])
 
 
 def _no_nul(value: Any) -> Any:
