@@ -336,6 +336,7 @@ def test_a_worker_too_big_for_its_limit_at_start_up_is_explained(info, tmp_path,
     import dask
     import distributed
     from distributed import LocalCluster
+    from packaging.version import Version  # dask's own dependency
 
     require_worker_groups(info)
     preload = tmp_path / "hold_at_start.py"
@@ -353,7 +354,7 @@ def test_a_worker_too_big_for_its_limit_at_start_up_is_explained(info, tmp_path,
     # (seen on 2024.12 under load). Either way the cluster does not start, which is Dask's
     # part; oomguard's is the line below, said once, and the group gone.
     expected: tuple[type[BaseException], ...] = (RuntimeError,)
-    if _version(distributed.__version__) < (2026, 7):
+    if Version(distributed.__version__) < Version("2026.7.0"):
         expected = (RuntimeError, AssertionError)
     with dask.config.set(config), caplog.at_level(logging.WARNING, logger="oomguard"):
         with (
@@ -454,8 +455,3 @@ def test_a_restart_too_big_for_its_limit_does_not_loop(info, tmp_path, caplog):
         r for r in caplog.records if "without oomguard's memory cgroup limit" in r.getMessage()
     ]
     assert len(said) == 1 and len(unlimited) == 1, caplog.text
-
-
-def _version(text: str) -> tuple[int, ...]:
-    """(2024, 12) of "2024.12.0": enough to tell Dask releases apart here."""
-    return tuple(int(part) for part in text.split(".")[:2] if part.isdigit())
