@@ -40,8 +40,8 @@ from distributed.comm import connect
 from distributed.core import ConnectionPool
 from distributed.versions import get_versions
 
-from oomguard._evidence.build import build_report
-from oomguard._evidence.wire import encode
+from oomguard._death.build import build_report
+from oomguard._death.wire import encode
 
 GiB = 2**30
 INT_TYPE = pickle.dumps(int)

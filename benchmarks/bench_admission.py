@@ -25,7 +25,7 @@ import time
 from oomguard._admission.host import cgroup_available
 from oomguard._admission.ledger import HostLedger
 from oomguard._admission.needs import ANNOTATION, PeakEstimator, need_of
-from oomguard._evidence import cgroup as _cgroup
+from oomguard._host import cgroup as _cgroup
 
 N = 2000
 HOLD_LOCK = (

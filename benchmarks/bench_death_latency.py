@@ -38,7 +38,7 @@ import dask
 from distributed import Client, LocalCluster
 
 import oomguard
-from oomguard._evidence import wire as _wire
+from oomguard._death import wire as _wire
 from oomguard.worker_plugin import REPORT_HANDLER, OomguardWorkerPlugin
 
 TARGET_P95 = 1.0

@@ -25,8 +25,8 @@ import subprocess
 import sys
 import time
 
-from oomguard._evidence import cgroup as _cgroup
-from oomguard._evidence.host import HostMeter, OomdXattrs
+from oomguard._host import cgroup as _cgroup
+from oomguard._host.readings import HostMeter, OomdXattrs
 from oomguard.worker_plugin._life import _Life, _Reading, take_readings
 
 

@@ -28,8 +28,8 @@ from types import SimpleNamespace
 import psutil
 from distributed import Client, LocalCluster
 
-from oomguard._evidence.build import EXAMPLE_ARGS, build_report
-from oomguard._evidence.wire import encode
+from oomguard._death.build import EXAMPLE_ARGS, build_report
+from oomguard._death.wire import encode
 from oomguard.scheduler_plugin import OomguardSchedulerPlugin
 
 

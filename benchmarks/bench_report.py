@@ -19,8 +19,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from oomguard._evidence.build import EXAMPLE_ARGS, build_report
-from oomguard._evidence.wire import decode, encode, validate
+from oomguard._death.build import EXAMPLE_ARGS, build_report
+from oomguard._death.wire import decode, encode, validate
 from oomguard._exceptions import ReportError
 
 TARGET_DECODE_PER_S = 1_000

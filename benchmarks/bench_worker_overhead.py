@@ -36,7 +36,7 @@ import dask
 import psutil
 from distributed import Client, LocalCluster
 
-from oomguard._evidence.flight import FlightRecorder
+from oomguard._host.flight import FlightRecorder
 from oomguard.worker_plugin import OomguardWorkerPlugin
 
 TARGET_RATIO = 1.03

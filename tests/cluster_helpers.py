@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 from capabilities import require
-from oomguard._evidence.cgroup import CgroupInfo, can_create_child
+from oomguard._host.cgroup import CgroupInfo, can_create_child
 
 T = TypeVar("T")
 

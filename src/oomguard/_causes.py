@@ -97,7 +97,7 @@ def memory_death(cause: Cause | str, evidence: Mapping[str, Any] | None = None) 
     """Whether a failure counts as "needed more memory than it had" for blame: a memory
     cause, or a SIGTERM/SIGKILL from a userspace OOM killer (earlyoom, systemd-oomd) whose
     victim was the host's largest process (the nanny's ``killer_memory``; see
-    `oomguard._evidence.killer`).
+    `oomguard._death.killer`).
 
     >>> memory_death("sigterm", {"killer_memory": True}), memory_death("sigterm", {})
     (True, False)

@@ -16,8 +16,8 @@ import time
 
 from distributed.comm import connect
 
-from oomguard._evidence import wire
-from oomguard._evidence.build import EXAMPLE_ARGS, build_report
+from oomguard._death import wire
+from oomguard._death.build import EXAMPLE_ARGS, build_report
 from oomguard._protocol import REPORT_HANDLER
 
 

@@ -13,7 +13,7 @@ import secrets
 from collections.abc import Iterator
 
 from capabilities import require
-from oomguard._evidence.cgroup import ChildGroup, can_create_child, detect, group_pids
+from oomguard._host.cgroup import ChildGroup, can_create_child, detect, group_pids
 
 MiB = 2**20
 

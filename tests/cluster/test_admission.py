@@ -23,7 +23,7 @@ import oomguard
 from capabilities import require
 from cluster_helpers import wait_installed
 from oomguard._admission.ledger import HostLedger
-from oomguard._evidence.cgroup import ChildGroup, can_create_child
+from oomguard._host.cgroup import ChildGroup, can_create_child
 
 pytestmark = pytest.mark.timeout(240)
 

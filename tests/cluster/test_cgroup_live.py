@@ -19,7 +19,7 @@ import pytest
 
 from capabilities import require
 from cluster_helpers import require_worker_groups
-from oomguard._evidence.cgroup import (
+from oomguard._host.cgroup import (
     ChildGroup,
     can_create_child,
     cleanup_stale,
@@ -228,7 +228,7 @@ def test_worker_group_counts_what_the_worker_held_at_start_up(info, tmp_path):
     import dask
     from distributed import Client, LocalCluster
 
-    from oomguard._evidence import wire as _wire
+    from oomguard._death import wire as _wire
     from oomguard._words import evidence_summary
     from oomguard.worker_plugin import CLEAN_EXIT_HANDLER, REPORT_HANDLER
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from oomguard._evidence import cgroup as _cgroup
+from oomguard._host import cgroup as _cgroup
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -20,7 +20,7 @@ from distributed import Client, LocalCluster, rpc
 
 import oomguard
 from cluster_helpers import wait_for, wait_installed
-from oomguard._evidence.build import EXAMPLE_ARGS, build_report
+from oomguard._death.build import EXAMPLE_ARGS, build_report
 from oomguard.worker_plugin import REPORT_HANDLER
 
 pytestmark = pytest.mark.timeout(240)

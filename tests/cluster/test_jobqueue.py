@@ -22,7 +22,7 @@ from distributed import Client
 import oomguard
 from capabilities import require
 from cluster_helpers import require_worker_groups, wait_for, wait_installed
-from oomguard._evidence import cgroup as _cgroup
+from oomguard._host import cgroup as _cgroup
 
 try:
     from dask_jobqueue.local import LocalCluster as JobQueueLocalCluster

@@ -19,8 +19,8 @@ from distributed import Client, LocalCluster
 
 import oomguard
 from cluster_helpers import require_worker_groups, wait_for
-from oomguard._evidence.cgroup import detect
-from oomguard._evidence.host import OOMD_KILL, OOMD_OOMS
+from oomguard._host.cgroup import detect
+from oomguard._host.readings import OOMD_KILL, OOMD_OOMS
 
 pytestmark = pytest.mark.timeout(180)
 

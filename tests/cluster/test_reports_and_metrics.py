@@ -16,8 +16,8 @@ import pytest
 from distributed import Client, LocalCluster, rpc
 
 import oomguard
-from oomguard._evidence import build as _build
-from oomguard._evidence import cgroup as _cgroup
+from oomguard._death import build as _build
+from oomguard._host import cgroup as _cgroup
 from oomguard.worker_plugin import REPORT_HANDLER
 
 pytestmark = pytest.mark.timeout(180)

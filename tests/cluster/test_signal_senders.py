@@ -23,7 +23,7 @@ from distributed import Client, LocalCluster
 
 import oomguard
 from cluster_helpers import wait_for, wait_installed
-from oomguard._evidence import wire as _wire
+from oomguard._death import wire as _wire
 from oomguard.worker_plugin import CLEAN_EXIT_HANDLER, REPORT_HANDLER, _reporting
 
 pytestmark = pytest.mark.timeout(240)

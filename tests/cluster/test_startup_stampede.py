@@ -51,7 +51,7 @@ import _startup_preload as preload
 import oomguard
 from _memgroup import MiB, memory_group, mib
 from cluster_helpers import wait_for
-from oomguard._evidence.cgroup import ChildGroup
+from oomguard._host.cgroup import ChildGroup
 
 pytestmark = pytest.mark.timeout(300)
 

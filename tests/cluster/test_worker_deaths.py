@@ -18,7 +18,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 from cluster_helpers import require_worker_groups, wait_for
-from oomguard._evidence import wire as _wire
+from oomguard._death import wire as _wire
 from oomguard.worker_plugin import CLEAN_EXIT_HANDLER, REPORT_HANDLER
 
 pytestmark = pytest.mark.timeout(240)

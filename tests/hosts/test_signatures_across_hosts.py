@@ -18,7 +18,7 @@ from lab_fixtures import lab_fixture  # noqa: F401  (the `lab` fixture)
 
 import oomguard
 from capabilities import require
-from oomguard._evidence import cgroup as _cgroup
+from oomguard._host import cgroup as _cgroup
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -39,7 +39,7 @@ import oomguard
 from chartlib import CHART, NAMESPACE, RELEASE
 from cluster_helpers import DaskScheduler, require_worker_groups, wait_for
 from oomguard._cli.demo_run import load_shard
-from oomguard._evidence.cgroup import can_create_child
+from oomguard._host.cgroup import can_create_child
 
 LIMIT = 256 * 2**20  # the worker's memory limit, and its cgroup's
 POD = f"{RELEASE}-oomguard-scheduler-5d8c7b9f4-abcde"

@@ -254,7 +254,7 @@ def test_the_oomguard_command_and_doctor_run(work, venv):
 
 
 def test_oomguard_demo_oom_kills_a_worker_and_aborts_the_pipeline(work, venv):
-    from oomguard._evidence import cgroup as _cgroup  # the capability, probed from this checkout
+    from oomguard._host import cgroup as _cgroup  # the capability, probed from this checkout
 
     ok, reason = _cgroup.can_create_child()
     require(ok, f"per-worker memory cgroups cannot be made here: {reason}")

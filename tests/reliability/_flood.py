@@ -18,7 +18,7 @@ import time
 import msgpack
 from distributed.comm import connect
 
-from oomguard._evidence.build import EXAMPLE_ARGS, build_report
+from oomguard._death.build import EXAMPLE_ARGS, build_report
 from oomguard.worker_plugin import REPORT_HANDLER
 
 

@@ -34,7 +34,7 @@ from distributed import Client, Nanny, Scheduler, SpecCluster
 
 import oomguard
 from capabilities import require
-from oomguard._evidence import cgroup as _cgroup
+from oomguard._host import cgroup as _cgroup
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -29,8 +29,8 @@ from hypothesis import strategies as st
 
 import oomguard
 from oomguard import ReportError
-from oomguard._evidence.build import EXAMPLE_ARGS, build_report
-from oomguard._evidence.wire import REASONS, decode, encode, validate
+from oomguard._death.build import EXAMPLE_ARGS, build_report
+from oomguard._death.wire import REASONS, decode, encode, validate
 from oomguard._signature import Signature, fingerprint, fingerprint_dask
 from oomguard.worker_plugin import CLEAN_EXIT_HANDLER, REPORT_HANDLER
 

@@ -1,4 +1,4 @@
-"""oomguard._evidence.cgroup against fixture trees (tests/fixtures/cgroup/<layout>/ is a filesystem root)."""
+"""oomguard._host.cgroup against fixture trees (tests/fixtures/cgroup/<layout>/ is a filesystem root)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 
 from capabilities import require
 from oomguard import CgroupError
-from oomguard._evidence import cgroup as _cgroup
-from oomguard._evidence.cgroup import (
+from oomguard._host import cgroup as _cgroup
+from oomguard._host.cgroup import (
     CgroupInfo,
     ChildGroup,
     can_create_child,
@@ -23,7 +23,7 @@ from oomguard._evidence.cgroup import (
     read_kernel_log,
     read_memory_counters,
 )
-from oomguard._evidence.cgroup.child import _child_parent
+from oomguard._host.cgroup.child import _child_parent
 
 FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "cgroup"
 V1_GROUP = "sys/fs/cgroup/memory/process_api/e4e5bfc0c4b75f795c48958c8fe0b101"
@@ -429,7 +429,7 @@ def test_move_charge_refusals_say_why(tmp_path):
 def test_move_charge_einval_names_the_kernel_change(tmp_path, monkeypatch):
     import errno
 
-    from oomguard._evidence.cgroup import child as _child
+    from oomguard._host.cgroup import child as _child
 
     def refuse(path, value):
         raise OSError(errno.EINVAL, "Invalid argument")
@@ -442,7 +442,7 @@ def test_move_charge_einval_names_the_kernel_change(tmp_path, monkeypatch):
 
 
 def test_process_rss_from_proc_status(tmp_path):
-    from oomguard._evidence.cgroup import process_rss
+    from oomguard._host.cgroup import process_rss
 
     status = tmp_path / "proc" / "42" / "status"
     status.parent.mkdir(parents=True)

@@ -12,9 +12,9 @@ import shutil
 import pytest
 
 from oomguard._cli.doctor.cgroup import check_cgroup
-from oomguard._evidence import cgroup as _cgroup
-from oomguard._evidence.cgroup import choice as _choice
-from oomguard._evidence.cgroup.info import CgroupInfo
+from oomguard._host import cgroup as _cgroup
+from oomguard._host.cgroup import choice as _choice
+from oomguard._host.cgroup.info import CgroupInfo
 from oomguard.worker_plugin import _placement
 from oomguard.worker_plugin._nanny import OomguardNannyPlugin
 

@@ -13,14 +13,14 @@ from hypothesis import strategies as st
 
 from capabilities import require
 from oomguard import Cause
-from oomguard._evidence.classify import (
+from oomguard._death.cause import (
     DeathFacts,
     classify,
     crash_signal,
     describe_signal,
     explain,
 )
-from oomguard._evidence.facts import evidence, facts_from
+from oomguard._death.facts import evidence, facts_from
 from oomguard._words import evidence_summary
 
 KILL, TERM = -signal.SIGKILL, -signal.SIGTERM
@@ -605,7 +605,7 @@ def test_crash_while_terminating(facts, cause):
 
 
 def test_terminated_first_reads_the_crash_file_head():
-    from oomguard._evidence.facts import facts_from
+    from oomguard._death.facts import facts_from
 
     sigterm_then_segv = (
         'Current thread 0x00007f (most recent call first):\n  File "x.py", line 1 in f\n\n'

@@ -23,7 +23,7 @@ from capabilities import require
 from oomguard import FailureEvent, PipelineStatus, SignatureRow
 from oomguard._cli.layout import table
 from oomguard._cli.report import parse_since
-from oomguard._evidence.killer import for_cause
+from oomguard._death.killer import for_cause
 from oomguard._store import FailureStore
 
 T0 = time.time() - 3 * 3600  # events from 3 h ago to ~1 h ago (reset when stored: _build)

@@ -33,10 +33,8 @@ from oomguard._cli.doctor.checks import (
 )
 from oomguard._cli.doctor.killers import check_killer_evidence, check_oom_killers
 from oomguard._cli.doctor.text import FIX, KILLERS, LAYOUTS
-from oomguard._evidence import (
-    cgroup as _cgroup,
-)
-from oomguard._evidence.paths import default_crash_dir
+from oomguard._host import cgroup as _cgroup
+from oomguard._host.paths import default_crash_dir
 
 FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "cgroup"
 K8S_CTR = (

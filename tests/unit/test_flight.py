@@ -4,7 +4,7 @@ import subprocess
 import sys
 import textwrap
 
-from oomguard._evidence.flight import SIGNALS_RECORDING, FlightRecorder, read_flight_record
+from oomguard._host.flight import SIGNALS_RECORDING, FlightRecorder, read_flight_record
 
 
 def test_executing_slots_and_latest_sample(tmp_path):
@@ -72,7 +72,7 @@ def test_record_survives_sigkill(tmp_path):
     code = textwrap.dedent(
         f"""
         import os, sys, time
-        from oomguard._evidence.flight import FlightRecorder
+        from oomguard._host.flight import FlightRecorder
         rec = FlightRecorder.create({str(path)!r})
         rec.task_started("doomed-task", start=123.0)
         rec.write_sample({{"time": 5.0, "tasks": {{"doomed-task": {{"stack": [["a.py", 1, "f"]]}}}}}})

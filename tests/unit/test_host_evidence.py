@@ -15,9 +15,9 @@ import sys
 import pytest
 
 from capabilities import require
-from oomguard._evidence import host as _host
-from oomguard._evidence import killers as _killers
-from oomguard._evidence.cgroup import can_create_child, detect
+from oomguard._host import oom_killers as _killers
+from oomguard._host import readings as _host
+from oomguard._host.cgroup import can_create_child, detect
 
 GiB = 2**30
 TOTAL = 16 * GiB  # MemTotal of the fixture host

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from oomguard._evidence import wire
-from oomguard._evidence.build import EXAMPLE_ARGS, build_report
+from oomguard._death import wire
+from oomguard._death.build import EXAMPLE_ARGS, build_report
 from oomguard.scheduler_plugin._intake import ReportIntake
 from oomguard.scheduler_plugin._senders import BURST
 

@@ -1,4 +1,4 @@
-"""Naming the killer (issue 26): the nanny's attribution (`_evidence.killer`), what it does
+"""Naming the killer (issue 26): the nanny's attribution (`_death.killer`), what it does
 to the report, and what the decision core makes of it."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import doctest
 import pytest
 
 from oomguard._causes import Confidence, Killer, Known, memory_death
-from oomguard._evidence import killer as killer_mod
-from oomguard._evidence.build import EXAMPLE_ARGS, build_report
-from oomguard._evidence.killer import attribute, for_cause
-from oomguard._evidence.wire import validate
+from oomguard._death import killer as killer_mod
+from oomguard._death.build import EXAMPLE_ARGS, build_report
+from oomguard._death.killer import attribute, for_cause
+from oomguard._death.wire import validate
 
 GIB = 2**30
 EARLYOOM = {

@@ -19,8 +19,8 @@ import pytest
 from kubernetes.client import ApiClient, Configuration, CoreV1Api
 
 from oomguard._causes import Cause
-from oomguard._evidence import kubernetes as _kubernetes
-from oomguard._evidence.kubernetes import INSTALL_HINT, PodLookup, pod_death_evidence
+from oomguard._lookups import kubernetes as _kubernetes
+from oomguard._lookups.kubernetes import INSTALL_HINT, PodLookup, pod_death_evidence
 
 FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "k8s"
 

@@ -15,7 +15,8 @@ SRC = pathlib.Path(oomguard.__file__).parent
 LAYERS = [
     {"_cli"},
     {"_client", "scheduler_plugin", "worker_plugin"},
-    {"_decide", "_store", "_admission", "_evidence"},
+    {"_decide", "_store", "_admission", "_host", "_lookups"},
+    {"_death"},
     {"_signature"},
 ]
 

@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from oomguard._causes import DEATH_CAUSES, Cause, Killer, Kind
-from oomguard._evidence.wire import REASONS
+from oomguard._death.wire import REASONS
 from oomguard._metrics import INTERNAL_ERROR_SITES, LATENCY_BUCKETS, OomguardMetrics, store_totals
 from oomguard._models import FailureEvent
 from oomguard._store import FailureStore

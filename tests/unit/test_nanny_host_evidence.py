@@ -17,8 +17,8 @@ import sys
 import pytest
 
 from capabilities import require
-from oomguard._evidence import cgroup as _cgroup
-from oomguard._evidence.host import OOMD_KILL, OOMD_OOMS, HostMeter, OomdXattrs
+from oomguard._host import cgroup as _cgroup
+from oomguard._host.readings import OOMD_KILL, OOMD_OOMS, HostMeter, OomdXattrs
 from oomguard.worker_plugin import _reporting
 from oomguard.worker_plugin._life import _Life, take_readings
 from oomguard.worker_plugin._nanny import OomguardNannyPlugin
@@ -53,7 +53,7 @@ def test_host_reading_killers_and_environment_reach_build_report(tmp_path, built
     env = {**os.environ, "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "1"}
     worker = _worker(env)
     try:
-        from oomguard._evidence.host import slurm_environment
+        from oomguard._host.readings import slurm_environment
 
         life = _Life(pid=worker.pid, started=1.0, address="tcp://w:1", name="w", memory_limit=None)
         life.environment = slurm_environment(worker.pid)

@@ -12,10 +12,10 @@ import os
 import pytest
 
 from oomguard import CgroupError
-from oomguard._evidence import cgroup as _cgroup
-from oomguard._evidence import wire as _wire
-from oomguard._evidence.flight import FlightRecorder
-from oomguard._evidence.paths import crash_path, flight_path
+from oomguard._death import wire as _wire
+from oomguard._host import cgroup as _cgroup
+from oomguard._host.flight import FlightRecorder
+from oomguard._host.paths import crash_path, flight_path
 from oomguard.worker_plugin._life import _Life
 from oomguard.worker_plugin._nanny import OomguardNannyPlugin
 

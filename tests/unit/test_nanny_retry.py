@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from oomguard._evidence import wire
-from oomguard._evidence.build import EXAMPLE_ARGS, build_report
+from oomguard._death import wire
+from oomguard._death.build import EXAMPLE_ARGS, build_report
 from oomguard.worker_plugin import OomguardNannyPlugin
 from oomguard.worker_plugin._send import send_with_retry
 

@@ -341,7 +341,7 @@ def test_the_pod_lookup_finds_the_workers_pods_and_may_read_them(source):
         "kind": "Role",
         "name": rbac["Role"]["metadata"]["name"],
     }
-    # oomguard._evidence.kubernetes.PodLookup: list_namespaced_pod (find) and read_namespaced_pod (read).
+    # oomguard._lookups.kubernetes.PodLookup: list_namespaced_pod (find) and read_namespaced_pod (read).
     (rule,) = rbac["Role"]["rules"]
     assert rule["apiGroups"] == [""] and rule["resources"] == ["pods"]
     assert {"get", "list"} <= set(rule["verbs"])

@@ -14,8 +14,8 @@ import pytest
 from capabilities import require
 from oomguard import _private
 from oomguard._admission.ledger_file import LedgerFile
-from oomguard._evidence.flight import FlightRecorder, read_flight_record
-from oomguard._evidence.paths import private_crash_dir
+from oomguard._host.flight import FlightRecorder, read_flight_record
+from oomguard._host.paths import private_crash_dir
 from oomguard.worker_plugin._reporting import _read_text
 
 OTHER_UID = 54321  # no such user needed: chown takes any uid
@@ -154,7 +154,7 @@ def test_a_flight_record_linked_to_dev_zero_is_refused_not_read(tmp_path):
         f"""
         import resource
         resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
-        from oomguard._evidence.flight import read_flight_record
+        from oomguard._host.flight import read_flight_record
         print(read_flight_record({str(link)!r})["missing"])
         print(read_flight_record({str(fifo)!r})["missing"])
         print(read_flight_record({str(sparse)!r})["pid"])

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from oomguard import ReportError
-from oomguard._evidence.build import EXAMPLE_ARGS, build_report
-from oomguard._evidence.wire import (
+from oomguard._death.build import EXAMPLE_ARGS, build_report
+from oomguard._death.wire import (
     COUNTER_INTS,
     COUNTER_KEYS,
     MAX_REPORT_BYTES,
@@ -221,7 +221,7 @@ def test_build_never_raises_on_malformed_inputs():
 
 
 def test_build_takes_memory_counters_from_the_cgroup_reader():
-    from oomguard._evidence.cgroup import MemoryCounters
+    from oomguard._host.cgroup import MemoryCounters
 
     before = MemoryCounters(1, "/sys/fs/cgroup/memory/w0", 0, None, None, 0, 10, 2**30, 5, ())
     after = MemoryCounters(
@@ -475,18 +475,10 @@ def test_decode_rejects_non_bytes():
 def test_docstring_examples():
     import doctest
 
-    from oomguard._evidence import (
-        build as _build,
-    )
-    from oomguard._evidence import (
-        classify as _classify,
-    )
-    from oomguard._evidence import (
-        facts as _facts,
-    )
-    from oomguard._evidence import (
-        wire as _wire,
-    )
+    from oomguard._death import build as _build
+    from oomguard._death import cause as _classify
+    from oomguard._death import facts as _facts
+    from oomguard._death import wire as _wire
 
     for module in (_wire, _build, _classify, _facts):
         assert doctest.testmod(module).failed == 0

@@ -8,10 +8,10 @@ thread, and the evidence is capped in bytes once per death.
 
 from __future__ import annotations
 
+from oomguard._death import wire
+from oomguard._death.build import EXAMPLE_ARGS, build_report
 from oomguard._decide import DecisionCore, Record, Removal
 from oomguard._decide.bounds import EVIDENCE_BYTES
-from oomguard._evidence import wire
-from oomguard._evidence.build import EXAMPLE_ARGS, build_report
 from oomguard._store.items import event_item
 
 WORKER = EXAMPLE_ARGS["worker"]

@@ -15,8 +15,8 @@ import time
 import msgpack
 import pytest
 
-from oomguard._evidence import flight, senders
-from oomguard._evidence.flight import FlightRecorder, read_flight_record
+from oomguard._host import flight, senders
+from oomguard._host.flight import FlightRecorder, read_flight_record
 
 
 def test_docstring_examples():
@@ -170,7 +170,7 @@ _CHILD = """
 import faulthandler, os, signal, sys, time
 # Blocked first, as the nanny spawns a worker: threads made by imports (distributed's) inherit.
 signal.pthread_sigmask(signal.SIG_BLOCK, {{1, 2, 3, 10, 12, 14, 15}})
-from oomguard._evidence.flight import FlightRecorder
+from oomguard._host.flight import FlightRecorder
 from oomguard.worker_plugin import _signals
 crash = open({crash!r}, "w")
 faulthandler.register(signal.SIGTERM, file=crash, all_threads=True, chain=True)
@@ -211,7 +211,7 @@ def test_waiter_records_the_sender_and_replays_the_signal(tmp_path):
 _STOPPING = """
 import os, signal, sys, threading, time
 signal.pthread_sigmask(signal.SIG_BLOCK, {{1, 2, 3, 10, 12, 14, 15}})
-from oomguard._evidence.flight import FlightRecorder
+from oomguard._host.flight import FlightRecorder
 from oomguard.worker_plugin import _signals
 _signals._POLL = 3.0  # a long wait: stop() must not sit it out
 signal.signal(signal.SIGUSR1, lambda *a: print("usr1 handled", flush=True))

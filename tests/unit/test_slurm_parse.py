@@ -1,4 +1,4 @@
-"""SLURM's texts -> facts (`oomguard._evidence.slurm`), over output captured from the real
+"""SLURM's texts -> facts (`oomguard._death.slurm`), over output captured from the real
 slurmctld and slurmstepd of tests/slurm (SLURM 22.05, tests/fixtures/slurm), and the
 verdicts they give a death (`killer.attribute`, the scheduler's `_slurm_jobs.verdict`)."""
 
@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from oomguard._evidence import slurm
-from oomguard._evidence.killer import attribute
-from oomguard._evidence.slurm_job import _run, query, valid_job_id
+from oomguard._death import slurm
+from oomguard._death.killer import attribute
+from oomguard._lookups.slurm_job import _run, query, valid_job_id
 from oomguard.scheduler_plugin._slurm_jobs import SlurmJobs, verdict
 
 FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "slurm"
@@ -177,8 +177,8 @@ def test_doctests():
 
 
 def test_the_scheduler_checks_slurm_evidence():
-    from oomguard._evidence import wire
-    from oomguard._evidence.build import EXAMPLE_ARGS, build_report
+    from oomguard._death import wire
+    from oomguard._death.build import EXAMPLE_ARGS, build_report
     from oomguard._exceptions import ReportError
 
     facts = slurm.job_facts(

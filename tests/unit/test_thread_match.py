@@ -11,11 +11,11 @@ import textwrap
 import pytest
 
 from oomguard import ReportError
+from oomguard._death import wire
+from oomguard._death.build import EXAMPLE_ARGS, build_report
+from oomguard._death.threads import match_crash
 from oomguard._decide import DecisionCore, Forgive, Record, Removal, Stop
-from oomguard._evidence import wire
-from oomguard._evidence.build import EXAMPLE_ARGS, build_report
-from oomguard._evidence.flight import FlightRecorder, read_flight_record
-from oomguard._evidence.threads import match_crash
+from oomguard._host.flight import FlightRecorder, read_flight_record
 from oomguard._signature._parse import crashing_thread
 
 # Two threads beside the main one: "calm" sleeps, "crash" segfaults. The idents printed
@@ -229,8 +229,8 @@ def test_without_a_match_both_are_blamed_as_before():
 def test_the_examples_in_the_docstrings_hold():
     import doctest
 
+    from oomguard._death import threads
     from oomguard._decide import blame
-    from oomguard._evidence import threads
 
     for module in (threads, blame):
         result = doctest.testmod(module)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from .._evidence import cgroup as _cgroup
+from .._host import cgroup as _cgroup
 from .._units import NO_LIMIT
 
 PAGE = os.sysconf("SC_PAGE_SIZE")

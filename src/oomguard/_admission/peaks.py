@@ -156,7 +156,7 @@ def configured_ledger() -> str:
     """The ledger path this process's Dask config gives a worker, resolved as admission
     resolves it (`oomguard.worker.admission.ledger`, else `<crash-dir>/memory-ledger.json`).
     ConfigError names a bad setting."""
-    from .._evidence.paths import configured_crash_dir
+    from .._host.paths import configured_crash_dir
     from .config import AdmissionConfig
 
     return AdmissionConfig.from_dask(configured_crash_dir()).ledger

@@ -78,7 +78,7 @@ def run_demo(shards: int = 30, progress=None) -> DemoResult:
 
     import oomguard
 
-    from .._evidence import cgroup as _cgroup
+    from .._host import cgroup as _cgroup
 
     start = time.monotonic()
     # The abort is logged at ERROR on the scheduler; here it is printed with the report.

@@ -171,7 +171,7 @@ def blamed(death: Death) -> tuple[list[dict], int]:
 
 def blamed_entries(report: dict) -> list[dict]:
     """The report's executing entries a death is blamed on: the one whose thread crashed
-    when the nanny matched it (`_evidence.threads`), else all of them."""
+    when the nanny matched it (`_death.threads`), else all of them."""
     crashed = [e for e in report["executing"] if e.get("crashed")]
     return crashed or report["executing"]
 
@@ -186,7 +186,7 @@ CULPRIT_MIN_SHARE = 0.65
 class Culprit:
     """The task that most likely made a worker run out of memory while it executed others.
 
-    `grew` is its estimated growth (`oomguard._evidence.growth`), `total` all executing tasks'
+    `grew` is its estimated growth (`oomguard._host.growth`), `total` all executing tasks'
     together; `share` says how sure: "likely" from 80%, "possibly" from 65% (below that
     there is no single culprit).
     """

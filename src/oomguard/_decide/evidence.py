@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._causes import Cause, Confidence, Killer, Kind, Known, kind_of, memory_death
-from .._evidence.killer import Attribution, for_cause
+from .._death.killer import Attribution, for_cause
 from .._models import FailureEvent
 from .._signature import Signature, scrub
 from .._words import (

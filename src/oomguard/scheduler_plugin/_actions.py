@@ -50,7 +50,7 @@ class DaskActions:
         self.store = store
         self.metrics = metrics
         self.guard = guard
-        self._pods = pods  # oomguard._evidence.kubernetes.PodLookup where enabled
+        self._pods = pods  # oomguard._lookups.kubernetes.PodLookup where enabled
         self.slurm_jobs = SlurmJobs()  # workers' SLURM jobs, asked about when one is lost
         self._lookups: set[asyncio.Task] = set()
         self._saved: dict[Any, tuple] = {}  # held key -> its own restrictions, to restore

@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .._evidence import wire as _wire
+from .._death import wire as _wire
 from .._exceptions import ReportError
 from ._senders import SenderLimit, peek_worker
 

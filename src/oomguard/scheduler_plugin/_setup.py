@@ -108,11 +108,11 @@ async def _broadcast(register, plugin) -> None:
 
 
 def pod_lookup(settings: dict[str, Any], guard: Guard):
-    """oomguard._evidence.kubernetes.PodLookup where `kubernetes.enabled`, else None."""
+    """oomguard._lookups.kubernetes.PodLookup where `kubernetes.enabled`, else None."""
     if not settings["kubernetes.enabled"]:
         return None
     try:
-        from .._evidence.kubernetes import PodLookup
+        from .._lookups.kubernetes import PodLookup
 
         return PodLookup.in_cluster(
             settings["kubernetes.namespace"],

@@ -19,8 +19,8 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from .._causes import Confidence, Killer, Known
-from .._evidence import slurm
-from .._evidence.slurm_job import query, valid_job_id
+from .._death import slurm
+from .._lookups.slurm_job import query, valid_job_id
 from ._trust import Bounded
 
 if TYPE_CHECKING:

@@ -9,8 +9,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._evidence import cgroup as _cgroup
-from .._evidence.host import HostMeter, OomdXattrs
+from .._host import cgroup as _cgroup
+from .._host.readings import HostMeter, OomdXattrs
 
 
 @dataclass

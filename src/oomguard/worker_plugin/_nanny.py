@@ -34,11 +34,11 @@ from distributed.diagnostics.plugin import NannyPlugin
 from .. import _compat, _config
 from .._admission.config import AdmissionConfig
 from .._admission.startup import Start, StartupReservations, startup_peak
-from .._evidence import cgroup as _cgroup
-from .._evidence.host import HostMeter, OomdXattrs, slurm_environment
-from .._evidence.killers import find_killers
-from .._evidence.paths import configured_crash_dir, private_crash_dir
 from .._guard import Guard
+from .._host import cgroup as _cgroup
+from .._host.oom_killers import find_killers
+from .._host.paths import configured_crash_dir, private_crash_dir
+from .._host.readings import HostMeter, OomdXattrs, slurm_environment
 from .._log import follow_dask_logging
 from .._protocol import NANNY_PLUGIN, STARTUP_TOPIC
 from ._life import _Life, take_readings

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from distributed.core import Status
 
-from .._evidence import cgroup as _cgroup
 from .._exceptions import CgroupError
+from .._host import cgroup as _cgroup
 from .._protocol import WORKER_GROUP_PREFIX
 from .._units import format_bytes
 

@@ -14,15 +14,15 @@ import signal
 import socket
 from typing import TYPE_CHECKING, Any
 
-from .._evidence import cgroup as _cgroup
-from .._evidence import wire as _wire
-from .._evidence.build import build_report
-from .._evidence.flight import read_flight_record
-from .._evidence.host import oomd_xattrs
-from .._evidence.killers import find_killers, merge_killers
-from .._evidence.paths import crash_path, flight_path
-from .._evidence.slurm_job import query as query_job
-from .._evidence.slurm_job import valid_job_id
+from .._death import wire as _wire
+from .._death.build import build_report
+from .._host import cgroup as _cgroup
+from .._host.flight import read_flight_record
+from .._host.oom_killers import find_killers, merge_killers
+from .._host.paths import crash_path, flight_path
+from .._host.readings import oomd_xattrs
+from .._lookups.slurm_job import query as query_job
+from .._lookups.slurm_job import valid_job_id
 from .._private import read_regular
 from .._protocol import CLEAN_EXIT_HANDLER, DEATH_TOPIC, OVERFLOW, REPORT_HANDLER
 from ._send import send_with_retry

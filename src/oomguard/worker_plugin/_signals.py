@@ -13,7 +13,7 @@ their creator's mask, the child of a fork the forking thread's:
   thread, a queue's feeder) keep them blocked; the nanny's own signal handling is unchanged,
   its main thread's mask is restored at once.
 - the WORKER (`SignalWaiter`): one daemon thread waits for them, writes the sender (read
-  from /proc at once, `_evidence.senders`) into the flight record, then REPLAYS the signal
+  from /proc at once, `_host.senders`) into the flight record, then REPLAYS the signal
   to itself with it unblocked in that thread only: the installed handler (faulthandler's
   chained SIGTERM dump, Python's handler, or the default action) runs as it would have.
   Its `stop()` runs on the worker's event loop (the plugin's teardown, also when Dask
@@ -36,8 +36,8 @@ import types
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from .._evidence import senders as _senders
-from .._evidence.flight import SIGNALS_RECORDING, FlightRecorder
+from .._host import senders as _senders
+from .._host.flight import SIGNALS_RECORDING, FlightRecorder
 
 logger = logging.getLogger("oomguard.worker")
 

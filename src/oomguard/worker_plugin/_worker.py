@@ -16,15 +16,15 @@ import psutil
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from .. import _config
-from .._evidence import cgroup as _cgroup
-from .._evidence.flight import (
+from .._guard import Guard
+from .._host import cgroup as _cgroup
+from .._host.flight import (
     SIGNALS_DISABLED,
     SIGNALS_NOT_BLOCKED,
     FlightRecorder,
 )
-from .._evidence.growth import GrowthSplit, thread_system_time
-from .._evidence.paths import configured_crash_dir, crash_path, flight_path
-from .._guard import Guard
+from .._host.growth import GrowthSplit, thread_system_time
+from .._host.paths import configured_crash_dir, crash_path, flight_path
 from .._log import follow_dask_logging
 from .._private import create, private_dir
 from .._protocol import HOST_TOPIC, WORKER_PLUGIN

@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from ..._evidence import cgroup as _cgroup
-from ..._evidence.cgroup.files import join_root, read_text
-from ..._evidence.cgroup.info import CgroupInfo, unescape_mount
+from ..._host import cgroup as _cgroup
+from ..._host.cgroup.files import join_root, read_text
+from ..._host.cgroup.info import CgroupInfo, unescape_mount
 from .checks import Check, layout_label
 from .text import FIX, SHARED
 

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ... import _private
-from ..._evidence import cgroup as _cgroup
-from ..._evidence.cgroup.files import join_root, read_text
-from ..._evidence.cgroup.info import CgroupInfo
-from ..._evidence.cgroup.kmsg import KMSG_RECORD
+from ..._host import cgroup as _cgroup
+from ..._host.cgroup.files import join_root, read_text
+from ..._host.cgroup.info import CgroupInfo
+from ..._host.cgroup.kmsg import KMSG_RECORD
 from .text import FIX
 
 
@@ -181,8 +181,8 @@ def diagnose(
     """Run every check. `crash_dir`: checked as if configured; None: the configured
     `oomguard.worker.crash-dir`, else the default one."""
     from ... import _config
-    from ..._evidence.paths import default_crash_dir
     from ..._exceptions import ConfigError
+    from ..._host.paths import default_crash_dir
     from .cgroup import check_cgroup, host_path
     from .killers import check_killer_evidence, check_oom_killers
 

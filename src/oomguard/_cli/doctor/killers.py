@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import os
 
-from ..._evidence.cgroup.files import join_root, read_text
-from ..._evidence.cgroup.info import unescape_mount
-from ..._evidence.host import host_reading
-from ..._evidence.killers import find_killers
+from ..._host.cgroup.files import join_root, read_text
+from ..._host.cgroup.info import unescape_mount
+from ..._host.oom_killers import find_killers
+from ..._host.readings import host_reading
 from ..._units import format_bytes
 from .checks import Check
 from .text import FIX, KILLERS

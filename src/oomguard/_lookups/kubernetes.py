@@ -137,7 +137,7 @@ def _offender(message: str) -> tuple[str, str] | None:
 def _killer(killer: str, summary: str, *, memory: bool) -> dict[str, Any]:
     """The killer fields a worker_lost event is amended with (the pod status confirms it);
     `memory`: the eviction named this worker's container as the offender, so it counts
-    like a memory kill of the worker (see `oomguard._evidence.killer`)."""
+    like a memory kill of the worker (see `oomguard._death.killer`)."""
     return {
         "killer": killer,
         "killer_how": "pod status",

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._signature._parse import crashing_thread
-from .classify import NATIVE_SIGNALS
+from .cause import NATIVE_SIGNALS
 
 
 @dataclass

@@ -14,7 +14,7 @@ from .._models import evidence_int as _int
 from .._models import evidence_map as _map
 from .._models import evidence_number as _num
 from .._units import format_bytes
-from .classify import (
+from .cause import (
     UNKNOWN_EXITCODES,
     DeathFacts,
     crash_signal,

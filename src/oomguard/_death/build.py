@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from .classify import DeathFacts, crash_signal, describe_signal, explain
+from .cause import DeathFacts, crash_signal, describe_signal, explain
 from .facts import evidence, facts_from
 from .killer import attribute
 from .threads import mark_crashed

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any
 
-from . import slurm
+from .._death import slurm
 
 TIMEOUT = 5.0  # seconds per command; slurmctld answers in milliseconds when it is up
 OUTPUT_MAX = 64 * 1024  # bytes read from a command

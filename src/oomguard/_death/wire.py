@@ -76,7 +76,7 @@ import msgpack
 from .._causes import DEATH_CAUSES, Cause, Confidence, Killer, Known
 from .._exceptions import ReportError
 from .._protocol import VALIDATION_REASONS
-from .cgroup import MemoryCounters
+from .record import MemoryCounters
 from .wire_check import (
     INT_MAX,
     INT_MIN,
@@ -356,7 +356,7 @@ def validate(report: object, max_bytes: int = MAX_REPORT_BYTES) -> dict[str, Any
 def encode(report: dict[str, Any]) -> bytes:
     """The report as msgpack bytes (str as str, bytes as bin).
 
-    >>> from oomguard._evidence.build import EXAMPLE_ARGS, build_report
+    >>> from oomguard._death.build import EXAMPLE_ARGS, build_report
     >>> decode(encode(build_report(**EXAMPLE_ARGS)))["cause"]
     'sigkill'
     """
