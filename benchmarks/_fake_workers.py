@@ -40,7 +40,7 @@ from distributed.comm import connect
 from distributed.core import ConnectionPool
 from distributed.versions import get_versions
 
-from oomguard._death.build import build_report
+from oomguard._death.build import example_report
 from oomguard._death.wire import encode
 
 GiB = 2**30
@@ -365,7 +365,7 @@ class Farm:
             }
         )
         if self.reports:
-            report = build_report(
+            report = example_report(
                 worker=w.address,
                 nanny=w.nanny,
                 name=w.name,

@@ -28,7 +28,7 @@ from types import SimpleNamespace
 import psutil
 from distributed import Client, LocalCluster
 
-from oomguard._death.build import EXAMPLE_ARGS, build_report
+from oomguard._death.build import example_report
 from oomguard._death.wire import encode
 from oomguard.scheduler_plugin import OomguardSchedulerPlugin
 
@@ -69,7 +69,7 @@ async def main(n: int, spread: float, seed: int) -> None:
             )
             if i % max(1, n // 100) == 0:
                 await asyncio.sleep(1 / 100)
-        template = build_report(**{**EXAMPLE_ARGS, "time": t0})
+        template = example_report(**{"time": t0})
         sender = SimpleNamespace(peer_address="tcp://127.0.0.1:50000")
         plan = [(rng.uniform(0, spread), w) for w in workers]
         plan += [(rng.uniform(0, spread), w) for w in rng.sample(workers, n // 20)]  # repeats

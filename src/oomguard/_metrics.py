@@ -49,8 +49,6 @@ from ._protocol import REJECT_REASONS, SCHEDULER_GUARD_SITES
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
-    from ._store import FailureStore
-
 OTHER = "other"
 
 #: Where the scheduler side catches its own errors; `internal_error(where)` takes these.
@@ -408,15 +406,3 @@ class OomguardMetrics(Collector):
             self.internal_error("metrics")
             return
         gauge.set(value)
-
-
-def store_totals(store: FailureStore) -> tuple[int, int]:
-    """(distinct signatures, most distinct hosts of one signature) from a failure store,
-    for `set_signatures` / `set_signature_max_hosts`: two aggregates in SQL, no row read
-    into Python (`FailureStore.totals`). Blocking SQLite reads: call it from a thread
-    (`asyncio.to_thread`), never on the event loop.
-
-    >>> store_totals(store)
-    (4, 3)
-    """
-    return store.totals()

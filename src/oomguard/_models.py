@@ -1,4 +1,5 @@
-"""Plain records: failure events, signature rows, shard histories and pipeline statuses.
+"""Plain records: failure events, signature rows, pipeline statuses, what the failure
+policy counts of a run and of a failed shard, and its verdict that a run must stop.
 
 They know nothing of I/O or Dask. Each serialises to a JSON-able dict (`to_dict`) and back
 (`from_dict`), so the CLI's `--json`, the store and the Python API agree on one shape. Each
@@ -10,11 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from ._display import clock, shorten
+from ._exceptions import PipelineAborted
 
 T = TypeVar("T", bound="_Record")
 
@@ -72,6 +75,8 @@ class FailureEvent(_Record):
                        MemAvailable 4.1 %"; its facts are in `evidence`
     cluster   the name of the cluster that saw it (oomguard.scheduler.cluster-name); ""
               for events stored before clusters had names
+    death     the id of the worker death it is part of (`Failures.deaths`); "" for a
+              task's exception, and for events stored before deaths had ids
     """
 
     kind: str
@@ -91,6 +96,7 @@ class FailureEvent(_Record):
     killer_confidence: str = ""
     killer_summary: str = ""
     cluster: str = ""
+    death: str = ""
 
     def __repr__(self) -> str:
         """<FailureEvent 2026-05-01 14:03:07 oom_kill killer=kernel shard=('load', 17)
@@ -182,3 +188,103 @@ class PipelineStatus(_Record):
 def _short(value: str, width: int) -> str:
     """A name for a repr: shortened, and '' when empty so that it is seen to be empty."""
     return shorten(value, width) or "''"
+
+
+# --- what the failure policy (oomguard._decide.policy) keeps, and its verdict
+
+
+@dataclass(slots=True)
+class ShardFailure:
+    """One infra failure of a shard, as its record keeps it."""
+
+    cause: str
+    worker: str
+    host: str
+    signature_id: str
+    conclusive: bool = True  # False: a memory kill shared with other tasks, no evidence
+    shard_cause: bool = False  # points at the shard itself (_causes.shard_death)
+
+
+@dataclass(slots=True)
+class ShardRecord:
+    """What the policy keeps of a shard that failed at least once."""
+
+    pipeline: str
+    infra: int = 0
+    shared: int = 0  # infra failures that were memory kills shared with other tasks
+    user: int = 0
+    failures: list[ShardFailure] = field(default_factory=list)  # infra only, capped
+    causes: Counter[str] = field(default_factory=Counter)  # infra causes
+    last_kind: str = ""
+    last_user: str = ""  # the exception's name, for "raised ValueError past its retries"
+    last_words: str = ""  # describe_cause of the last infra failure, with its evidence
+    ended: str = ""  # "" | "done" | "erred" | "aborted" | "forgotten"
+
+
+@dataclass(slots=True)
+class PipelineCounts:
+    """A pipeline run's counters (the policy keeps one per run)."""
+
+    name: str = ""  # the pipeline's name; the policy's own key is the run's label
+    started: float = 0.0
+    submitted: int = 0
+    done: int = 0
+    erred: int = 0
+    aborted: int = 0
+    forgotten: int = 0
+    displaced: int = 0  # shards moved off workers that died or stopped, never counted
+    displaced_executing: int = 0  # of them, known to have been executing there
+    displaced_queued: int = 0  # known to have been only queued there
+    crash_displaced: int = 0  # of displaced: executing beside the task whose thread crashed
+    isolated: int = 0  # shards retried alone after a memory kill of a worker running several
+    infra: int = 0
+    user: int = 0
+    memory_errors: int = 0
+    memory_waits: int = 0  # tasks that waited for host memory (admission) before running
+    memory_waited: float = 0.0  # seconds, all those waits together
+    deaths: Counter[str] = field(default_factory=Counter)  # by cause, one per worker death
+    killers: Counter[str] = field(default_factory=Counter)  # by killer, one per worker death
+    # worker -> time of its last death: one death that took several shards counts once.
+    last_death: dict[str, float] = field(default_factory=dict)
+    failed: dict[str, None] = field(default_factory=dict)  # ordered set of failed shards
+    erred_shards: list[str] = field(default_factory=list)  # first few: the culprit
+    decision: AbortDecision | None = None
+
+    def unfinished(self) -> int:
+        return max(0, self.submitted - self.done - self.erred - self.aborted - self.forgotten)
+
+
+@dataclass(frozen=True)
+class AbortDecision:
+    """The policy's verdict that a pipeline must stop: one of its shards will never finish.
+
+    The plugin errs every unfinished task of `pipeline` with `exception()`.
+
+    >>> d = AbortDecision("etl", "('load', 7)", "oom_kill", 3, "3f2a", "MemoryError in load",
+    ...                   {}, ("tcp://a:1",), ("node-a",), "oomguard aborted ...")
+    >>> d.exception().shard
+    "('load', 7)"
+    """
+
+    pipeline: str
+    shard: str
+    cause: str
+    count: int
+    signature_id: str
+    signature_title: str
+    evidence: dict
+    workers: tuple[str, ...]
+    hosts: tuple[str, ...]
+    message: str
+
+    def exception(self) -> PipelineAborted:
+        """The exception every unfinished task of the pipeline errs with."""
+        return PipelineAborted(
+            self.message,
+            pipeline=self.pipeline,
+            shard=self.shard,
+            cause=self.cause,
+            count=self.count,
+            signature=self.signature_id,
+            evidence=self.evidence,
+        )

@@ -17,16 +17,15 @@ import time
 from distributed.comm import connect
 
 from oomguard._death import wire
-from oomguard._death.build import EXAMPLE_ARGS, build_report
+from oomguard._death.build import example_report
 from oomguard._protocol import REPORT_HANDLER
 
 
 def forged_report(i: int, *, keys: int = 64, evidence_chars: int = 750) -> bytes:
     """Report `i`: its own made-up worker on 127.0.0.1, `keys` invented executing keys,
     the evidence filled to 96 keys of `evidence_chars` characters."""
-    report = build_report(
+    report = example_report(
         **{
-            **EXAMPLE_ARGS,
             "worker": f"tcp://127.0.0.1:{20000 + i % 40000}",
             "nanny": f"tcp://127.0.0.1:{60000 + i % 5000}",
             "pid": 100 + i,

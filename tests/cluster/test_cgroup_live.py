@@ -263,7 +263,7 @@ def test_worker_group_counts_what_the_worker_held_at_start_up(info, tmp_path):
     ):
         reports = []
         cluster.scheduler.handlers[REPORT_HANDLER] = lambda report: reports.append(
-            _wire.decode(report)
+            _wire.to_wire(_wire.decode(report))
         )
         cluster.scheduler.handlers[CLEAN_EXIT_HANDLER] = lambda worker, **kw: {"status": "ok"}
         client.wait_for_workers(1, timeout=120)

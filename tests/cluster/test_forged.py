@@ -20,7 +20,7 @@ from distributed import Client, LocalCluster, rpc
 
 import oomguard
 from cluster_helpers import wait_for, wait_installed
-from oomguard._death.build import EXAMPLE_ARGS, build_report
+from oomguard._death.build import example_report
 from oomguard.worker_plugin import REPORT_HANDLER
 
 pytestmark = pytest.mark.timeout(240)
@@ -87,9 +87,8 @@ def victim(client, tmp_path, worker: str):
 
 
 def report_for(worker: str, nanny: str, key: str) -> bytes:
-    report = build_report(
+    report = example_report(
         **{
-            **EXAMPLE_ARGS,
             "worker": worker,
             "nanny": nanny,
             "host": "localhost",

@@ -61,6 +61,6 @@ def test_a_kill_counted_in_the_groups_xattrs_is_systemd_oomd(tmp_path):
     assert event.evidence["exitcode"] == -signal.SIGKILL
     assert event.evidence.get("oom_kill_delta") in (0, None)
     # Named by the lead's attribution (issue 26) from oomd {"reading": {"kill": 0}, "after":
-    # {"kill": 1}} (tests/unit/test_nanny_host_evidence.py shows what reaches build_report).
+    # {"kill": 1}} (tests/unit/test_nanny_host_evidence.py shows what reaches `build`).
     assert event.killer == "systemd-oomd"
     assert event.killer_how == "cgroup xattr"

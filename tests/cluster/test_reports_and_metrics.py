@@ -33,7 +33,7 @@ def boom(x):
 
 
 def _valid_report(**over):
-    report = _build.build_report(**{**_build.EXAMPLE_ARGS, "time": time.time()})
+    report = _build.example_report(**{"time": time.time()})
     report.update(over)
     return report
 

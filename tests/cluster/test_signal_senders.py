@@ -2,7 +2,7 @@
 
 Real LocalCluster with oomguard's nannies, real signals from a real process named
 `chaos-monkey`. Until the lead surfaces the sender in the report and FailureEvent, the
-tests look at what the nanny hands `build_report` (`signals`, `nanny_pid`): a spy that
+tests look at what the nanny hands `build` (`signals`, `nanny_pid`): a spy that
 keeps those arguments and calls the real function. `senders_of` is the one place to switch
 to the report's fields.
 """
@@ -91,7 +91,7 @@ def chaos_monkey():
 
 
 class _Seen:
-    """Reports the scheduler got, and what each nanny passed build_report, by worker pid."""
+    """Reports the scheduler got, and what each nanny passed `build`, by worker pid."""
 
     def __init__(self):
         self.reports: list[dict] = []
@@ -102,13 +102,13 @@ class _Seen:
 @pytest.fixture
 def spy(monkeypatch):
     seen = _Seen()
-    real = _reporting.build_report
+    real = _reporting.build
 
-    def build_report(**kwargs):
-        seen.built[kwargs["pid"]] = {k: kwargs.get(k) for k in ("signals", "nanny_pid")}
-        return real(**kwargs)
+    def build(what, max_bytes):
+        seen.built[what.pid] = {"signals": list(what.signals or ()), "nanny_pid": what.nanny_pid}
+        return real(what, max_bytes)
 
-    monkeypatch.setattr(_reporting, "build_report", build_report)
+    monkeypatch.setattr(_reporting, "build", build)
     return seen
 
 
@@ -137,7 +137,7 @@ def _cluster(seen: _Seen, preload: bool = True):
 def _receive(cluster, seen: _Seen) -> None:
     """The scheduler hands the nannies' reports to `seen` (not to a scheduler plugin)."""
     cluster.scheduler.handlers[REPORT_HANDLER] = lambda report: seen.reports.append(
-        _wire.decode(report)
+        _wire.to_wire(_wire.decode(report))
     )
 
     def clean_exit(worker, requested=False, pid=None):
@@ -164,7 +164,7 @@ def _report_of(seen: _Seen, pid: int) -> dict:
 
 
 def senders_of(seen: _Seen, report: dict) -> list[dict]:
-    """The signals the report says its worker got (today: as passed to build_report)."""
+    """The signals the report says its worker got (today: as passed to `build`)."""
     built = seen.built[report["pid"]]
     assert built["nanny_pid"] == os.getpid()  # LocalCluster's nannies live in this process
     return built["signals"]

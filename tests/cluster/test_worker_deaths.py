@@ -110,7 +110,7 @@ def _cluster(n_workers):
         reports = _Received()
 
         def receive(report: bytes) -> None:
-            reports.append(_wire.decode(report))
+            reports.append(_wire.to_wire(_wire.decode(report)))
 
         def clean_exit(worker: str, requested: bool = False, pid: int | None = None) -> dict:
             reports.clean_exits.append((worker, requested))

@@ -18,12 +18,12 @@ import time
 import msgpack
 from distributed.comm import connect
 
-from oomguard._death.build import EXAMPLE_ARGS, build_report
+from oomguard._death.build import example_report
 from oomguard.worker_plugin import REPORT_HANDLER
 
 
 async def flood(address: str, rate: float, seconds: float, connections: int) -> dict:
-    template = build_report(**{**EXAMPLE_ARGS, "time": time.time()})
+    template = example_report(**{"time": time.time()})
     comms = [await connect(address) for _ in range(connections)]
     sent = [0] * connections
     per_second: dict[int, int] = {}

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 import oomguard
 from oomguard import ReportError
-from oomguard._death.build import EXAMPLE_ARGS, build_report
+from oomguard._death.build import example_report
 from oomguard._death.wire import REASONS, decode, encode, validate
 from oomguard._signature import Signature, fingerprint, fingerprint_dask
 from oomguard.worker_plugin import CLEAN_EXIT_HANDLER, REPORT_HANDLER
@@ -40,9 +40,8 @@ pytestmark = pytest.mark.timeout(600)
 DEFAULT_CASES = 2_500
 LONG_CASES = 25_000
 
-VALID = build_report(
+VALID = example_report(
     **{
-        **EXAMPLE_ARGS,
         "executing": [
             {
                 "key": "('shard', 1)",
@@ -255,9 +254,8 @@ HOSTILE_TRACE = (
 
 
 def _hostile_crash_report(worker: str, nanny: str) -> bytes:
-    report = build_report(
+    report = example_report(
         **{
-            **EXAMPLE_ARGS,
             "worker": worker,
             "nanny": nanny,
             "exitcode": -11,

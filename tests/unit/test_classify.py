@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from capabilities import require
 from oomguard import Cause
+from oomguard._death import facts as _facts
 from oomguard._death.cause import (
     DeathFacts,
     classify,
@@ -20,8 +21,39 @@ from oomguard._death.cause import (
     describe_signal,
     explain,
 )
-from oomguard._death.facts import evidence, facts_from
+from oomguard._death.record import Seen
 from oomguard._words import evidence_summary
+
+
+def seen(report_like) -> Seen:
+    """What a nanny saw, from the report-like mapping these tests were written in."""
+    r = report_like if isinstance(report_like, dict) else {}
+    cg = r.get("cgroup") if isinstance(r.get("cgroup"), dict) else {}
+    crash = r.get("crash") if isinstance(r.get("crash"), dict) else {}
+    plain = ("exitcode", "pid", "time", "memory_limit", "rss_sampled", "rss_time")
+    return Seen(
+        **{k: r[k] for k in plain if k in r},
+        crash_text=crash.get("text"),
+        cgroup_version=cg.get("version"),
+        cgroup_before=cg.get("before"),
+        cgroup_after=cg.get("after"),
+        cgroup_placement=cg.get("placement"),
+        cgroup_reading=cg.get("reading"),
+        host_memory=r.get("host_memory"),
+        nanny_memory_kill=r.get("nanny_memory_kill"),
+        kernel_log_victim=r.get("kernel_log_victim"),
+        requested=bool(r.get("requested_close")),
+        flight_read=r.get("flight_record"),
+    )
+
+
+def evidence(report_like):
+    return _facts.evidence(seen(report_like))
+
+
+def facts_from(report_like):
+    return _facts.facts_from(seen(report_like))
+
 
 KILL, TERM = -signal.SIGKILL, -signal.SIGTERM
 SEGV, ABRT, BUS, FPE, ILL = (
@@ -605,7 +637,6 @@ def test_crash_while_terminating(facts, cause):
 
 
 def test_terminated_first_reads_the_crash_file_head():
-    from oomguard._death.facts import facts_from
 
     sigterm_then_segv = (
         'Current thread 0x00007f (most recent call first):\n  File "x.py", line 1 in f\n\n'

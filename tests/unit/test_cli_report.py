@@ -578,7 +578,7 @@ def _killer(cause: str) -> dict:
         return {}
     k = for_cause(cause)
     return {
-        "killer": k.killer,
+        "killer": k.name,
         "killer_how": k.how,
         "killer_confidence": k.confidence,
         "killer_summary": k.summary,

@@ -11,6 +11,8 @@ started on a worker.
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -22,6 +24,7 @@ from hypothesis.stateful import (
 )
 
 from oomguard._causes import Killer
+from oomguard._death.record import BLAMED, Attribution, Death, Task
 from oomguard._decide import (
     IDLE_RUNS,
     DecisionCore,
@@ -110,33 +113,48 @@ class CoreModel(RuleBasedStateMachine):
                     for k in d.keys:
                         self.running[w].pop(k, None)
             elif isinstance(d, Record):
-                e = d.event
-                if d.death and d.amends is None:
-                    self.death_records += 1
-                    for shard in [e.shard, *e.evidence.get("suspects", ())]:
-                        if (run := self.core.runs.of(self.core.runs.key(shard))) is not None:
-                            self.saw_death.add(run.label)
-                if d.amends is None and e.cause in ("worker_lost", "exit"):
-                    self.no_report_event(e)
-                if e.kind == "infra" and e.cause not in ("memory_error",):
-                    # Every death names a killer from the vocabulary, and how it is known.
-                    assert e.killer in VOCABULARY, e.killer
-                    assert e.killer_confidence in ("confirmed", "likely"), e
-                    assert e.killer_how and e.killer_summary, e
-                    said = self.killer_of.get((e.worker, e.time))
-                    if said is not None and e.cause != "worker_lost":  # lost: no report yet
-                        assert e.killer == said, (e.killer, said)
-                crash = self.thread_crashes.get((e.worker, e.time))
-                if crash is not None and e.cause == "native_crash":
-                    # The dump named the crashing thread: its task alone is blamed, and the
-                    # tasks beside it are displaced (uncounted), unless the death was
-                    # already decided without the report (a late report only amends).
-                    crasher, beside = crash
-                    assert e.shard == crasher, f"{e.shard} blamed for {crasher}'s crash"
+                death = d.death
+                if death is not None:
+                    # One death, one account: its events name it and carry its one
+                    # signature, and only the tasks it is blamed on have events.
+                    assert d.events, "a death with no event"
+                    assert {e.death for e in d.events} == {death.id}
+                    assert {e.signature_id for e in d.events} == {death.signature_id}
+                    blamed = {t.key for t in death.tasks if t.role in BLAMED}
+                    named = {e.shard for e in d.events if e.shard}
+                    assert named <= blamed, f"{named - blamed} carries a death not its own"
                     if d.amends is None:
-                        assert beside <= forgiven, f"{beside - forgiven} not displaced"
+                        self.death_records += 1
+                        suspects = d.events[0].evidence.get("suspects", ())
+                        for shard in [*blamed, *suspects]:
+                            run = self.core.runs.of(self.core.runs.key(shard))
+                            if run is not None:
+                                self.saw_death.add(run.label)
+                for e in d.events:
+                    self.event(d, e, forgiven)
             else:
                 assert isinstance(d, Forgive | Restrict | Widen)
+
+    def event(self, d, e, forgiven):
+        if d.amends is None and e.cause in ("worker_lost", "exit"):
+            self.no_report_event(e)
+        if e.kind == "infra" and e.cause not in ("memory_error",):
+            # Every death names a killer from the vocabulary, and how it is known.
+            assert e.killer in VOCABULARY, e.killer
+            assert e.killer_confidence in ("confirmed", "likely"), e
+            assert e.killer_how and e.killer_summary, e
+            said = self.killer_of.get((e.worker, e.time))
+            if said is not None and e.cause != "worker_lost":  # lost: no report yet
+                assert e.killer == said, (e.killer, said)
+        crash = self.thread_crashes.get((e.worker, e.time))
+        if crash is not None and e.cause == "native_crash":
+            # The dump named the crashing thread: its task alone is blamed, and the
+            # tasks beside it are displaced (uncounted), unless the death was
+            # already decided without the report (a late report only amends).
+            crasher, beside = crash
+            assert e.shard == crasher, f"{e.shard} blamed for {crasher}'s crash"
+            if d.amends is None:
+                assert beside <= forgiven, f"{beside - forgiven} not displaced"
 
     def no_report_event(self, e):
         """A death no report described is one event: it names a shard only when that shard
@@ -242,12 +260,14 @@ class CoreModel(RuleBasedStateMachine):
         keys=st.lists(st.sampled_from(KEYS), min_size=2, max_size=3, unique=True),
         worker=st.sampled_from(WORKERS),
         report=st.sampled_from(["before", "after"]),
+        grew=st.sampled_from([None, "one", "even"]),
     )
-    def shared_memory_kill(self, keys, worker, report):
-        """Tasks that only together exceed the worker's memory."""
+    def shared_memory_kill(self, keys, worker, report, grew):
+        """Tasks that only together exceed the worker's memory; the samples saw one of
+        them grow most (`one`: it is the likely culprit), all alike, or nothing."""
         for key in keys:
             self.start(key, worker, True)
-        return self.kill(worker, "oom_kill", report, False)
+        return self.kill(worker, "oom_kill", report, False, grew=grew)
 
     @rule(
         target=pending,
@@ -258,7 +278,9 @@ class CoreModel(RuleBasedStateMachine):
         stale=st.booleans(),
         killer=st.sampled_from(KILLERS),
     )
-    def kill(self, worker, cause, report, guess, stale=False, killer=None, crashed=None):
+    def kill(
+        self, worker, cause, report, guess, stale=False, killer=None, crashed=None, grew=None
+    ):
         if worker not in self.alive:
             return None
         self.now += 0.001  # each death its own time: its events are found by (worker, time)
@@ -269,33 +291,34 @@ class CoreModel(RuleBasedStateMachine):
             self.deaths_while_executing[k] += 1
         if crashed is not None and not stale:
             self.thread_crashes[(worker, self.now)] = (crashed, set(executing) - {crashed})
-        rep = {
+        mib = 2**20
+        growth = {
+            None: dict.fromkeys(executing),
+            "one": {k: 900 * mib if i == 0 else 10 * mib for i, k in enumerate(executing)},
+            "even": dict.fromkeys(executing, 300 * mib),
+        }[grew]
+        rep = Death(
             # stale: the nanny had not read the restarted process's address yet, so its
             # report names the address of the process before (same nanny, same pid).
-            "worker": f"{worker}-before" if stale else worker,
-            "nanny": f"{worker}-nanny",
-            "pid": self.pid[worker],
-            "cause": cause,
-            "host": "h",
-            "time": self.now,
-            "memory_limit": self.limits[worker] or None,
-            "crash": None,
-            "evidence": {},
-            "executing": [
-                {"key": k, "prefix": k.split("-")[0], "stack": None, "crashed": k == crashed}
-                for k in executing
-            ],
-        }
+            worker=f"{worker}-before" if stale else worker,
+            nanny=f"{worker}-nanny",
+            pid=self.pid[worker],
+            cause=cause,
+            host="h",
+            time=self.now,
+            memory_limit=self.limits[worker] or None,
+            tasks=tuple(
+                Task(k, k.split("-")[0], crashed=k == crashed, grew=growth[k]) for k in executing
+            ),
+        )
         if killer is not None and cause in ("sigterm", "sigkill"):
             name, how, memory = killer
-            rep["killer"] = {
-                "name": name,
-                "how": how,
-                "confidence": "confirmed",
-                "summary": f"{cause.upper()} from {name}",
-                "memory": memory,
-            }
-            rep["evidence"] = {"killer_memory": memory}
+            summary = f"{cause.upper()} from {name}"
+            rep = dataclasses.replace(
+                rep,
+                killer=Attribution(name, how, "confirmed", summary, memory=memory),
+                evidence={"killer_memory": memory},
+            )
             if not stale:
                 self.killer_of[(worker, self.now)] = name
         removal = Removal(
@@ -318,7 +341,7 @@ class CoreModel(RuleBasedStateMachine):
         self.pid[worker] += 1
         # The nanny restarts it under the same address.
         self.apply(self.core.worker_added(worker, self.limits[worker]))
-        return rep if report == "after" else None
+        return [rep, False] if report == "after" else None
 
     @rule(
         target=pending,
@@ -384,12 +407,12 @@ class CoreModel(RuleBasedStateMachine):
 
     @rule(rep=pending, delay=st.sampled_from([0.0, 1.0, 30.0]), copies=st.integers(1, 2))
     def deliver(self, rep, delay, copies):
-        if rep is None or rep.get("delivered"):
+        if rep is None or rep[1]:
             return
-        rep["delivered"] = True
+        rep[1] = True  # delivered
         self.tick(delay)
         for _ in range(copies):
-            self.apply(self.core.reported(dict(rep), self.now))
+            self.apply(self.core.reported(rep[0], self.now))
 
     @rule(cause=st.sampled_from(CAUSES))
     def forged_report(self, cause):
@@ -399,17 +422,14 @@ class CoreModel(RuleBasedStateMachine):
         self.forged_addresses.add(address)
         self.apply(
             self.core.reported(
-                {
-                    "worker": address,
-                    "pid": 1,
-                    "cause": cause,
-                    "host": "x",
-                    "time": self.now,
-                    "memory_limit": None,
-                    "crash": None,
-                    "evidence": {},
-                    "executing": [{"key": "k-0", "prefix": "k", "stack": None}],
-                },
+                Death(
+                    worker=address,
+                    pid=1,
+                    cause=cause,
+                    host="x",
+                    time=self.now,
+                    tasks=(Task("k-0", "k"),),
+                ),
                 self.now,
             )
         )
@@ -430,13 +450,15 @@ class CoreModel(RuleBasedStateMachine):
     def a_held_key_waits_for_a_reason(self):
         core = self.core
         for k in core.held:
-            assert core.budget.undecided(k) > 0 or k in core.suspects or k == core.isolating, (
-                f"{k} held with nothing to wait for"
-            )
+            assert (
+                core.budget.undecided(k) > 0
+                or k in core.isolation.suspects
+                or k == core.isolation.isolating
+            ), f"{k} held with nothing to wait for"
         assert not core.held & set(core.stopped)
-        if core.isolating is None and core.suspects:
+        if core.isolation.isolating is None and core.isolation.suspects:
             # Isolation only waits for a death still to be decided, never for nothing.
-            assert core.budget.undecided(core.suspects[0]) > 0, "isolation stalled"
+            assert core.budget.undecided(core.isolation.suspects[0]) > 0, "isolation stalled"
 
     @invariant()
     def no_key_runs_while_its_death_is_undecided(self):
@@ -470,9 +492,9 @@ class CoreModel(RuleBasedStateMachine):
             self.forget(k)
         self.apply(self.core.close())
         core = self.core
-        assert not core.held and not core.stopped and not core.suspects
-        assert core.isolating is None and len(core.budget) == 0 and len(core.runs) == 0
-        assert len(core.pairing) == 0 and not core.resized
+        assert not core.held and not core.stopped and not core.isolation.suspects
+        assert core.isolation.isolating is None and len(core.budget) == 0 and len(core.runs) == 0
+        assert len(core.pairing) == 0 and not core.larger.resized
         # Left: the jobs kept for more work in their blocks, at most IDLE_RUNS, no keys.
         kept = {run.label for run in core.runs.idle()}
         assert len(kept) <= IDLE_RUNS

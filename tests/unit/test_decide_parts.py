@@ -6,8 +6,9 @@ import doctest
 
 import pytest
 
-from oomguard._decide import blame, budget, core, deaths, memory, runs
-from oomguard._decide.deaths import Death, DeathPairing, Removal
+from oomguard._death.record import Death, Task
+from oomguard._decide import blame, budget, core, memory, pairing, runs
+from oomguard._decide.pairing import Case, DeathPairing, Removal
 from oomguard._decide.runs import ANNOTATION, Runs
 
 
@@ -15,15 +16,9 @@ def removal(worker="tcp://a:1", processing=None, **kw):
     return Removal(worker=worker, host="a", time=0.0, processing=processing or {}, **kw)
 
 
-def report(worker="tcp://a:1", pid=7, executing=(), grew=None):
-    return {
-        "worker": worker,
-        "pid": pid,
-        "cause": "sigkill",
-        "executing": [
-            {"key": k, "prefix": k, "stack": None, "grew": (grew or {}).get(k)} for k in executing
-        ],
-    }
+def report(worker="tcp://a:1", pid=7, executing=(), grew=None, **fields):
+    tasks = tuple(Task(k, k, grew=(grew or {}).get(k)) for k in executing)
+    return Death(**{"worker": worker, "pid": pid, "cause": "sigkill", "tasks": tasks, **fields})
 
 
 @pytest.mark.parametrize("report_first", [False, True])
@@ -126,9 +121,9 @@ def test_an_unrequested_exit_zero_is_a_death_and_stays_within_dasks_bound(notice
             out += c.removed(gone, now=now)
             out += c.clean_exit(f"tcp://a:{i}", now=now + 0.1, requested=False)
     records = [d for d in out if isinstance(d, Record)]
-    assert [r.event.cause for r in records] == ["exit", "exit"]
-    assert records[0].event.evidence["exitcode"] == 0
-    assert "not requested" in records[0].event.evidence["summary"]
+    assert [r.events[0].cause for r in records] == ["exit", "exit"]
+    assert records[0].events[0].evidence["exitcode"] == 0
+    assert "not requested" in records[0].events[0].evidence["summary"]
     assert not any(isinstance(d, Forgive) for d in out)
     [stop] = [d for d in out if isinstance(d, Stop)]
     assert stop.keys == ("x-1",) and c.deaths == 2 and c.budget.over("x-1")
@@ -212,10 +207,10 @@ def test_each_span_block_is_its_own_run_and_a_closed_run_takes_no_more():
 
 def test_blame_without_a_report_is_never_nobody():
     busy = removal(processing={f"t{i}": f"t{i}" for i in range(5)}, nthreads=2)
-    b = blame.blame(Death("tcp://a:1", busy, None))
+    b = blame.blame(Case("tcp://a:1", busy, None))
     assert set(b.executing) == set(busy.processing) and not b.certain
     guessed = removal(processing={"t0": "t0", "t1": "t1"}, executing_guess={"t1": "t1"})
-    assert set(blame.blame(Death("tcp://a:1", guessed, None)).executing) == {"t1"}
+    assert set(blame.blame(Case("tcp://a:1", guessed, None)).executing) == {"t1"}
 
 
 def test_budget_takes_back_the_charge_of_a_queued_task():
@@ -228,7 +223,7 @@ def test_budget_takes_back_the_charge_of_a_queued_task():
     assert b.over("k")
 
 
-@pytest.mark.parametrize("module", [blame, budget, core, deaths, memory, runs])
+@pytest.mark.parametrize("module", [blame, budget, core, pairing, memory, runs])
 def test_doctests(module):
     assert doctest.testmod(module).failed == 0
 
@@ -245,15 +240,14 @@ def test_a_memory_killed_shard_waits_for_a_larger_worker_that_is_restarting(come
     c.removed(removal("tcp://big:1", memory_limit=2 * gib), now=0.0)  # restarting
     c.removed(removal("tcp://small:1", {"k": "k"}, memory_limit=gib), now=1.0)
     out = c.reported(
-        {
-            **report("tcp://small:1", executing=["k"]),
-            "cause": "oom_kill",
-            "host": "small",
-            "time": 1.0,
-            "memory_limit": gib,
-            "crash": None,
-            "evidence": {},
-        },
+        report(
+            "tcp://small:1",
+            executing=["k"],
+            cause="oom_kill",
+            host="small",
+            time=1.0,
+            memory_limit=gib,
+        ),
         now=1.1,
     )
     assert [d for d in out if isinstance(d, Stop)] == []
@@ -276,6 +270,10 @@ def test_a_memory_killed_shard_waits_for_a_larger_worker_that_is_restarting(come
     ],
 )
 def test_a_shared_memory_kill_names_the_likely_culprit_and_isolates_it_first(grew, named):
+    """A memory kill of a worker executing two tasks: when the samples show one of them
+    grew the worker, it is the death's culprit (its only event, its signature) and runs
+    alone next; the other was displaced beside it, runs again at once and carries
+    nothing. Without a culprit both are suspects, each run alone in turn."""
     from oomguard._decide import DecisionCore, Record, Release, Stop
 
     gib = 2**30
@@ -284,39 +282,34 @@ def test_a_shared_memory_kill_names_the_likely_culprit_and_isolates_it_first(gre
     c.submitted(keys, keys, {}, now=0.0)
     c.worker_added("tcp://w:1", gib)
     c.removed(removal("tcp://w:1", {k: k for k in keys}, memory_limit=gib, nthreads=2), now=1.0)
-    out = c.reported(
-        {
-            **report("tcp://w:1", executing=keys, grew=grew),
-            "cause": "oom_kill",
-            "host": "w",
-            "time": 1.0,
-            "memory_limit": gib,
-            "crash": None,
-            "evidence": {},
-        },
-        now=1.1,
+    death = report(
+        "tcp://w:1", executing=keys, grew=grew, cause="oom_kill", time=1.0, memory_limit=gib
     )
+    out = c.reported(death, now=1.1)
     assert not [d for d in out if isinstance(d, Stop)]  # concurrency proves no shard too big
-    evidence = [d.event.evidence for d in out if isinstance(d, Record)][0]
+    [record] = [d for d in out if isinstance(d, Record)]
+    evidence = record.death.evidence
     assert evidence.get("likely_culprit") == named
+    roles = {t.key: t.role for t in record.death.tasks}
+    released = [k for d in out if isinstance(d, Release) for k in d.keys]
     if named:
         assert f"likely {named!r}" in evidence["summary"]
         assert evidence["likely_culprit_share"] > 0.9
-    # One shard runs alone at a time, the likely culprit first.
-    [first] = [d.keys for d in out if isinstance(d, Release)]
-    assert first == ((named,) if named else (keys[0],))
+        [other] = set(keys) - {named}
+        assert roles == {named: "culprit", other: "displaced"}
+        assert [e.shard for e in record.events] == [named]
+        assert c.isolation.isolating == named and sorted(released) == sorted(keys)
+        assert c.budget.deaths(other) == 1  # still charged: the samples may be wrong
+    else:
+        assert roles == dict.fromkeys(keys, "suspect")
+        assert sorted(e.shard for e in record.events) == sorted(keys)
+        # One shard runs alone at a time, the first one first.
+        assert c.isolation.isolating == keys[0] and released == [keys[0]]
 
 
-def _sigkill(worker, keys, stacks):
-    return {
-        **report(worker, executing=keys),
-        "host": "h",
-        "time": 1.0,
-        "memory_limit": None,
-        "crash": None,
-        "evidence": {},
-        "executing": [{"key": k, "prefix": k.split("-")[0], "stack": stacks[k]} for k in keys],
-    }
+def _sigkill(worker, keys, stacks, **fields):
+    tasks = tuple(Task(k, k.split("-")[0], stack=stacks[k]) for k in keys)
+    return report(worker, **{"host": "h", "time": 1.0, "tasks": tasks, **fields})
 
 
 def test_one_death_is_one_signature_whatever_the_executing_tasks_were_doing():
@@ -327,10 +320,10 @@ def test_one_death_is_one_signature_whatever_the_executing_tasks_were_doing():
     c.removed(removal("tcp://w:1", {"load-1": "load-1", "sort-2": "sort-2"}, nthreads=2), now=1.0)
     stacks = {"load-1": [["/app/etl.py", 3, "load"]], "sort-2": [["/app/etl.py", 9, "sort"]]}
     out = c.reported(_sigkill("tcp://w:1", ["load-1", "sort-2"], stacks), now=1.1)
-    records = [d for d in out if isinstance(d, Record)]
-    assert sorted(r.event.shard for r in records) == ["load-1", "sort-2"]
-    assert len({r.event.signature_id for r in records}) == 1
-    assert [r.death for r in records].count(True) == 1  # counted once as a death
+    [record] = [d for d in out if isinstance(d, Record)]  # counted once as a death
+    assert sorted(e.shard for e in record.events) == ["load-1", "sort-2"]
+    assert {e.signature_id for e in record.events} == {record.death.signature_id}
+    assert {e.death for e in record.events} == {record.death.id}
 
 
 def test_a_death_caused_by_a_forgotten_task_still_names_its_pipeline():
@@ -342,7 +335,7 @@ def test_a_death_caused_by_a_forgotten_task_still_names_its_pipeline():
     c.removed(removal("tcp://w:1", {}), now=1.0)
     out = c.reported(_sigkill("tcp://w:1", ["load-1"], {"load-1": None}), now=1.1)
     [record] = [d for d in out if isinstance(d, Record)]
-    assert (record.event.shard, record.event.pipeline) == ("load-1", "etl")
+    assert (record.events[0].shard, record.events[0].pipeline) == ("load-1", "etl")
 
 
 @pytest.mark.parametrize("report_first", [False, True])
@@ -351,14 +344,14 @@ def test_a_worker_that_died_before_its_nanny_learned_its_new_address_is_one_deat
     # and died before the nanny read its address: the report names the old tcp://a:1.
     p = DeathPairing(grace=5.0)
     gone = removal("tcp://a:2", {"k": "k"}, pid=8, nanny="tcp://a:9")
-    stale = {**report("tcp://a:1", pid=8, executing=["k"]), "nanny": "tcp://a:9"}
+    stale = report("tcp://a:1", pid=8, executing=["k"], nanny="tcp://a:9")
     if report_first:
         assert p.reported(stale, now=0.0) is None
         death = p.removed(gone, now=0.1)
     else:
         assert p.removed(gone, now=0.0) is None
         death = p.reported(stale, now=0.1)
-    assert (death.worker, death.removal, death.report["worker"]) == (
+    assert (death.worker, death.removal, death.report.worker) == (
         "tcp://a:2",
         gone,
         "tcp://a:2",
@@ -369,7 +362,7 @@ def test_a_worker_that_died_before_its_nanny_learned_its_new_address_is_one_deat
 def test_the_same_pid_under_another_nanny_is_another_process():
     p = DeathPairing(grace=5.0)
     assert p.removed(removal("tcp://b:2", pid=8, nanny="tcp://b:9"), now=0.0) is None
-    other = {**report("tcp://a:1", pid=8), "nanny": "tcp://a:9"}
+    other = report("tcp://a:1", pid=8, nanny="tcp://a:9")
     assert p.reported(other, now=0.1) is None
     assert sorted(d.worker for d in p.expired(now=100.0)) == ["tcp://a:1", "tcp://b:2"]
 
@@ -389,7 +382,7 @@ def test_a_thousand_tasks_erring_with_one_bug_are_parsed_once(monkeypatch):
     ids = set()
     for i in range(1000):
         out, _ = c.task_erred(f"lookup-{i}", f"KeyError({i})", tb, "tcp://w:1", "w", 0, now=1.0)
-        ids |= {d.event.signature_id for d in out if isinstance(d, Record)}
+        ids |= {d.events[0].signature_id for d in out if isinstance(d, Record)}
     assert len(ids) == 1 and len(parsed) == 1
     out, _ = c.task_erred("other", "ValueError('x')", tb, "tcp://w:1", "w", 0, now=1.0)
     assert len(parsed) == 2  # another exception class is another signature
@@ -423,13 +416,13 @@ def test_workers_killed_again_before_they_registered_are_each_one_death():
     pairing = DeathPairing(grace=5.0)
     assert pairing.reported(report(pid=7), now=0.0) is None
     first = pairing.reported(report(pid=8), now=0.5)  # another process: decide the first
-    assert (first.worker, first.removal, first.report["pid"]) == ("tcp://a:1", None, 7)
+    assert (first.worker, first.removal, first.report.pid) == ("tcp://a:1", None, 7)
     assert pairing.reported(report(pid=8), now=0.6) is None  # the same one again: refused
     assert pairing.refused == {"duplicate": 1}
     second = pairing.reported(report(pid=9), now=1.0)
-    assert second.report["pid"] == 8
+    assert second.report.pid == 8
     [third] = pairing.expired(now=6.0)
-    assert third.report["pid"] == 9 and len(pairing) == 0
+    assert third.report.pid == 9 and len(pairing) == 0
 
 
 # --- issue 27: a death without a report is one event; moved shards said as they were ---
@@ -455,8 +448,12 @@ def test_a_death_without_a_report_is_one_event_naming_its_suspects():
     _naps(c, ["nap-28", "nap-31"])
     out = _lost(c, "tcp://w:1", ["nap-28", "nap-31"], now=1.0, nthreads=1)
     [record] = [d for d in out if isinstance(d, Record)]
-    e = record.event
-    assert record.death and (e.cause, e.kind, e.pipeline) == ("worker_lost", "infra", "naps")
+    e = record.events[0]
+    assert record.death is not None and (e.cause, e.kind, e.pipeline) == (
+        "worker_lost",
+        "infra",
+        "naps",
+    )
     assert e.shard == ""  # nobody's own failure
     assert e.evidence["suspects"] == ["nap-28", "nap-31"]
     assert e.evidence["suspects_total"] == 2
@@ -481,10 +478,13 @@ def test_a_sole_suspect_is_named_and_counted():
     c = DecisionCore(allowed_failures=3, grace=5.0)
     _naps(c, ["nap-1", "nap-2", "nap-3"])
     [alone] = [d for d in _lost(c, "tcp://w:1", ["nap-1"], now=1.0) if isinstance(d, Record)]
-    assert alone.event.shard == "nap-1" and "suspects" not in alone.event.evidence
+    assert alone.events[0].shard == "nap-1" and "suspects" not in alone.events[0].evidence
     out = _lost(c, "tcp://w:2", ["nap-2", "nap-3"], now=20.0, executing_guess={"nap-3": "nap-3"})
     [guessed] = [d for d in out if isinstance(d, Record)]
-    assert guessed.event.shard == "nap-3" and guessed.event.evidence["blame"] == "last heartbeat"
+    assert (
+        guessed.events[0].shard == "nap-3"
+        and guessed.events[0].evidence["blame"] == "last heartbeat"
+    )
     assert (c.policy.attempt("nap-1"), c.policy.attempt("nap-2"), c.policy.attempt("nap-3")) == (
         2,
         1,
@@ -500,7 +500,7 @@ def test_suspects_of_two_pipelines_name_both_and_each_run_counts_the_death():
     _naps(c, ["load-1"], "etl")
     out = _lost(c, "tcp://w:1", ["nap-1", "load-1"], now=1.0, nthreads=1)
     [record] = [d for d in out if isinstance(d, Record)]
-    e = record.event
+    e = record.events[0]
     assert (e.shard, e.pipeline) == ("", "")
     assert e.evidence["suspect_pipelines"] == ["naps", "etl"]
     assert e.signature_title == "worker_lost in one of load, nap"
@@ -517,7 +517,7 @@ def test_many_suspects_are_bounded_in_the_evidence():
     [record] = [
         d for d in _lost(c, "tcp://w:1", keys, now=1.0, nthreads=8) if isinstance(d, Record)
     ]
-    ev = record.event.evidence
+    ev = record.events[0].evidence
     assert len(ev["suspects"]) == 20 and ev["suspects_total"] == 100
     assert "and 95 more" in ev["summary"] and "8 threads" in ev["summary"]
     assert len(ev["summary"]) < 300
@@ -540,7 +540,7 @@ def test_a_killer_queued_behind_a_healthy_task_is_still_stopped_within_dasks_bou
         records += [d for d in out if isinstance(d, Record)]
         stops += [d for d in out if isinstance(d, Stop)]
     assert len(records) == allowed + 1  # one event per death
-    assert all(r.event.shard == "" for r in records)
+    assert all(r.events[0].shard == "" for r in records)
     [stop] = stops
     assert stop.keys == ("kill-1",) and stop.exception.shard == "kill-1"
     assert f"was on {allowed + 1} " in stop.exception.message
@@ -555,16 +555,9 @@ def test_a_late_report_replaces_the_one_event_of_its_death():
     _naps(c, ["nap-1", "nap-2"])
     out = _lost(c, "tcp://w:1", ["nap-1", "nap-2"], now=1.0, pid=7, nthreads=1)
     [lost] = [d for d in out if isinstance(d, Record)]
-    late = c.reported(
-        {
-            **_sigkill("tcp://w:1", ["nap-2"], {"nap-2": None}),
-            "pid": 7,
-            "time": 1.0,
-        },
-        now=30.0,
-    )
+    late = c.reported(_sigkill("tcp://w:1", ["nap-2"], {"nap-2": None}, pid=7), now=30.0)
     [amend] = [d for d in late if isinstance(d, Record)]
-    assert amend.amends == lost.event.time and amend.event.shard == "nap-2"
+    assert amend.amends == lost.events[0].time and amend.events[0].shard == "nap-2"
 
 
 @pytest.mark.parametrize("said", [True, False])

@@ -18,6 +18,7 @@ from oomguard._cli import main
 from oomguard._cli.doctor import (
     cgroup as _doctor_cgroup,
 )
+from oomguard._cli.doctor import check as _doctor_check
 from oomguard._cli.doctor import (
     checks as _doctor,
 )
@@ -25,6 +26,7 @@ from oomguard._cli.doctor import (
     command as _cli_doctor,
 )
 from oomguard._cli.doctor.cgroup import check_cgroup
+from oomguard._cli.doctor.check import layout_label
 from oomguard._cli.doctor.checks import (
     Check,
     check_crash_dir,
@@ -242,7 +244,7 @@ def test_no_cgroup_at_all(tmp_path):
     ],
 )
 def test_layout_labels(version, usable, per_worker, label):
-    assert _doctor.layout_label(version, usable, per_worker) == label
+    assert layout_label(version, usable, per_worker) == label
     assert label in LAYOUTS
 
 
@@ -484,7 +486,7 @@ def test_bad_usage_exits_2(capsys):
 
 
 def test_doctests():
-    for module in (_doctor, _doctor_cgroup, _cli_doctor):
+    for module in (_doctor, _doctor_cgroup, _doctor_check, _cli_doctor):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, module.__name__
 

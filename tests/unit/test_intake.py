@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from oomguard._death.record import Death
 from oomguard._decide import DecisionCore, Removal
 from oomguard.scheduler_plugin._intake import ReportIntake
 from oomguard.scheduler_plugin._plugin import OomguardSchedulerPlugin
@@ -66,7 +67,7 @@ def test_the_plugins_room_is_the_pairings_cap_unless_a_removal_waits():
     plugin.core = DecisionCore(grace=5.0, max_reports=3)
     pairing = plugin.core.pairing
     assert plugin.handlers.room() == 3
-    pairing.reported({"worker": "tcp://a:1", "pid": 1}, now=0.0)
+    pairing.reported(Death(worker="tcp://a:1", pid=1), now=0.0)
     assert plugin.handlers.room() == 2
     # A removal waits for its report, which any queued report may be: no limit.
     pairing.removed(Removal("tcp://b:1", "b", 0.0, {}), now=0.0)

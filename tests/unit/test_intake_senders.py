@@ -4,9 +4,10 @@ first, whatever a flood from the same host does."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from oomguard._death import wire
-from oomguard._death.build import EXAMPLE_ARGS, build_report
+from oomguard._death.build import EXAMPLE, build
 from oomguard.scheduler_plugin._intake import ReportIntake
 from oomguard.scheduler_plugin._senders import BURST
 
@@ -15,7 +16,7 @@ NANNY = "tcp://10.0.0.9:50002"  # the same host as the forger
 
 
 def _report(worker: str) -> bytes:
-    return wire.encode(build_report(**{**EXAMPLE_ARGS, "worker": worker}))
+    return wire.encode(build(dataclasses.replace(EXAMPLE, worker=worker)))
 
 
 async def _drain(intake: ReportIntake, got: list, n: int) -> None:
@@ -62,7 +63,7 @@ def test_a_report_its_death_waits_for_goes_first_through_a_flood():
             await _drain(intake, got, intake.accepted)
         finally:
             intake.close()
-        workers = [r["worker"] for r, _, _ in got]
+        workers = [r.worker for r, _, _ in got]
         # Taken before every forged report still queued when it came.
         assert workers.index("tcp://10.0.0.9:40001") < 10
 

@@ -3,15 +3,25 @@ to the report, and what the decision core makes of it."""
 
 from __future__ import annotations
 
+import dataclasses
 import doctest
 
 import pytest
 
 from oomguard._causes import Confidence, Killer, Known, memory_death
 from oomguard._death import killer as killer_mod
-from oomguard._death.build import EXAMPLE_ARGS, build_report
-from oomguard._death.killer import attribute, for_cause
-from oomguard._death.wire import validate
+from oomguard._death.build import EXAMPLE, build
+from oomguard._death.killer import for_cause
+from oomguard._death.record import Attribution, Death, Seen, Task
+from oomguard._death.wire import to_wire, validate
+
+
+def attribute(d):
+    """The killer rules on what a nanny saw (`d`: Seen's fields, the cause, the evidence)."""
+    d = dict(d)
+    cause, evidence = d.pop("cause"), d.pop("evidence", {})
+    return killer_mod.attribute(Seen(**d), cause, evidence if isinstance(evidence, dict) else {})
+
 
 GIB = 2**30
 EARLYOOM = {
@@ -57,8 +67,8 @@ def test_doctests():
 )
 def test_causes_that_name_their_killer(cause, killer, how):
     a = attribute({"cause": cause, "exitcode": -9, "evidence": {}})
-    assert (a.killer, a.how, a.confidence) == (killer, how, "confirmed")
-    assert for_cause(cause).killer == killer
+    assert (a.name, a.how, a.confidence) == (killer, how, "confirmed")
+    assert for_cause(cause).name == killer
 
 
 def test_kernel_log_is_said_when_it_is_the_proof():
@@ -78,7 +88,7 @@ def test_earlyoom_sigterm_is_confirmed_from_the_sender_with_memavailable():
             "killers": [EARLYOOM],
         }
     )
-    assert (a.killer, a.how, a.confidence) == ("earlyoom", "signal sender", "confirmed")
+    assert (a.name, a.how, a.confidence) == ("earlyoom", "signal sender", "confirmed")
     assert a.facts["sender_pid"] == 812 and a.facts["sender_uid"] == 0
     assert a.facts["memavailable_bytes"] == GIB - 2**20
     assert a.facts["memavailable_age_seconds"] == 0.5
@@ -98,7 +108,7 @@ def test_earlyoom_kill_of_the_largest_process_is_a_memory_kill():
             "host_reading": host(GIB, total=8 * GIB),
         }
     )
-    assert a.killer == "earlyoom" and a.memory and a.facts["killer_memory"] is True
+    assert a.name == "earlyoom" and a.memory and a.facts["killer_memory"] is True
     assert memory_death("sigterm", a.facts)
 
 
@@ -115,7 +125,7 @@ def test_a_named_process_is_named_with_pid_and_uid_and_is_external():
             ],
         }
     )
-    assert (a.killer, a.how, a.confidence) == ("process", "signal sender", "confirmed")
+    assert (a.name, a.how, a.confidence) == ("process", "signal sender", "confirmed")
     assert a.summary == "SIGTERM from chaos-monkey (pid 4242, uid 1001)"
     assert a.facts["sender_cmdline"] == "chaos-monkey [31m -t"  # no control characters
     assert a.memory is False  # a person or a chaos tool: never the shard's fault
@@ -123,13 +133,13 @@ def test_a_named_process_is_named_with_pid_and_uid_and_is_external():
 
 def test_a_sender_gone_before_it_was_named_is_named_by_pid_and_uid():
     a = attribute({"cause": "sigterm", "signals": [sigterm_from(4242, None, uid=7)]})
-    assert a.killer == "process"
+    assert a.name == "process"
     assert a.summary == "SIGTERM from pid 4242 (uid 7; it exited before it was named)"
 
 
 def test_a_sender_outside_the_pid_namespace_says_so():
     a = attribute({"cause": "sigterm", "signals": [sigterm_from(0, None)]})
-    assert a.killer == "unknown" and a.how == "signal sender"
+    assert a.name == "unknown" and a.how == "signal sender"
     assert "outside this container" in a.summary and a.facts["sender_outside"] is True
 
 
@@ -139,7 +149,7 @@ def test_a_sender_outside_the_pid_namespace_says_so():
 )
 def test_named_killers(name, killer):
     a = attribute({"cause": "sigterm", "signals": [sigterm_from(77, name)]})
-    assert (a.killer, a.confidence) == (killer, "confirmed")
+    assert (a.name, a.confidence) == (killer, "confirmed")
 
 
 def test_the_nanny_and_the_worker_itself_as_senders():
@@ -147,8 +157,8 @@ def test_the_nanny_and_the_worker_itself_as_senders():
     # The nanny's memory terminate is K2 (its own event); any other SIGTERM from its process
     # is other code there (a LocalCluster's client), never Dask's nanny.
     from_nanny = attribute({**base, "signals": [sigterm_from(30, "python")]})
-    assert from_nanny.killer == "process" and from_nanny.facts["sender_is_nanny_process"]
-    assert attribute({**base, "signals": [sigterm_from(40, "python")]}).killer == "task"
+    assert from_nanny.name == "process" and from_nanny.facts["sender_is_nanny_process"]
+    assert attribute({**base, "signals": [sigterm_from(40, "python")]}).name == "task"
 
 
 def test_the_last_sigterm_counts_and_other_signals_are_ignored():
@@ -157,7 +167,7 @@ def test_the_last_sigterm_counts_and_other_signals_are_ignored():
         {**sigterm_from(6, "earlyoom"), "signal": "SIGHUP"},
         sigterm_from(812, "earlyoom"),
     ]
-    assert attribute({"cause": "sigterm", "signals": signals}).killer == "earlyoom"
+    assert attribute({"cause": "sigterm", "signals": signals}).name == "earlyoom"
 
 
 def test_sigkill_with_low_memory_is_likely_earlyoom_with_the_numbers():
@@ -171,7 +181,7 @@ def test_sigkill_with_low_memory_is_likely_earlyoom_with_the_numbers():
             "killers": [EARLYOOM],
         }
     )
-    assert (a.killer, a.how, a.confidence) == ("earlyoom", "inferred", "likely")
+    assert (a.name, a.how, a.confidence) == ("earlyoom", "inferred", "likely")
     assert "at or below its SIGKILL threshold 6.2 %" in a.summary
     assert "MemAvailable 3.1 %" in a.summary
     assert a.facts["killer_threshold_bytes"] == GIB // 2
@@ -189,7 +199,7 @@ def test_an_earlyoom_in_dryrun_is_never_the_likely_killer():
             "killers": [{**EARLYOOM, "dryrun": True}],
         }
     )
-    assert a.killer == "unknown"
+    assert a.name == "unknown"
 
 
 def test_sigkill_with_plenty_of_memory_is_unknown_with_what_was_excluded():
@@ -201,7 +211,7 @@ def test_sigkill_with_plenty_of_memory_is_unknown_with_what_was_excluded():
             "killers": [EARLYOOM],
         }
     )
-    assert (a.killer, a.confidence) == ("unknown", "likely")
+    assert (a.name, a.confidence) == ("unknown", "likely")
     assert a.summary.startswith("SIGKILL from an unknown sender: not the kernel")
     assert "MemAvailable 83.3 %" in a.summary
 
@@ -214,7 +224,7 @@ def test_sigkill_after_a_sigterm_names_its_sender_as_likely():
             "signals": [sigterm_from(99, "slurmstepd", time=100.0)],
         }
     )
-    assert (a.killer, a.how, a.confidence) == ("slurm", "inferred", "likely")
+    assert (a.name, a.how, a.confidence) == ("slurm", "inferred", "likely")
     assert a.summary.startswith("SIGKILL 30.0 s after a SIGTERM from slurmstepd")
 
 
@@ -225,13 +235,13 @@ def test_sigkill_counted_by_systemd_oomd_xattrs_is_confirmed():
             "oomd": {"reading": {"ooms": 1, "kill": 3}, "after": {"ooms": 2, "kill": 4}},
         }
     )
-    assert (a.killer, a.how, a.confidence) == ("systemd-oomd", "cgroup xattr", "confirmed")
+    assert (a.name, a.how, a.confidence) == ("systemd-oomd", "cgroup xattr", "confirmed")
     assert a.facts["oomd_kill_delta"] == 1
 
 
 def test_xattrs_not_available_are_no_evidence_either_way():
     for oomd in (None, {}, {"reading": None, "after": {"kill": 5}}, {"after": {"kill": None}}):
-        assert attribute({"cause": "sigkill", "oomd": oomd}).killer == "unknown"
+        assert attribute({"cause": "sigkill", "oomd": oomd}).name == "unknown"
 
 
 def test_slurmstepd_names_the_job():
@@ -242,7 +252,7 @@ def test_slurmstepd_names_the_job():
             "environment": {"slurm_job_id": "42", "slurm_step_id": "0"},
         }
     )
-    assert (a.killer, a.confidence) == ("slurm", "confirmed")
+    assert (a.name, a.confidence) == ("slurm", "confirmed")
     assert a.summary == (
         "SIGTERM from slurmstepd (pid 99, uid 0) in SLURM job 42: its time limit, scancel "
         "or preemption"
@@ -254,7 +264,7 @@ def test_slurm_job_without_a_sender_is_likely_slurm():
     a = attribute(
         {"cause": "sigterm", "environment": {"slurm_job_id": "42", "slurm_step_id": "0"}}
     )
-    assert (a.killer, a.how, a.confidence) == ("slurm", "job state", "likely")
+    assert (a.name, a.how, a.confidence) == ("slurm", "job state", "likely")
     assert a.facts["slurm_job_id"] == "42"
 
 
@@ -274,32 +284,33 @@ def test_malformed_inputs_never_raise_and_never_hide_the_death(junk):
             "evidence": junk,
         }
     )
-    assert a.killer in {k.value for k in Killer} and a.summary
+    assert a.name in {k.value for k in Killer} and a.summary
 
 
 def test_the_report_carries_the_killer_and_validates():
-    r = build_report(
-        **{
-            **EXAMPLE_ARGS,
-            "exitcode": -15,
-            "signals": [sigterm_from(812, "earlyoom")],
-            "host_reading": host(GIB, total=8 * GIB),
-            "killers": [EARLYOOM],
-        }
+    d = build(
+        dataclasses.replace(
+            EXAMPLE,
+            exitcode=-15,
+            signals=(sigterm_from(812, "earlyoom"),),
+            host_reading=host(GIB, total=8 * GIB),
+            killers=(EARLYOOM,),
+        )
     )
-    assert r["cause"] == "sigterm"
-    assert r["killer"]["name"] == "earlyoom" and r["killer"]["how"] == "signal sender"
-    assert r["evidence"]["sender_pid"] == 812 and r["evidence"]["killer"] == "earlyoom"
-    assert validate(r)["killer"] == r["killer"]
+    assert d.cause == "sigterm"
+    assert (d.killer.name, d.killer.how) == ("earlyoom", "signal sender")
+    # The killer is said once: its facts are in the evidence, it is not.
+    assert d.evidence["sender_pid"] == 812 and "killer" not in d.evidence
+    assert validate(to_wire(d)).killer == d.killer
     # A requested close is no death: no killer either.
-    closed = build_report(**{**EXAMPLE_ARGS, "requested_close": True})
-    assert closed["cause"] is None and closed["killer"] is None
+    closed = build(dataclasses.replace(EXAMPLE, requested=True))
+    assert closed.cause == "" and closed.killer is None
 
 
 def test_a_report_from_an_older_nanny_has_no_killer_and_still_validates():
-    r = build_report(**EXAMPLE_ARGS)
+    r = to_wire(build(EXAMPLE))
     del r["killer"]
-    assert validate(r)["killer"] is None
+    assert validate(r).killer is None
 
 
 @pytest.mark.parametrize(
@@ -309,7 +320,7 @@ def test_a_report_from_an_older_nanny_has_no_killer_and_still_validates():
 def test_a_killer_outside_the_vocabulary_is_refused_naming_the_field(field, value):
     from oomguard import ReportError
 
-    r = build_report(**{**EXAMPLE_ARGS, "exitcode": -15})
+    r = to_wire(build(dataclasses.replace(EXAMPLE, exitcode=-15)))
     r["killer"][field] = value
     with pytest.raises(ReportError) as e:
         validate(r)
@@ -324,40 +335,29 @@ def test_vocabularies_are_small_and_fixed():
 
 
 def _death(core, worker, keys, killer, now, stack="load"):
-    from oomguard._decide.deaths import Removal
+    from oomguard._decide.pairing import Removal
 
     core.removed(
         Removal(worker=worker, host="h", time=now, processing={k: k for k in keys}, nthreads=2),
         now=now,
     )
-    return core.reported(
-        {
-            "worker": worker,
-            "pid": 7,
-            "cause": "sigterm",
-            "host": "h",
-            "time": now,
-            "memory_limit": None,
-            "crash": None,
-            "evidence": {"killer_memory": killer["memory"]},
-            "killer": killer,
-            "executing": [
-                {"key": k, "prefix": k.split("-")[0], "stack": [["/app/etl.py", 3, stack]]}
-                for k in keys
-            ],
-        },
-        now=now + 0.1,
+    tasks = tuple(Task(k, k.split("-")[0], stack=(("/app/etl.py", 3, stack),)) for k in keys)
+    death = Death(
+        worker=worker,
+        pid=7,
+        cause="sigterm",
+        host="h",
+        time=now,
+        evidence={"killer_memory": killer.memory},
+        killer=killer,
+        tasks=tasks,
     )
+    return core.reported(death, now=now + 0.1)
 
 
 def _killer(name, memory):
-    return {
-        "name": name,
-        "how": "signal sender",
-        "confidence": "confirmed",
-        "summary": f"SIGTERM from {name} (pid 812, uid 0)",
-        "memory": memory,
-    }
+    summary = f"SIGTERM from {name} (pid 812, uid 0)"
+    return Attribution(name, "signal sender", "confirmed", summary, memory=memory)
 
 
 @pytest.mark.parametrize("memory", [True, False])
@@ -370,9 +370,9 @@ def test_a_userspace_oom_kill_of_the_largest_is_a_shared_memory_kill(memory):
     c = DecisionCore(allowed_failures=3, grace=5.0)
     c.submitted(["a-1", "b-2"], ["a-1", "b-2"], {}, now=0.0)
     out = _death(c, "tcp://w:1", ["a-1", "b-2"], _killer("earlyoom", memory), now=1.0)
-    records = [d for d in out if isinstance(d, Record)]
-    assert {r.event.killer for r in records} == {"earlyoom"}
-    assert records[0].event.killer_summary == "SIGTERM from earlyoom (pid 812, uid 0)"
+    [record] = [d for d in out if isinstance(d, Record)]
+    assert {e.killer for e in record.events} == {"earlyoom"}
+    assert record.death.killer.summary == "SIGTERM from earlyoom (pid 812, uid 0)"
     released = [d.keys for d in out if isinstance(d, Release)]
     assert (len(released) == 1 and len(released[0]) == 1) is memory  # one runs alone
 
@@ -434,6 +434,7 @@ def test_a_stopped_nannys_event_is_external_and_signed():
     from oomguard._decide import nanny_stop_record
 
     r = nanny_stop_record("tcp://w:1", "h", "('load', 3)", "etl", 100.0)
-    assert (r.event.cause, r.event.kind, r.death) == ("sigterm", "infra", False)
-    assert r.event.evidence["external"] is True and r.event.signature_id
-    assert r.event.killer == "unknown" and r.event.killer_confidence == "likely"
+    [e] = r.events
+    assert (e.cause, e.kind, r.death) == ("sigterm", "infra", None)
+    assert e.evidence["external"] is True and e.signature_id
+    assert e.killer == "unknown" and e.killer_confidence == "likely"

@@ -31,21 +31,13 @@ def _modules() -> dict[str, pathlib.Path]:
     return out
 
 
-def _imports(name: str, path: pathlib.Path, *, lazy: bool = False) -> set[str]:
-    """The oomguard modules `name` imports when it is imported (with `lazy`, also those
-    imported inside functions); never what is imported under TYPE_CHECKING."""
+def _imports(name: str, path: pathlib.Path) -> set[str]:
+    """The oomguard modules `name` imports: at its top, inside its functions and under
+    TYPE_CHECKING alike (a type named from another module is a tie to it all the same)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
     tree = ast.parse(path.read_text())
-    typing_only = {
-        id(n)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-        for n in ast.walk(node)
-    }
-    for node in ast.walk(tree) if lazy else tree.body:
-        if id(node) in typing_only:
-            continue
+    for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")[: len(package.split(".")) - node.level + 1]
@@ -60,10 +52,10 @@ def _imports(name: str, path: pathlib.Path, *, lazy: bool = False) -> set[str]:
     return found
 
 
-def _graph(*, lazy: bool = False) -> dict[str, set[str]]:
+def _graph() -> dict[str, set[str]]:
     modules = _modules()
     return {
-        name: {m for m in _imports(name, path, lazy=lazy) if m in modules and m != name}
+        name: {m for m in _imports(name, path) if m in modules and m != name}
         for name, path in modules.items()
     }
 
@@ -110,7 +102,7 @@ def test_imports_only_go_down_the_layers():
         return None  # the top-level vocabulary: below every layer
 
     wrong = []
-    for name, targets in _graph(lazy=True).items():
+    for name, targets in _graph().items():
         if name == "oomguard":
             continue  # the public surface re-exports from every layer
         here = layer(name)

@@ -8,7 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from oomguard._causes import DEATH_CAUSES, Cause, Killer, Kind
 from oomguard._death.wire import REASONS
-from oomguard._metrics import INTERNAL_ERROR_SITES, LATENCY_BUCKETS, OomguardMetrics, store_totals
+from oomguard._metrics import INTERNAL_ERROR_SITES, LATENCY_BUCKETS, OomguardMetrics
 from oomguard._models import FailureEvent
 from oomguard._store import FailureStore
 
@@ -184,7 +184,7 @@ def test_store_totals(tmp_path):
     store = FailureStore(str(tmp_path / "s.sqlite3"))
     store.start()
     try:
-        assert store_totals(store) == (0, 0)
+        assert store.totals() == (0, 0)
         for i, (sig, host) in enumerate(
             [("a", "h1"), ("a", "h2"), ("a", "h2"), ("b", "h1"), ("c", "h3")]
         ):
@@ -202,6 +202,6 @@ def test_store_totals(tmp_path):
                 )
             )
         assert store.flush()
-        assert store_totals(store) == (3, 2)
+        assert store.totals() == (3, 2)
     finally:
         store.close()

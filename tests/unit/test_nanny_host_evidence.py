@@ -17,6 +17,7 @@ import sys
 import pytest
 
 from capabilities import require
+from oomguard._death.record import Death
 from oomguard._host import cgroup as _cgroup
 from oomguard._host.readings import OOMD_KILL, OOMD_OOMS, HostMeter, OomdXattrs
 from oomguard.worker_plugin import _reporting
@@ -28,11 +29,11 @@ from oomguard.worker_plugin._nanny import OomguardNannyPlugin
 def built(monkeypatch):
     calls: list[dict] = []
 
-    def record(**kwargs):
-        calls.append(kwargs)
-        return {"cause": "sigkill"}
+    def record(seen, max_bytes):
+        calls.append(dict(vars(seen)))  # what the nanny saw, as build() gets it
+        return Death(cause="sigkill")
 
-    monkeypatch.setattr(_reporting, "build_report", record)
+    monkeypatch.setattr(_reporting, "build", record)
     return calls
 
 
@@ -49,7 +50,7 @@ def _plugin(tmp_path) -> OomguardNannyPlugin:
     return plugin
 
 
-def test_host_reading_killers_and_environment_reach_build_report(tmp_path, built):
+def test_host_reading_killers_and_environment_reach_the_build(tmp_path, built):
     env = {**os.environ, "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "1"}
     worker = _worker(env)
     try:

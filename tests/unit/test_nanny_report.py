@@ -31,7 +31,9 @@ def _life(pid, **kw) -> _Life:
 
 
 def test_missing_crash_file_and_flight_record_are_named(tmp_path):
-    report = _plugin(tmp_path)._build(4321, -9, False, "tcp://w:1", _life(4321), 2.0)
+    report = _wire.to_wire(
+        _plugin(tmp_path)._build(4321, -9, False, "tcp://w:1", _life(4321), 2.0)
+    )
     assert report["cause"] == "sigkill"
     missing = " | ".join(report["missing"])
     assert "crash file: not found" in missing
@@ -49,7 +51,7 @@ def test_corrupt_files_and_unreadable_cgroup_still_give_a_report(tmp_path):
         f.write(b"OOMGFLT1" + b"\x00" * 10)  # right magic, truncated header
     gone = tmp_path / "no-such-cgroup"
     life = _life(pid, cgroup_path=str(gone), cgroup_version=1)
-    report = _plugin(tmp_path)._build(pid, -11, False, "tcp://w:1", life, 2.0)
+    report = _wire.to_wire(_plugin(tmp_path)._build(pid, -11, False, "tcp://w:1", life, 2.0))
     assert report["cause"] == "native_crash"
     missing = " | ".join(report["missing"])
     assert "flight record" in missing
@@ -63,7 +65,7 @@ def test_unknown_exit_code_is_exit_with_what_was_known(tmp_path):
     rec = FlightRecorder.create(flight_path(str(tmp_path), pid))
     rec.task_started("('load', 3)", start=1.5)
     rec.close()
-    report = _plugin(tmp_path)._build(pid, 255, False, "tcp://w:1", _life(pid), 2.0)
+    report = _wire.to_wire(_plugin(tmp_path)._build(pid, 255, False, "tcp://w:1", _life(pid), 2.0))
     assert report["cause"] == "exit"
     assert report["exitcode"] == 255
     assert [e["key"] for e in report["executing"]] == ["('load', 3)"]
@@ -75,8 +77,10 @@ def test_unknown_exit_code_is_exit_with_what_was_known(tmp_path):
 
 
 def test_requested_close_is_not_a_failure(tmp_path):
-    report = _plugin(tmp_path)._build(4324, -15, True, "tcp://w:1", _life(4324), 2.0)
-    assert report["cause"] is None
+    report = _wire.to_wire(
+        _plugin(tmp_path)._build(4324, -15, True, "tcp://w:1", _life(4324), 2.0)
+    )
+    assert report["cause"] == ""
 
 
 def test_cgroup_limit_true_where_impossible_is_a_startup_error(tmp_path, monkeypatch):
@@ -226,7 +230,7 @@ def test_the_report_says_what_the_groups_peak_covers(tmp_path):
         "note": "memory.move_charge_at_immigrate refused (EINVAL)",
     }
     life = _life(4330, cgroup_path=str(tmp_path / "gone"), cgroup_version=1, placement=placement)
-    report = _plugin(tmp_path)._build(4330, -9, False, "tcp://w:1", life, 2.0)
+    report = _wire.to_wire(_plugin(tmp_path)._build(4330, -9, False, "tcp://w:1", life, 2.0))
     ev = report["evidence"]
     assert (ev["peak_scope"], ev["charge_moved"], ev["rss_at_move_bytes"]) == (
         "worker",

@@ -7,7 +7,7 @@ import asyncio
 import time
 
 from oomguard._death import wire
-from oomguard._death.build import EXAMPLE_ARGS, build_report
+from oomguard._death.build import EXAMPLE, build
 from oomguard.worker_plugin import OomguardNannyPlugin
 from oomguard.worker_plugin._send import send_with_retry
 
@@ -51,12 +51,12 @@ def test_the_nanny_sends_again_after_overflow_and_the_loop_keeps_running():
 
             t = asyncio.create_task(ticker())
             try:
-                await plugin._send(build_report(**EXAMPLE_ARGS))
+                await plugin._send(build(EXAMPLE))
             finally:
                 t.cancel()
                 await plugin._nanny.scheduler.close_rpc()
         assert len(got) == 5  # four overflows, then taken
-        assert wire.decode(got[-1])["worker"] == EXAMPLE_ARGS["worker"]
+        assert wire.decode(got[-1]).worker == EXAMPLE.worker
         assert plugin._nanny.events == []  # taken by the scheduler, no fallback event
         assert plugin.reports_sent == 1
         assert ticks > 5  # the nanny's loop ran meanwhile

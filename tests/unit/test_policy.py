@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from oomguard import Cause, FailureEvent, PipelineAborted
 from oomguard._causes import kind_of
-from oomguard._decide.policy import AbortDecision, FailurePolicy
+from oomguard._decide.policy import FailurePolicy
+from oomguard._models import AbortDecision
 from oomguard._words import describe_cause
 
 SHARD = "('load', 7)"

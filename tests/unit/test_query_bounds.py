@@ -13,7 +13,6 @@ from distributed import Client, LocalCluster
 import oomguard
 from _cli_run import report
 from oomguard import FailureEvent
-from oomguard._metrics import store_totals
 from oomguard._store import FailureStore
 from oomguard.scheduler_plugin._query_bounds import QUERY_MAX_BYTES, QUERY_MAX_ROWS, bounded
 
@@ -41,7 +40,7 @@ def _event(
 
 
 def _old_totals(store: FailureStore) -> tuple[int, int]:
-    """store_totals as main computed it: every signature read as a row."""
+    """FailureStore.totals as main computed it: every signature read as a row."""
     rows = store.signatures(limit=None)
     hosts = [
         store.distinct_counts(r.id)["hosts"] if len(r.hosts) >= store.member_cap else len(r.hosts)
@@ -55,7 +54,7 @@ def test_gauge_totals_equal_the_per_row_count_and_read_no_rows(tmp_path):
     store.member_cap = 5  # a signature past the cap takes its count from signature_distinct
     store.start()
     try:
-        assert store_totals(store) == (0, 0)
+        assert store.totals() == (0, 0)
         example = "Traceback line\n" * 4096  # 60 KiB, as a real example may be
         for i in range(400):
             hosts = 9 if i % 200 == 7 else 1 + i % 3  # signature 7 is seen on 9 hosts
@@ -65,15 +64,15 @@ def test_gauge_totals_equal_the_per_row_count_and_read_no_rows(tmp_path):
         assert store.flush(), store.last_error
         expected = _old_totals(store)
         assert expected == (200, 9)
-        assert store_totals(store) == expected
+        assert store.totals() == expected
         tracemalloc.start()
         try:
-            store_totals(store)
+            store.totals()
             peak = tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
         # main read 200 examples of 60 KiB each (12 MiB); counting needs next to nothing.
-        assert peak < 256 * 1024, f"store_totals allocated {peak} bytes"
+        assert peak < 256 * 1024, f"totals() allocated {peak} bytes"
     finally:
         store.close()
 

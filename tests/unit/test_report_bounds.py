@@ -9,18 +9,18 @@ thread, and the evidence is capped in bytes once per death.
 from __future__ import annotations
 
 from oomguard._death import wire
-from oomguard._death.build import EXAMPLE_ARGS, build_report
+from oomguard._death.build import EXAMPLE, build
 from oomguard._decide import DecisionCore, Record, Removal
 from oomguard._decide.bounds import EVIDENCE_BYTES
 from oomguard._store.items import event_item
 
-WORKER = EXAMPLE_ARGS["worker"]
+WORKER = EXAMPLE.worker
 
 
 def _amplifying(real: list[str], invented: int = 64) -> dict:
     """A valid report naming `invented` made-up keys after `real`, its evidence as large
     as the schema allows (96 keys of ~750 characters: ~72 KiB)."""
-    report = build_report(**EXAMPLE_ARGS)
+    report = wire.to_wire(build(EXAMPLE))
     stack = [["/app/job.py", i, f"step_{i}"] for i in range(20)]
     keys = real + [f"victim-{i}" for i in range(invented - len(real))]
     report["executing"] = [
@@ -44,8 +44,9 @@ def _stored_bytes(records: list[Record]) -> int:
     """What the store would write for these records (its own encoding)."""
     total = 0
     for r in records:
-        item = event_item(r.event, r.grouping_version, r.example)
-        total += sum(len(x) for x in item if isinstance(x, str))
+        for event in r.events:
+            item = event_item(event, r.grouping_version, r.example)
+            total += sum(len(x) for x in item if isinstance(x, str))
     return total
 
 
@@ -62,8 +63,8 @@ def test_sixty_four_invented_keys_make_one_bounded_event():
     removal = Removal(WORKER, "node-5", 0.0, {"real-1": "real-1"}, nthreads=1, pid=4242)
     c.removed(removal, now=1.0)
     records = [d for d in c.reported(report, now=1.1) if isinstance(d, Record)]
-    assert [r.event.shard for r in records] == ["real-1"]
-    evidence = records[0].event.evidence
+    assert [e.shard for r in records for e in r.events] == ["real-1"]
+    evidence = records[0].death.evidence
     assert evidence["executing_ignored"] == 63  # named, not in processing: counted
     assert evidence["evidence_trimmed"] > 0
     example = len(records[0].example)
@@ -78,7 +79,7 @@ def test_real_keys_beyond_the_threads_are_charged_but_not_each_an_event():
     c.removed(removal, now=1.0)
     out = c.reported(report, now=1.1)
     records = [d for d in out if isinstance(d, Record)]
-    assert [r.event.shard for r in records] == ["real-0", "real-1"]
+    assert [e.shard for r in records for e in r.events] == ["real-0", "real-1"]
     assert _stored_bytes(records) - sum(len(r.example) for r in records) <= 2 * (
         EVIDENCE_BYTES + 1024
     )
@@ -93,7 +94,7 @@ def test_a_report_whose_removal_never_came_is_one_event():
     assert c.reported(report, now=1.0) == []
     records = [d for d in c.tick(10.0) if isinstance(d, Record)]
     assert len(records) == 1
-    assert records[0].event.evidence["evidence_trimmed"] > 0
+    assert records[0].death.evidence["evidence_trimmed"] > 0
 
 
 def test_a_late_report_amends_at_most_its_deaths_threads():
@@ -101,9 +102,9 @@ def test_a_late_report_amends_at_most_its_deaths_threads():
     removal = Removal(WORKER, "node-5", 0.0, {}, nthreads=2, pid=4242)
     c.removed(removal, now=1.0)
     lost = [d for d in c.tick(10.0) if isinstance(d, Record)]
-    assert [r.event.cause for r in lost] == ["worker_lost"]
-    late = [d for d in c.reported(_amplifying([]), now=11.0) if isinstance(d, Record)]
-    assert len(late) == 2 and all(r.amends is not None for r in late)
+    assert [r.death.cause for r in lost] == ["worker_lost"]
+    [late] = [d for d in c.reported(_amplifying([]), now=11.0) if isinstance(d, Record)]
+    assert len(late.events) == 2 and late.amends is not None
 
 
 def test_bounds_doctests():

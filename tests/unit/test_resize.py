@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from oomguard._decide.memory import abort_decision, resize
+from oomguard._decide.memory import resize
+from oomguard._decide.policy import FailurePolicy
 from oomguard._models import FailureEvent
 
 GiB = 2**30
@@ -63,8 +64,12 @@ def test_abort_decision_reads_well():
         "oom_kill in load",
         {"summary": "oom_kill counted"},
     )
-    d = abort_decision(ev, 4 * GiB, 1)
+    policy = FailurePolicy()
+    policy.pipeline_submitted("etl", ["('load', 7)"])
+    policy.record(ev)  # its first failure
+    d = policy.no_larger("etl", ev, 4 * GiB)
     assert d.pipeline == "etl" and d.count == 1 and d.cause == "oom_kill"
+    assert policy.status("etl").status == "aborted"
     assert "no worker has more than 4 GiB; the shard needed more" in d.message
     assert "('load', 7)" in d.message and "OOM-killed" in d.message
     assert d.exception().shard == "('load', 7)"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from oomguard._death.record import Death, Task
 from oomguard._decide import DecisionCore, Hold, Release, Removal, Restrict, Widen
 from oomguard.scheduler_plugin._actions import HOLD, DaskActions
 
@@ -32,20 +33,16 @@ def _core(n_big: int, n_keys: int) -> tuple[DecisionCore, list]:
         core.removed(
             Removal(small, "h", 0.0, {key: key}, pid=k + 1, memory_limit=4 * GiB), now=1.0
         )
-        out = core.reported(
-            {
-                "worker": small,
-                "pid": k + 1,
-                "cause": "oom_kill",
-                "host": "h",
-                "time": 1.0,
-                "memory_limit": 4 * GiB,
-                "crash": None,
-                "evidence": {},
-                "executing": [{"key": key, "prefix": "load", "stack": None}],
-            },
-            now=1.0,
+        death = Death(
+            worker=small,
+            pid=k + 1,
+            cause="oom_kill",
+            host="h",
+            time=1.0,
+            memory_limit=4 * GiB,
+            tasks=(Task(key, "load"),),
         )
+        out = core.reported(death, now=1.0)
         restricted += [d.key for d in out if isinstance(d, Restrict)]
     assert restricted == keys
     return core, keys

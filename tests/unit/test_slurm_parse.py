@@ -4,6 +4,7 @@ verdicts they give a death (`killer.attribute`, the scheduler's `_slurm_jobs.ver
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import time
 
@@ -11,6 +12,7 @@ import pytest
 
 from oomguard._death import slurm
 from oomguard._death.killer import attribute
+from oomguard._death.record import Seen
 from oomguard._lookups.slurm_job import _run, query, valid_job_id
 from oomguard.scheduler_plugin._slurm_jobs import SlurmJobs, verdict
 
@@ -109,7 +111,7 @@ def test_stderr_path_is_never_guessed():
 
 def _death(cause, facts, **extra):
     env = {"slurm_job_id": "2", "slurm_step_id": None, "slurm": facts}
-    return attribute({"cause": cause, "environment": env, **extra})
+    return attribute(Seen(environment=env, **extra), cause, {})
 
 
 def test_a_sigkill_in_a_timed_out_job_is_slurm_confirmed():
@@ -118,7 +120,7 @@ def test_a_sigkill_in_a_timed_out_job_is_slurm_confirmed():
         output=slurm.parse_output(text("stderr-timeout.txt")),
     )  # fmt: skip
     a = _death("sigkill", facts, exitcode=-9)
-    assert (a.killer, a.how, a.confidence) == ("slurm", "job state", "confirmed")
+    assert (a.name, a.how, a.confidence) == ("slurm", "job state", "confirmed")
     assert a.summary == "SIGKILL from slurmstepd: SLURM job 2 TIMEOUT (TimeLimit, limit 00:01:00)"
     assert a.facts["slurm_state"] == "TIMEOUT" and a.facts["slurm_reason"] == "TimeLimit"
 
@@ -126,9 +128,9 @@ def test_a_sigkill_in_a_timed_out_job_is_slurm_confirmed():
 def test_a_running_job_is_no_verdict():
     facts = slurm.job_facts("2", scontrol={"state": "RUNNING", "mem_limit_bytes": 5})
     a = _death("sigkill", facts, exitcode=-9)
-    assert (a.killer, a.confidence) == ("slurm", "likely")  # as before: no state to name
+    assert (a.name, a.confidence) == ("slurm", "likely")  # as before: no state to name
     k = _death("oom_kill", facts, exitcode=-9)
-    assert (k.killer, k.facts["slurm_state"], k.facts["slurm_mem_limit_bytes"]) == (
+    assert (k.name, k.facts["slurm_state"], k.facts["slurm_mem_limit_bytes"]) == (
         "kernel", "RUNNING", 5
     )  # fmt: skip
 
@@ -178,7 +180,7 @@ def test_doctests():
 
 def test_the_scheduler_checks_slurm_evidence():
     from oomguard._death import wire
-    from oomguard._death.build import EXAMPLE_ARGS, build_report
+    from oomguard._death.build import EXAMPLE, build
     from oomguard._exceptions import ReportError
 
     facts = slurm.job_facts(
@@ -190,10 +192,11 @@ def test_the_scheduler_checks_slurm_evidence():
         "slurm_step_id": None,
         "slurm": {**facts, "slurm_query_seconds": 0.1},
     }
-    report = build_report(**{**EXAMPLE_ARGS, "exitcode": -9, "environment": env})
-    ok = wire.decode(wire.encode(report))
-    assert ok["evidence"]["slurm_state"] == "TIMEOUT"
-    assert ok["killer"]["name"] == "slurm" and ok["killer"]["how"] == "job state"
+    death = build(dataclasses.replace(EXAMPLE, exitcode=-9, environment=env))
+    ok = wire.decode(wire.encode(death))
+    assert ok.evidence["slurm_state"] == "TIMEOUT"
+    assert (ok.killer.name, ok.killer.how) == ("slurm", "job state")
+    report = wire.to_wire(death)
     for key, bad, reason in [
         ("slurm_state", "EXPLODED", "bad_value"),
         ("slurm_mem_limit_bytes", "600M", "wrong_type"),

@@ -3,6 +3,7 @@ thread, the flight record's thread per task, the report's `crashed` mark, and bl
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -12,7 +13,8 @@ import pytest
 
 from oomguard import ReportError
 from oomguard._death import wire
-from oomguard._death.build import EXAMPLE_ARGS, build_report
+from oomguard._death.build import EXAMPLE, build
+from oomguard._death.record import Crash, Death, Task
 from oomguard._death.threads import match_crash
 from oomguard._decide import DecisionCore, Forgive, Record, Removal, Stop
 from oomguard._host.flight import FlightRecorder, read_flight_record
@@ -68,7 +70,7 @@ def test_no_thread_marked_is_none():
 
 
 def _entries(idents, **threads):
-    return [{"key": k, "thread": idents.get(v, v)} for k, v in threads.items()]
+    return [Task(k, thread=idents.get(v, v)) for k, v in threads.items()]
 
 
 def test_the_crashing_threads_task_is_found(real_dump):
@@ -118,24 +120,20 @@ def test_the_report_marks_the_crashed_task_and_lists_it_first(real_dump):
         {"key": "calm-task", "start": 1.0, "thread": idents["calm"]},
         {"key": "crash-task", "start": 2.0, "thread": idents["crash"]},
     ]
-    r = build_report(
-        **{**EXAMPLE_ARGS, "exitcode": -11, "crash_text": text, "executing": executing}
-    )
+    r = build_report(exitcode=-11, crash_text=text, executing=executing)
     assert r["cause"] == "native_crash"
     assert [(e["key"], e["crashed"]) for e in r["executing"]] == [
         ("crash-task", True),
         ("calm-task", False),
     ]
     assert r["evidence"]["crash_task"] == "crash-task"
-    assert wire.decode(wire.encode(r)) == r
+    assert wire.to_wire(wire.validate(r)) == r
 
 
 def test_a_report_without_a_match_says_so_in_its_evidence_and_notes(real_dump):
     text, _ = real_dump
     executing = [{"key": "a", "start": 1.0, "thread": 5}, {"key": "b", "start": 2.0, "thread": 6}]
-    r = build_report(
-        **{**EXAMPLE_ARGS, "exitcode": -11, "crash_text": text, "executing": executing}
-    )
+    r = build_report(exitcode=-11, crash_text=text, executing=executing)
     assert [e["crashed"] for e in r["executing"]] == [False, False]
     assert "every executing task is blamed" in r["evidence"]["crash_thread_match"]
     assert any(m.startswith("crash thread: ") for m in r["missing"])
@@ -143,17 +141,17 @@ def test_a_report_without_a_match_says_so_in_its_evidence_and_notes(real_dump):
 
 def test_a_sigkill_report_marks_nothing():
     executing = [{"key": "a", "start": 1.0, "thread": 5}]
-    r = build_report(**{**EXAMPLE_ARGS, "executing": executing})
+    r = build_report(executing=executing)
     assert r["executing"][0]["crashed"] is None and "crash_thread" not in r["evidence"]
 
 
 def test_the_wire_checks_the_crashed_mark():
-    r = build_report(**{**EXAMPLE_ARGS, "executing": [{"key": "a", "start": 1.0}]})
+    r = build_report(executing=[{"key": "a", "start": 1.0}])
     r["executing"][0]["crashed"] = "yes"
     with pytest.raises(ReportError, match=r"executing\[0\]\.crashed: must be bool or None"):
         wire.validate(r)
     del r["executing"][0]["crashed"]  # a report from an older nanny
-    assert wire.validate(r)["executing"][0]["crashed"] is None
+    assert wire.validate(r).tasks[0].crashed is None
 
 
 def test_the_flight_record_keeps_each_tasks_thread(tmp_path):
@@ -169,20 +167,19 @@ def test_the_flight_record_keeps_each_tasks_thread(tmp_path):
     assert got == {"b": 0, "c": 0}
 
 
-def _crash_report(worker, executing, crashed):
-    return {
-        "worker": worker,
-        "pid": 7,
-        "cause": "native_crash",
-        "host": "h",
-        "time": 1.0,
-        "memory_limit": None,
-        "crash": {"signal": "SIGSEGV", "text": "Fatal Python error: Segmentation fault\n"},
-        "evidence": {},
-        "executing": [
-            {"key": k, "prefix": k, "stack": None, "crashed": k == crashed} for k in executing
-        ],
-    }
+def _crash_report(worker, executing, crashed, **fields):
+    return Death(
+        **{
+            "worker": worker,
+            "pid": 7,
+            "cause": "native_crash",
+            "host": "h",
+            "time": 1.0,
+            "crash": Crash("SIGSEGV", "Fatal Python error: Segmentation fault\n"),
+            "tasks": tuple(Task(k, k, crashed=k == crashed) for k in executing),
+            **fields,
+        }
+    )
 
 
 def test_only_the_crashed_task_is_blamed_its_neighbour_is_displaced():
@@ -198,9 +195,11 @@ def test_only_the_crashed_task_is_blamed_its_neighbour_is_displaced():
             ),
             now=t,
         )
-        rep = {**_crash_report("tcp://w:1", ["calm", "crash"], "crash"), "pid": 7 + n, "time": t}
+        rep = _crash_report("tcp://w:1", ["calm", "crash"], "crash", pid=7 + n, time=t)
         out = c.reported(rep, now=t + 0.1)
-        assert [d.event.shard for d in out if isinstance(d, Record)] == ["crash"]
+        [record] = [d for d in out if isinstance(d, Record)]
+        assert [e.shard for e in record.events] == ["crash"]
+        assert record.death.role_of("calm") == "displaced"
         [forgive] = [d for d in out if isinstance(d, Forgive)]
         assert forgive.keys == ("calm",)
         stops = [d for d in out if isinstance(d, Stop)]
@@ -222,7 +221,9 @@ def test_without_a_match_both_are_blamed_as_before():
         now=1.0,
     )
     out = c.reported(_crash_report("tcp://w:1", ["calm", "crash"], None), now=1.1)
-    assert sorted(d.event.shard for d in out if isinstance(d, Record)) == ["calm", "crash"]
+    [record] = [d for d in out if isinstance(d, Record)]
+    assert sorted(e.shard for e in record.events) == ["calm", "crash"]
+    assert {t.role for t in record.death.tasks} == {"suspect"}
     assert not [d for d in out if isinstance(d, Forgive)]
 
 
@@ -235,3 +236,8 @@ def test_the_examples_in_the_docstrings_hold():
     for module in (threads, blame):
         result = doctest.testmod(module)
         assert result.attempted and result.failed == 0, module.__name__
+
+
+def build_report(**seen):
+    """What a nanny sends (its `Death` on the wire), from the fields it saw."""
+    return wire.to_wire(build(dataclasses.replace(EXAMPLE, **seen)))

@@ -10,7 +10,7 @@ rule  when                                                                     c
 ====  =======================================================================  ================
 R1    the nanny or the user asked for the close (any exit status)              None
 R2    exit status 0 (no report; the scheduler counts an unexpected removal     None
-      of it as an `exit` death: see `_decide.deaths`)
+      of it as an `exit` death: see `_decide.pairing`)
 R3a   exit signal SIGSEGV/... while being terminated: the nanny's memory kill  memory_terminate
       was sent, or the crash file begins with a SIGTERM dump                   or sigterm
 R3    exit signal SIGSEGV/SIGABRT/SIGBUS/SIGFPE/SIGILL                         native_crash

@@ -1,5 +1,5 @@
-"""What one death's report-like mapping says: the facts `classify` decides on (`facts_from`)
-and flat evidence for people (`evidence`), each value naming its source.
+"""What a nanny saw of one death (`record.Seen`) says: the facts the cause rules decide on
+(`facts_from`) and flat evidence for people (`evidence`), each value naming its source.
 
 Pure code: no Dask, no I/O. Malformed parts are skipped, never raised on. The rules the
 facts feed, and the sentences built from the evidence, are in `classify`.
@@ -21,6 +21,7 @@ from .cause import (
     describe_signal,
     terminated_first,
 )
+from .record import MemoryCounters, Seen
 
 _V1_OOM_SOURCE = "kernel cgroup counter memory.oom_control"
 _V2_OOM_SOURCE = "kernel cgroup counter memory.events"
@@ -43,54 +44,49 @@ def _kernel_log_is_worker(victim: Mapping[str, Any], pid: Any) -> bool:
     return vpid is None or _int(pid) is None or vpid == pid
 
 
-def facts_from(report_like: Mapping[str, Any]) -> DeathFacts:
-    """The classification facts of a report-like mapping (see `evidence` for its keys)."""
-    r = _map(report_like)
-    cg = _map(r.get("cgroup"))
-    before, after = _map(cg.get("before")), _map(cg.get("after"))
-    victim = r.get("kernel_log_victim")
-    crash = _map(r.get("crash"))
-    reading = _map(cg.get("reading"))
+def _counts(c: MemoryCounters | None) -> Mapping[str, Any]:
+    return vars(c) if isinstance(c, MemoryCounters) else _map(c)
+
+
+def facts_from(seen: Seen) -> DeathFacts:
+    """The facts the cause rules decide on."""
+    before, after = _counts(seen.cgroup_before), _counts(seen.cgroup_after)
+    victim = seen.kernel_log_victim
+    reading = _map(seen.cgroup_reading)
     return DeathFacts(
-        exitcode=_int(r.get("exitcode")),
+        exitcode=_int(seen.exitcode),
         oom_kill_before=_int(before.get("oom_kill")),
         oom_kill_after=_int(after.get("oom_kill")),
-        nanny_memory_kill=_nanny_killed(r.get("nanny_memory_kill")),
-        kernel_log_oom=isinstance(victim, Mapping) and _kernel_log_is_worker(victim, r.get("pid")),
-        crash_signal=crash_signal(crash.get("text")),
-        requested_close=bool(r.get("requested_close")),
-        terminated_first=terminated_first(crash.get("text")),
+        nanny_memory_kill=_nanny_killed(seen.nanny_memory_kill),
+        kernel_log_oom=isinstance(victim, Mapping) and _kernel_log_is_worker(victim, seen.pid),
+        crash_signal=crash_signal(seen.crash_text),
+        requested_close=bool(seen.requested),
+        terminated_first=terminated_first(seen.crash_text),
         oom_kill_reading=_int(reading.get("oom_kill")),
         others_gone=_int(reading.get("others_gone")),
     )
 
 
-def evidence(report_like: Mapping[str, Any]) -> dict[str, Any]:
+def evidence(seen: Seen) -> dict[str, Any]:
     """Flat evidence for one death; each value's source is in its key or a ``*_source`` key.
 
-    `report_like` holds report fields (``exitcode``, ``pid``, ``memory_limit``, ``crash``,
-    ``cgroup`` with ``before``/``after`` counters, ``rss_sampled``, ``rss_time``, ``time``,
-    ``host_memory``) and the nanny's extras ``nanny_memory_kill`` (the event dict, or a
-    bool), ``kernel_log_victim`` (a dict, e.g. ``{"pid": 12, "name": "python"}``) and
-    ``cgroup.placement`` (how the worker joined its group: ``own_group``, ``charge_moved``,
-    ``rss_at_move``, ``note``; it says what the peak covers). Malformed parts are skipped,
-    never raised on.
+    Malformed parts of what the nanny read are skipped, never raised on. The peak's scope
+    follows how the nanny put the worker into its group (`Seen.cgroup_placement`).
 
-    >>> ev = evidence({"exitcode": -9, "cgroup": {"version": 2,
-    ...     "before": {"oom_kill": 0}, "after": {"oom_kill": 1, "peak": 2**30}}})
+    >>> before, after = example_counters(oom_kill=0), example_counters(oom_kill=1, peak=2**30)
+    >>> ev = evidence(Seen(exitcode=-9, cgroup_version=2, cgroup_before=before,
+    ...                    cgroup_after=after))
     >>> ev["signal"], ev["oom_kill_delta"], ev["oom_kill_source"], ev["peak_source"]
     ('SIGKILL', 1, 'kernel cgroup counter memory.events', 'kernel cgroup counter memory.peak')
     """
-    r = _map(report_like)
     ev: dict[str, Any] = {}
-    code = _int(r.get("exitcode"))
+    code = _int(seen.exitcode)
     ev["exitcode"] = code
     ev["exitcode_source"] = "nanny: worker process exit status"
     if code == 255:
         ev["exitcode_note"] = "255 usually means the status was already reaped"
     sig = describe_signal(code)
-    crash = _map(r.get("crash"))
-    text = crash.get("text") if isinstance(crash.get("text"), str) else None
+    text = seen.crash_text if isinstance(seen.crash_text, str) else None
     fatal = crash_signal(text)
     if sig is not None:
         ev["signal"], ev["signal_source"] = sig, "exit status"
@@ -101,10 +97,9 @@ def evidence(report_like: Mapping[str, Any]) -> dict[str, Any]:
         ev["crash_stack"] = "Current thread" in text or "Stack (most recent call first)" in text
         ev["crash_source"] = "faulthandler crash file"
 
-    cg = _map(r.get("cgroup"))
-    version = _int(cg.get("version"))
-    before, after = _map(cg.get("before")), _map(cg.get("after"))
-    if cg:
+    version = _int(seen.cgroup_version)
+    before, after = _counts(seen.cgroup_before), _counts(seen.cgroup_after)
+    if version is not None or before or after:
         ev["cgroup_version"] = version
         b, a = _int(before.get("oom_kill")), _int(after.get("oom_kill"))
         ev["oom_kill_before"], ev["oom_kill_after"] = b, a
@@ -124,10 +119,10 @@ def evidence(report_like: Mapping[str, Any]) -> dict[str, Any]:
         if limit is not None:
             ev["limit_bytes"] = limit
             ev["limit_source"] = _LIMIT_SOURCES.get(version or 1, _LIMIT_SOURCES[1])
-        placement = _map(cg.get("placement"))
+        placement = _map(seen.cgroup_placement)
         if placement and (placement.get("own_group") or peak is not None):
             _placement_evidence(ev, placement, version)
-        _reading_evidence(ev, _map(cg.get("reading")), a, placement)
+        _reading_evidence(ev, _map(seen.cgroup_reading), a, placement)
         fb, fa = _int(before.get("failcnt")), _int(after.get("failcnt"))
         if fb is not None and fa is not None:
             ev["failcnt_delta"] = fa - fb
@@ -136,26 +131,26 @@ def evidence(report_like: Mapping[str, Any]) -> dict[str, Any]:
                 if version == 2
                 else "kernel cgroup counter memory.failcnt"
             )
-    if isinstance(r.get("flight_record"), bool):  # False: `executing` says nothing
-        ev["flight_record"] = r["flight_record"]
-    mem_limit = _int(r.get("memory_limit"))
+    if isinstance(seen.flight_read, bool):  # False: `executing` says nothing
+        ev["flight_record"] = seen.flight_read
+    mem_limit = _int(seen.memory_limit)
     if mem_limit is not None:
         ev["memory_limit_bytes"] = mem_limit
         ev["memory_limit_source"] = "dask worker memory_limit"
-    rss = _int(r.get("rss_sampled"))
+    rss = _int(seen.rss_sampled)
     if rss is not None:
         ev["rss_sampled_bytes"] = rss
         ev["rss_source"] = "sampled RSS"
-        t, rt = _num(r.get("time")), _num(r.get("rss_time"))
+        t, rt = _num(seen.time), _num(seen.rss_time)
         if t is not None and rt is not None:
             ev["rss_age_seconds"] = round(float(t - rt), 3)
-    host = _map(r.get("host_memory"))
+    host = _map(seen.host_memory)
     if host:
         ev["host_available_bytes"] = _int(host.get("available"))
         ev["host_total_bytes"] = _int(host.get("total"))
         ev["host_memory_source"] = "host memory after the death"
 
-    nanny = r.get("nanny_memory_kill")
+    nanny = seen.nanny_memory_kill
     ev["nanny_memory_kill"] = _nanny_killed(nanny)
     ev["nanny_memory_kill_source"] = _NANNY_EVENT_SOURCE
     if isinstance(nanny, Mapping) and _int(nanny.get("rss")) is not None:
@@ -164,9 +159,9 @@ def evidence(report_like: Mapping[str, Any]) -> dict[str, Any]:
             f"nanny RSS: the nanny's own reading, in its {_NANNY_EVENT_SOURCE}"
         )
 
-    victim = r.get("kernel_log_victim")
+    victim = seen.kernel_log_victim
     if isinstance(victim, Mapping):
-        is_worker = _kernel_log_is_worker(victim, r.get("pid"))
+        is_worker = _kernel_log_is_worker(victim, seen.pid)
         if is_worker:
             ev["oom_attribution"] = "the kernel log names this PID (records since it started)"
             ev["oom_confirmed"] = True
@@ -264,3 +259,9 @@ def _placement_evidence(ev: dict[str, Any], placement: Mapping[str, Any], versio
         "only what the worker charged after it joined its group; what it charged before it "
         f"joined its group{held} stayed charged to the parent group: {why}"
     )
+
+
+def example_counters(**counts: int) -> MemoryCounters:
+    """A v2 group's counters with `counts` set (examples and tests)."""
+    fields = dict.fromkeys(("oom_kill", "oom", "oom_group_kill", "failcnt", "peak", "limit"))
+    return MemoryCounters(2, "/sys/fs/cgroup/w", **{**fields, "usage": None, **counts})

@@ -34,9 +34,10 @@ the worker, and its executing shards are suspects as for ``memory_terminate``. W
 the host's memory was held by others it is an external death. Any other named process, a
 person, SLURM and an unexplained signal are external: never a deterministic crasher.
 
->>> a = attribute({"cause": "sigterm", "exitcode": -15, "pid": 40,
-...     "signals": [{"signal": "SIGTERM", "pid": 812, "uid": 0, "name": "earlyoom"}]})
->>> a.killer, a.how, a.confidence
+>>> seen = Seen(exitcode=-15, pid=40,
+...     signals=({"signal": "SIGTERM", "pid": 812, "uid": 0, "name": "earlyoom"},))
+>>> a = attribute(seen, "sigterm", {})
+>>> a.name, a.how, a.confidence
 ('earlyoom', 'signal sender', 'confirmed')
 >>> a.summary
 'SIGTERM from earlyoom (pid 812, uid 0)'
@@ -45,7 +46,6 @@ person, SLURM and an unexplained signal are external: never a deterministic cras
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from .._causes import Confidence, Killer, Known
@@ -54,6 +54,7 @@ from .._models import evidence_map as _map
 from .._models import evidence_number as _num
 from .._units import format_bytes
 from . import slurm as _slurm
+from .record import Attribution, Seen
 
 #: Process names (/proc/PID/comm, at most 15 characters) of the killers we can name.
 SENDER_NAMES = {
@@ -69,29 +70,6 @@ MEMORY_KILLERS = frozenset({Killer.EARLYOOM, Killer.SYSTEMD_OOMD})
 #: (SLURM, the kubelet and `timeout -k` all send SIGTERM, then SIGKILL after a grace).
 SIGTERM_BEFORE_SIGKILL = 120.0
 _CMDLINE_MAX = 1024
-
-
-@dataclass(frozen=True)
-class Attribution:
-    """Who killed the worker: `killer` (a `Killer`), `how` (a `Known`), `confidence`,
-    one `summary` sentence, the `facts` it rests on (flat evidence), and `memory`: whether
-    the kill counts as a memory kill of this worker for blame."""
-
-    killer: str
-    how: str
-    confidence: str
-    summary: str
-    facts: dict[str, Any] = field(default_factory=dict)
-    memory: bool = False
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "name": self.killer,
-            "how": self.how,
-            "confidence": self.confidence,
-            "summary": self.summary,
-            "memory": self.memory,
-        }
 
 
 def unknown(summary: str = "no evidence names the killer") -> Attribution:
@@ -116,19 +94,14 @@ def _confirmed(killer: Killer, how: Known, summary: str, **facts: Any) -> Attrib
     return Attribution(killer.value, how.value, Confidence.CONFIRMED.value, summary, facts)
 
 
-def attribute(report_like: Mapping[str, Any]) -> Attribution:
-    """The killer of one death. `report_like` holds ``cause`` (from `classify`), ``pid``,
-    ``exitcode``, ``evidence`` (the facts' evidence, for the kernel's), ``rss_sampled``,
-    ``host_memory``, and the nanny's extras ``signals``, ``nanny_pid``, ``host_reading``,
-    ``killers``, ``oomd``, ``environment`` (see docs/reading-a-report.md). Malformed parts
-    are skipped, never raised on."""
-    r = _map(report_like)
-    cause = r.get("cause")
-    host = _host_facts(r)
-    slurm = _slurm_facts(r)
+def attribute(seen: Seen, cause: str, evidence: Mapping[str, Any]) -> Attribution:
+    """The killer of one death of `cause` (from the cause rules), from what the nanny saw
+    and the evidence the facts gave (for the kernel's). Malformed parts are skipped, never
+    raised on (see docs/reading-a-report.md)."""
+    host = _host_facts(seen)
+    slurm = _slurm_facts(seen)
     if cause == "oom_kill":
-        ev = _map(r.get("evidence"))
-        how = Known.KERNEL_LOG if ev.get("kernel_log_oom") else Known.KERNEL_COUNTER
+        how = Known.KERNEL_LOG if evidence.get("kernel_log_oom") else Known.KERNEL_COUNTER
         what = "the kernel log names its PID" if how is Known.KERNEL_LOG else "oom_kill counted"
         return _with(
             _confirmed(Killer.KERNEL, how, f"SIGKILL from the kernel's OOM killer ({what})"),
@@ -137,10 +110,10 @@ def attribute(report_like: Mapping[str, Any]) -> Attribution:
             memory=True,
         )
     if cause == "memory_terminate":
-        nanny = _map(r.get("nanny_memory_kill"))
+        nanny = _map(seen.nanny_memory_kill)
         rss = _int(nanny.get("rss"))
         at = f" at RSS {format_bytes(rss)}" if rss is not None else ""
-        limit = _int(r.get("memory_limit"))
+        limit = _int(seen.memory_limit)
         of = f" of its {format_bytes(limit)} memory_limit" if limit and at else ""
         return _with(
             _confirmed(
@@ -153,21 +126,21 @@ def attribute(report_like: Mapping[str, Any]) -> Attribution:
             memory=True,
         )
     if cause in ("native_crash", "exit"):
-        code = _int(r.get("exitcode"))
+        code = _int(seen.exitcode)
         what = "crashed" if cause == "native_crash" else f"exited with status {code}"
         return _with(
             _confirmed(Killer.TASK, Known.EXIT_STATUS, f"the worker's own code: it {what}"),
             host,
             slurm,
         )
-    signals = _signals(r.get("signals"))
+    signals = _signals(seen.signals)
     if cause == "sigterm":
         sender = _last(signals, "SIGTERM")
         if sender is not None:
-            return _with(_by_sender(sender, r, host), host, slurm)
-        return _with(_inferred("SIGTERM", r, host, slurm, signals), host, slurm)
+            return _with(_by_sender(sender, seen, host), host, slurm)
+        return _with(_inferred("SIGTERM", seen, evidence, host, slurm, signals), host, slurm)
     if cause == "sigkill":
-        oomd = _oomd_moved(r.get("oomd"))
+        oomd = _oomd_moved(seen.oomd)
         if oomd:
             a = _confirmed(
                 Killer.SYSTEMD_OOMD,
@@ -175,21 +148,21 @@ def attribute(report_like: Mapping[str, Any]) -> Attribution:
                 f"SIGKILL from systemd-oomd (user.oomd_kill +{oomd} on the worker's group or an ancestor)",
                 oomd_kill_delta=oomd,
             )
-            return _with(a, host, slurm, memory=_largest(r, host))
-        return _with(_inferred("SIGKILL", r, host, slurm, signals), host, slurm)
+            return _with(a, host, slurm, memory=bool(host.get("worker_largest")))
+        return _with(_inferred("SIGKILL", seen, evidence, host, slurm, signals), host, slurm)
     return unknown()
 
 
 def _with(a: Attribution, host: dict, slurm: dict, *, memory: bool | None = None) -> Attribution:
     facts = {**host, **slurm, **a.facts}
     mem = a.memory if memory is None else memory
-    if a.killer in {k.value for k in MEMORY_KILLERS} and memory is None:
+    if a.name in {k.value for k in MEMORY_KILLERS} and memory is None:
         mem = bool(facts.get("worker_largest"))
     facts["killer_memory"] = mem
-    return Attribution(a.killer, a.how, a.confidence, a.summary, facts, mem)
+    return Attribution(a.name, a.how, a.confidence, a.summary, facts, mem)
 
 
-def _by_sender(s: dict, r: Mapping[str, Any], host: dict) -> Attribution:
+def _by_sender(s: dict, seen: Seen, host: dict) -> Attribution:
     """K4: a SIGTERM whose sender the worker saw."""
     facts = {
         "sender_pid": s["pid"],
@@ -215,7 +188,7 @@ def _by_sender(s: dict, r: Mapping[str, Any], host: dict) -> Attribution:
         if name
         else f"pid {pid} (uid {uid}; it exited before it was named)"
     )
-    if pid == _int(r.get("nanny_pid")):
+    if pid == _int(seen.nanny_pid):
         # Not Dask's memory terminate (K2) nor a requested stop (no death): other code in
         # the nanny's process, as a LocalCluster's client in the same process.
         facts["sender_is_nanny_process"] = True
@@ -225,17 +198,17 @@ def _by_sender(s: dict, r: Mapping[str, Any], host: dict) -> Attribution:
             "a requested stop",
             facts,
         )
-    if pid == _int(r.get("pid")):
+    if pid == _int(seen.pid):
         return _sent(Killer.TASK, f"SIGTERM from the worker itself ({who})", facts)
     killer = SENDER_NAMES.get(name or "", Killer.PROCESS)
     summary = f"SIGTERM from {who}"
-    job = _slurm_facts(r)
+    job = _slurm_facts(seen)
     if killer is Killer.SLURM and _slurm.ended_by_slurm(job):
         summary += f": {_slurm.describe(job)}"
     elif killer is Killer.SLURM and job:
         summary += f" in SLURM job {job['slurm_job_id']}: its time limit, scancel or preemption"
     if killer in MEMORY_KILLERS:
-        summary += _memory_phrase(host, _threshold(r, killer, pid, "term"))
+        summary += _memory_phrase(host, _threshold(seen, killer, pid, "term"))
     return _sent(killer, summary, facts)
 
 
@@ -246,36 +219,40 @@ def _sent(killer: Killer, summary: str, facts: dict) -> Attribution:
 
 
 def _inferred(
-    sig: str, r: Mapping[str, Any], host: dict, job: dict, signals: list[dict]
+    sig: str,
+    seen: Seen,
+    ev: Mapping[str, Any],
+    host: dict,
+    job: dict,
+    signals: list[dict],
 ) -> Attribution:
     """K6: no sender seen. Say what was excluded, and what is likely, with the numbers."""
     facts: dict[str, Any] = {}
     excluded = []
-    ev = _map(r.get("evidence"))
     if ev.get("oom_kill_delta") == 0 or ev.get("oom_kill_since_reading") == 0:
         excluded.append("not the kernel (oom_kill unchanged, no kernel log line)")
-    oomd = _map(r.get("oomd"))
+    oomd = _map(seen.oomd)
     if _int(_map(oomd.get("after")).get("kill")) is not None and not _oomd_moved(oomd):
         excluded.append("not systemd-oomd (user.oomd_kill unchanged)")
     if excluded:
         facts["killer_excluded"] = "; ".join(excluded)
-    death = _num(r.get("time"))
+    death = _num(seen.time)
     if sig == "SIGKILL":
         term = _last(signals, "SIGTERM")
         t = _num(term.get("time")) if term else None
         if term is not None and (
             death is None or t is None or death - t <= SIGTERM_BEFORE_SIGKILL
         ):
-            named = _by_sender(term, r, host)
+            named = _by_sender(term, seen, host)
             ago = f" {death - t:.1f} s" if death is not None and t is not None else ""
             return Attribution(
-                named.killer,
+                named.name,
                 Known.INFERRED.value,
                 Confidence.LIKELY.value,
                 f"SIGKILL{ago} after a {named.summary}",
                 {**named.facts, **facts},
             )
-    for k in _killers(r.get("killers")):
+    for k in _killers(seen.killers):
         killer = SENDER_NAMES.get(k["name"])
         if killer not in MEMORY_KILLERS or k.get("dryrun") is True:  # --dryrun kills nothing
             continue
@@ -340,8 +317,8 @@ def _memory_phrase(host: dict, threshold: tuple[str, int, float | None] | None) 
     return out
 
 
-def _threshold(r: Mapping[str, Any], killer: Killer, pid: int, level: str):
-    for k in _killers(r.get("killers")):
+def _threshold(seen: Seen, killer: Killer, pid: int, level: str):
+    for k in _killers(seen.killers):
         if k["pid"] == pid or SENDER_NAMES.get(k["name"]) is killer:
             limit = _int(k.get(f"{level}_bytes"))
             if limit is not None:
@@ -349,13 +326,13 @@ def _threshold(r: Mapping[str, Any], killer: Killer, pid: int, level: str):
     return None
 
 
-def _host_facts(r: Mapping[str, Any]) -> dict[str, Any]:
+def _host_facts(seen: Seen) -> dict[str, Any]:
     """The nanny's last reading of host memory while the worker ran (else the one after
     the death), and the worker's share of the memory in use then."""
-    reading = _map(r.get("host_reading"))
+    reading = _map(seen.host_reading)
     source = "the nanny's last reading of /proc/meminfo while the worker ran"
     if _int(reading.get("available")) is None:
-        reading = _map(r.get("host_memory"))
+        reading = _map(seen.host_memory)
         source = "/proc/meminfo after the death"
     total, avail = _int(reading.get("total")), _int(reading.get("available"))
     if total is None or avail is None or total <= 0:
@@ -366,14 +343,14 @@ def _host_facts(r: Mapping[str, Any]) -> dict[str, Any]:
         "memavailable_percent": round(100.0 * avail / total, 2),
         "memavailable_source": source,
     }
-    t, death = _num(reading.get("time")), _num(r.get("time"))
+    t, death = _num(reading.get("time")), _num(seen.time)
     if t is not None and death is not None:
         facts["memavailable_age_seconds"] = round(max(death - t, 0.0), 3)
     for key in ("psi_some10", "psi_full10"):
         v = _num(reading.get(key))
         if v is not None:
             facts[f"psi_{key[4:-2]}_avg10"] = v
-    rss = _int(r.get("rss_sampled"))
+    rss = _int(seen.rss_sampled)
     used = total - avail
     if rss is not None and used > 0:
         share = min(rss / used, 1.0)
@@ -382,14 +359,10 @@ def _host_facts(r: Mapping[str, Any]) -> dict[str, Any]:
     return facts
 
 
-def _largest(r: Mapping[str, Any], host: dict) -> bool:
-    return bool(host.get("worker_largest"))
-
-
-def _slurm_facts(r: Mapping[str, Any]) -> dict[str, Any]:
+def _slurm_facts(seen: Seen) -> dict[str, Any]:
     """The job from the worker's environment, and what SLURM said of it after the death
     (``environment["slurm"]``: `slurm_job.query`'s flat facts, keys in `slurm.KEYS`)."""
-    env = _map(r.get("environment"))
+    env = _map(seen.environment)
     out = {}
     for key in ("slurm_job_id", "slurm_step_id"):
         v = env.get(key)

@@ -1,12 +1,108 @@
-"""The records a worker's death is made of, declared once: what the nanny observes, what
-travels to the scheduler (`wire`), and what is decided and stored.
+"""One worker death, declared once (pure: no Dask, no I/O).
+
+A `Death` is built by the worker's nanny (`build`) from what it read after the worker
+process ended, travels to the scheduler as its wire form (`wire`, whose schema is derived
+from the declarations here: each field's type, and the caps in its metadata), is decided
+there (its `tasks` get their `Role`, and it gets its `id` and signature) and is stored. The
+scheduler builds the deaths no report described (a worker lost with its nanny, an unasked
+clean exit) with the same record.
+
+Field metadata (`spec`): ``cap`` (longest str, most items of a tuple or keys of a mapping),
+``min`` (smallest int), ``items`` (the cap of each str in a tuple), ``choices`` (the values a
+str or int may take), ``optional`` (absent from reports of older nannies: read as the
+default) and ``wire=False`` (decided by the scheduler, never sent by a nanny).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
+
+from .._causes import Cause, Confidence, Killer, Known
+
+IDENT_MAX = 256
+KEY_MAX = 1024
+FILENAME_MAX = 1024
+FUNCTION_MAX = 256
+SIGNAL_MAX = 32
+PATH_MAX = 1024
+NOTE_MAX = 512
+LIST_MAX = 64
+SUMMARY_MAX = 512
+EVIDENCE_KEY_MAX = 128
+EVIDENCE_STR_MAX = 1024
+EVIDENCE_MAX = 96  # keys; 64 before issue 26 added the killer's facts
+REPORT_MAX = 256 * 1024  # bytes of a whole report, encoded (`wire.MAX_REPORT_BYTES`)
+
+
+def spec(
+    *,
+    cap: int | None = None,
+    min: int | None = None,
+    items: int | None = None,
+    choices: frozenset | None = None,
+    optional: bool = False,
+    wire: bool = True,
+) -> dict[str, Any]:
+    """A field's wire rules (see the module docstring)."""
+    return {
+        "cap": cap,
+        "min": min,
+        "items": items,
+        "choices": choices,
+        "optional": optional,
+        "wire": wire,
+    }
+
+
+#: One frame of a sampled stack, innermost last: (filename, lineno, function).
+Frame = tuple[str, int | None, str]
+FRAME_CAPS = (FILENAME_MAX, None, FUNCTION_MAX)
+
+
+class Role(StrEnum):
+    """What a task had to do with a death, as the scheduler decided it."""
+
+    CULPRIT = "culprit"  # the death is its: alone there, its thread crashed, or it grew most
+    SUSPECT = "suspect"  # executing at a death that names no single task
+    DISPLACED = "displaced"  # executing beside the culprit: its work was lost, no blame
+    QUEUED = "queued"  # sent to the worker, not started: moved without a count
+
+
+#: The roles that carry the death's signature and count as the shard's own failure.
+BLAMED = frozenset({Role.CULPRIT, Role.SUSPECT})
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task of the dead worker: one it was executing (its flight record, with the last
+    sampled stack) or, once decided, one Dask had only queued there. `role` and
+    `pipeline` are the scheduler's."""
+
+    key: str = field(default="", metadata=spec(cap=KEY_MAX))  # str(key)
+    prefix: str = field(default="", metadata=spec(cap=IDENT_MAX))
+    start: float = 0.0  # when it started executing; 0.0 for a queued one
+    thread: int = field(default=0, metadata=spec(min=0))  # its executor thread's ident
+    stack: tuple[Frame, ...] | None = field(default=None, metadata=spec(cap=LIST_MAX))
+    stack_time: float | None = None  # when that stack was sampled
+    # Its estimated share of the worker's RSS growth since it started (`_host.growth`).
+    grew: int | None = field(default=None, metadata=spec(min=0, optional=True))
+    # A native crash's dump named this task's thread (`threads`).
+    crashed: bool | None = field(default=None, metadata=spec(optional=True))
+    role: Role | None = field(default=None, metadata=spec(wire=False))
+    pipeline: str = field(default="", metadata=spec(wire=False))
+
+
+@dataclass(frozen=True)
+class Crash:
+    """The worker's faulthandler crash file: the fatal signal it names, and its text (cut
+    to fit the report, keeping the header and the crashing thread)."""
+
+    signal: str | None = field(default=None, metadata=spec(cap=SIGNAL_MAX))
+    text: str = field(default="", metadata=spec(cap=REPORT_MAX))
 
 
 @dataclass(frozen=True)
@@ -21,18 +117,166 @@ class MemoryCounters:
     5
     """
 
-    version: int
-    path: str
-    oom_kill: int | None
-    oom: int | None
-    oom_group_kill: int | None
-    failcnt: int | None
-    peak: int | None
-    limit: int | None
-    usage: int | None
-    missing: tuple[str, ...] = ()
+    version: int | None
+    path: str | None = field(metadata=spec(cap=PATH_MAX))
+    oom_kill: int | None = field(metadata=spec(min=0))
+    oom: int | None = field(metadata=spec(min=0))
+    oom_group_kill: int | None = field(metadata=spec(min=0))
+    failcnt: int | None = field(metadata=spec(min=0))
+    peak: int | None = field(metadata=spec(min=0))
+    limit: int | None = field(metadata=spec(min=0))
+    usage: int | None = field(metadata=spec(min=0))
+    missing: tuple[str, ...] = field(default=(), metadata=spec(cap=LIST_MAX, items=NOTE_MAX))
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["missing"] = list(self.missing)
         return d
+
+
+@dataclass(frozen=True)
+class Cgroup:
+    """The worker's memory cgroup and its counters at the worker's start and after its
+    death."""
+
+    version: int = field(metadata=spec(choices=frozenset({1, 2})))
+    path: str = field(metadata=spec(cap=PATH_MAX))
+    before: MemoryCounters | None = None
+    after: MemoryCounters | None = None
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """The host's memory after the death (/proc/meminfo), bytes."""
+
+    total: int | None = field(default=None, metadata=spec(min=0))
+    available: int | None = field(default=None, metadata=spec(min=0))
+
+
+KILLERS = frozenset(k.value for k in Killer)
+KNOWN = frozenset(k.value for k in Known)
+CONFIDENCES = frozenset(c.value for c in Confidence)
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """Who ended the worker: `name` (a `Killer`), `how` that is known (a `Known`), its
+    `confidence`, one `summary` sentence, and `memory`: whether the kill counts as a memory
+    kill of this worker for blame. `facts`, the evidence it rests on, travel in the death's
+    evidence, not here."""
+
+    name: str = field(metadata=spec(choices=KILLERS))
+    how: str = field(metadata=spec(choices=KNOWN))
+    confidence: str = field(metadata=spec(choices=CONFIDENCES))
+    summary: str = field(metadata=spec(cap=SUMMARY_MAX))
+    facts: Mapping[str, Any] = field(default_factory=dict, metadata=spec(wire=False))
+    memory: bool = False
+
+
+SCHEMA_VERSION = 1
+#: The causes a nanny reports: `worker_lost` is the scheduler's (no report came).
+REPORT_CAUSES = frozenset(c.value for c in Cause if c not in (Cause.WORKER_LOST,))
+
+
+@dataclass(frozen=True)
+class Death:
+    """One worker death. The fields up to `truncated` are what the worker's nanny saw and
+    sent (schema 1); the rest is the scheduler's decision.
+
+    >>> d = Death(worker="tcp://10.0.0.5:40001", cause="oom_kill", time=1.0,
+    ...           tasks=(Task("('load', 7)", "load"),))
+    >>> d.tasks[0].key, d.tasks[0].role is None
+    ("('load', 7)", True)
+    """
+
+    schema: int = field(default=SCHEMA_VERSION, metadata=spec(choices=frozenset({1})))
+    worker: str = field(default="", metadata=spec(cap=IDENT_MAX))  # the worker's address
+    nanny: str = field(default="", metadata=spec(cap=IDENT_MAX))  # its nanny's address
+    name: str = field(default="", metadata=spec(cap=IDENT_MAX))  # the worker's name
+    host: str = field(default="", metadata=spec(cap=IDENT_MAX))
+    pid: int | None = field(default=None, metadata=spec(min=1))
+    exitcode: int | None = None  # exit status; -N: signal N
+    cause: str = field(default=Cause.EXIT.value, metadata=spec(choices=REPORT_CAUSES))
+    time: float = 0.0  # when the nanny saw the death, seconds since the epoch
+    started: float | None = None  # when the worker process started
+    memory_limit: int | None = field(default=None, metadata=spec(min=0))
+    # On the wire "executing": the tasks its flight record names; decided, every task the
+    # death touched, each with its role.
+    tasks: tuple[Task, ...] = field(default=(), metadata=spec(cap=LIST_MAX))
+    crash: Crash | None = None
+    evidence: Mapping[str, Any] = field(
+        default_factory=dict, metadata=spec(cap=EVIDENCE_MAX, items=EVIDENCE_STR_MAX)
+    )
+    cgroup: Cgroup | None = None
+    rss_sampled: int | None = field(default=None, metadata=spec(min=0))
+    rss_time: float | None = None
+    host_memory: HostMemory | None = None
+    killer: Attribution | None = field(default=None, metadata=spec(optional=True))
+    missing: tuple[str, ...] = field(default=(), metadata=spec(cap=LIST_MAX, items=NOTE_MAX))
+    truncated: tuple[str, ...] = field(default=(), metadata=spec(cap=LIST_MAX, items=NOTE_MAX))
+    # --- decided by the scheduler
+    id: str = field(default="", metadata=spec(wire=False))  # `death_id`, unique per death
+    cluster: str = field(default="", metadata=spec(wire=False))
+    signature_id: str = field(default="", metadata=spec(wire=False))
+    signature_title: str = field(default="", metadata=spec(wire=False))
+    #: Tasks the death touched past the `LIST_MAX` kept in `tasks`, by role.
+    more: Mapping[str, int] = field(default_factory=dict, metadata=spec(wire=False))
+
+    def role_of(self, key: str) -> Role | None:
+        return next((t.role for t in self.tasks if t.key == key), None)
+
+    def with_role(self, role: Role) -> tuple[Task, ...]:
+        return tuple(t for t in self.tasks if t.role is role)
+
+
+#: The wire name of a field that the record calls otherwise (schema 1 kept its names).
+WIRE_NAMES = {"tasks": "executing"}
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What a nanny read after its worker process ended: everything one `Death` is built
+    from (`build.build`), and what the cause and killer rules decide on. Values read from
+    /proc, /sys and files stay as their readers return them (mappings, lists), and any of
+    them may be missing or malformed: the rules read them defensively."""
+
+    # The process and its exit
+    worker: str = ""  # its address (the nanny's latest knowledge of it)
+    nanny: str = ""
+    name: str = ""
+    host: str = ""
+    pid: int | None = None
+    exitcode: int | None = None
+    time: float = 0.0  # when the nanny saw the exit
+    started: float | None = None
+    memory_limit: int | None = None
+    requested: bool = False  # the nanny or the user asked for the close
+    nanny_pid: int | None = None
+    # The worker's own records: its flight record (executing tasks joined with the last
+    # sample's stacks; whether it was read at all; the senders of signals it received),
+    # its crash file, its last sampled RSS
+    executing: tuple[Mapping[str, Any], ...] = ()
+    flight_read: bool | None = None
+    signals: tuple[Mapping[str, Any], ...] | None = None
+    crash_text: str | None = None
+    rss_sampled: int | None = None
+    rss_time: float | None = None
+    # Its memory cgroup: counters at its start and after its death, how it was placed
+    # there, and the nanny's last reading of it while it ran
+    cgroup_path: str | None = None
+    cgroup_version: int | None = None
+    cgroup_before: MemoryCounters | None = None
+    cgroup_after: MemoryCounters | None = None
+    cgroup_placement: Mapping[str, Any] | None = None
+    cgroup_reading: Mapping[str, Any] | None = None
+    # The host: memory after the death and at the last reading while it ran, the nanny's
+    # own memory kill of it, the kernel log's OOM victim, the userspace killers running
+    # there, systemd-oomd's counters, the SLURM job of its environment
+    host_memory: Mapping[str, Any] | None = None
+    host_reading: Mapping[str, Any] | None = None
+    nanny_memory_kill: Mapping[str, Any] | None = None
+    kernel_log_victim: Mapping[str, Any] | None = None
+    killers: tuple[Mapping[str, Any], ...] | None = None
+    oomd: Mapping[str, Any] | None = None
+    environment: Mapping[str, Any] | None = None
+    missing: tuple[str, ...] = ()  # what could not be read

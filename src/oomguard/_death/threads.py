@@ -9,11 +9,14 @@ thread that took the signal, which says nothing of who caused it.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._signature._parse import crashing_thread
 from .cause import NATIVE_SIGNALS
+from .record import Task
 
 
 @dataclass
@@ -27,15 +30,16 @@ class CrashThread:
     missing: list[str] = field(default_factory=list)
 
 
-def match_crash(signal: str | None, text: str | None, executing: list[dict]) -> CrashThread:
+def match_crash(signal: str | None, text: str | None, executing: Sequence[Task]) -> CrashThread:
     """Find the executing task whose thread crashed.
 
+    >>> tasks = [Task("calm", thread=11), Task("crash", thread=10)]
     >>> t = match_crash("SIGSEGV", "Current thread 0x0000000a (most recent call first):\\n",
-    ...                 [{"key": "calm", "thread": 11}, {"key": "crash", "thread": 10}])
+    ...                 tasks)
     >>> t.task, t.evidence["crash_task"]
     (1, 'crash')
     >>> t = match_crash("SIGSEGV", "Current thread 0x0000000c (most recent call first):\\n",
-    ...                 [{"key": "calm", "thread": 11}, {"key": "crash", "thread": 10}])
+    ...                 tasks)
     >>> t.task, t.evidence["crash_thread_match"][:48]
     (None, "the dump's crashing thread 0xc ran none of the 2")
     """
@@ -47,12 +51,12 @@ def match_crash(signal: str | None, text: str | None, executing: list[dict]) -> 
     if ident is None:
         return _fallback(out, "the dump marks no crashing thread (a truncated dump)")
     out.evidence["crash_thread"] = hex(ident)
-    on_it = [i for i, t in enumerate(executing) if t.get("thread") == ident]
+    on_it = [i for i, t in enumerate(executing) if t.thread == ident]
     if len(on_it) == 1:
         out.task = on_it[0]
-        out.evidence["crash_task"] = executing[out.task]["key"]
+        out.evidence["crash_task"] = executing[out.task].key
         return out
-    known = sum(1 for t in executing if t.get("thread"))
+    known = sum(1 for t in executing if t.thread)
     why = "ran none" if not on_it else f"ran {len(on_it)}"
     return _fallback(
         out,
@@ -70,14 +74,12 @@ def _fallback(out: CrashThread, why: str) -> CrashThread:
 
 
 def mark_crashed(
-    signal: str | None, text: str | None, executing: list[dict], missing: list[str]
-) -> dict[str, Any]:
-    """Set each report entry's ``crashed`` (the one whose thread crashed, or none) and put
-    that entry first (the one the death is signed by, and the last cut to fit); add a note
-    to `missing` when none matched. Returns the evidence to add."""
+    signal: str | None, text: str | None, executing: list[Task]
+) -> tuple[list[Task], dict[str, Any], list[str]]:
+    """Each task's ``crashed`` set (the one whose thread crashed, or none), that one first
+    (the one the death is signed by, and the last cut to fit); the evidence to add, and a
+    note when none matched."""
     hit = match_crash(signal, text, executing)
-    for i, t in enumerate(executing):
-        t["crashed"] = i == hit.task
-    executing.sort(key=lambda t: not t["crashed"])
-    missing += hit.missing
-    return hit.evidence
+    marked = [dataclasses.replace(t, crashed=i == hit.task) for i, t in enumerate(executing)]
+    marked.sort(key=lambda t: not t.crashed)
+    return marked, hit.evidence, hit.missing

@@ -1,66 +1,22 @@
-"""The death report on the wire: what a nanny sends the scheduler when its worker dies.
+"""A `Death` on the wire: what a nanny sends the scheduler when its worker dies.
 
-One report per death, plain msgpack-able data, size-capped. The nanny builds it
-(`build.build_report`), encodes it (`encode`); the scheduler decodes and validates it
-(`decode`, `validate`) and never unpickles anything: a report is data, not code.
+Plain msgpack-able data, size-capped. The nanny encodes its `Death` (`encode`); the
+scheduler decodes and validates the bytes back into one (`decode`, `validate`) and never
+unpickles anything: a report is data, not code.
 
-Schema version 1. Every key is required (use None where a value is unknown); unknown keys
-are rejected, not dropped, so a typo or a newer sender shows up as an error naming the field.
-Types are checked exactly (``True`` is not an int; an int is accepted for a float and becomes
-a float; str/int/float subclasses such as enums become the plain type; tuples become lists).
-Floats must be finite. Strings and lists longer than their caps are rejected ("too_large").
-
-==============  ============================================  ================================
-field           type                                          meaning
-==============  ============================================  ================================
-schema          int, == 1                                     `SCHEMA_VERSION`
-worker          str (<= 256)                                  the dead worker's address
-nanny           str (<= 256)                                  its nanny's address
-name            str (<= 256)                                  the worker's name, as str
-host            str (<= 256)                                  host name
-pid             int >= 1 | None                               the worker process ID
-exitcode        int | None                                    exit status (-N: signal N)
-cause           str                                           a `Cause` in DEATH_CAUSES but
-                                                              worker_lost (see classify)
-time            float                                         when the nanny saw the death
-started         float | None                                  when the worker process started
-memory_limit    int >= 0 | None                               Dask's memory_limit, bytes
-executing       list (<= 64) of task dicts                    tasks executing at the death
-  .key          str (<= 1024)                                 the task key, as str(key)
-  .prefix       str (<= 256)                                  the task prefix
-  .start        float                                         when it started executing
-  .thread       int >= 0                                      executor thread ident
-  .stack        list (<= 64) of [filename: str (<= 1024),     its last sampled stack,
-                lineno: int >= 0 | None, function: str        innermost frame last
-                (<= 256)] | None
-  .stack_time   float | None                                  when that stack was sampled
-  .grew         int >= 0 | None (may be absent)               its estimated share of the
-                                                              worker's RSS growth since it
-                                                              started, bytes (growth.py)
-  .crashed      bool | None (may be absent)                   a native crash's dump named
-                                                              this task's thread (threads.py)
-crash           {signal: str (<= 32) | None, text: str} |     the faulthandler crash file;
-                None                                          text <= max_bytes characters
-evidence        dict (<= 96 keys, each str <= 128) of         flat; see facts.evidence
-                str (<= 1024) | int | float | bool | None     (``slurm_*`` keys: only those
-                                                              of slurm.KEYS, typed, a
-                                                              state SLURM has; wire_check)
-cgroup          {version: 1 | 2, path: str (<= 1024),         the worker's memory cgroup
-                before: counters | None, after: counters |    counters at worker start and
-                None} | None                                  after its death
-  counters      {version: int | None, path: str | None,       MemoryCounters.to_dict()
-                oom_kill, oom, oom_group_kill, failcnt,
-                peak, limit, usage: int >= 0 | None,
-                missing: list (<= 64) of str (<= 512)}
-rss_sampled     int >= 0 | None                               last sampled RSS, bytes
-rss_time        float | None                                  when it was sampled
-host_memory     {total, available: int >= 0 | None} | None    host memory after the death
-killer          {name: a Killer, how: a Known, confidence:    who ended the worker (absent
-                a Confidence, summary: str (<= 512),          from older nannies: read as
-                memory: bool} | None                          None); see killer.attribute
-missing         list (<= 64) of str (<= 512)                  what could not be read/kept
-truncated       list (<= 64) of str (<= 512)                  what was shortened to fit
-==============  ============================================  ================================
+The schema is the record's declaration (`record.Death` and the records it holds), read
+once per class: each field's type, and the caps in its metadata (`record.spec`). Every key
+is required (None where a value is unknown) but those added within schema 1 (`optional`,
+absent from older nannies' reports and read as their default). Unknown keys are rejected,
+not dropped, so a typo or a newer sender shows up as an error naming the field. Types are
+checked exactly (``True`` is not an int; an int is accepted for a float and becomes a
+float; str/int/float subclasses such as enums become the plain type; tuples and lists are
+both taken). Floats must be finite. Strings and lists longer than their caps are rejected
+("too_large"). A record's tasks travel as ``executing`` (schema 1's name), a frame of a
+stack as ``[filename, lineno, function]``, and the scheduler's fields (`wire=False`) never.
+Evidence is flat: at most `EVIDENCE_MAX` keys (each a str of at most 128 characters) of
+str (at most 1,024), int, float, bool or None; its ``slurm_*`` keys are those of
+`slurm.KEYS`, typed, with a job state SLURM has (`wire_check.slurm_evidence`).
 
 The whole report, msgpack-encoded, must fit in ``max_bytes`` (at least `MIN_REPORT_BYTES`).
 `ReportError.reason` is one of `REASONS`, usable as a Prometheus label.
@@ -69,14 +25,25 @@ The whole report, msgpack-encoded, must fit in ``max_bytes`` (at least `MIN_REPO
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
+import types
+import typing
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgpack
 
-from .._causes import DEATH_CAUSES, Cause, Confidence, Killer, Known
 from .._exceptions import ReportError
 from .._protocol import VALIDATION_REASONS
-from .record import MemoryCounters
+from . import record
+from .record import (
+    EVIDENCE_KEY_MAX,
+    FRAME_CAPS,
+    SCHEMA_VERSION,
+    WIRE_NAMES,
+    Death,
+)
 from .wire_check import (
     INT_MAX,
     INT_MIN,
@@ -84,127 +51,197 @@ from .wire_check import (
     _float,
     _int,
     _map,
-    _notes,
     _seq,
     _str,
     slurm_evidence,
 )
-from .wire_check import LIST_MAX as LIST_MAX  # the schema's caps, re-exported
-from .wire_check import NOTE_MAX as NOTE_MAX
 
-SCHEMA_VERSION = 1
-MAX_REPORT_BYTES = 256 * 1024
+__all__ = [
+    "MAX_REPORT_BYTES",
+    "MIN_REPORT_BYTES",
+    "REASONS",
+    "SCHEMA_VERSION",
+    "decode",
+    "encode",
+    "to_wire",
+    "validate",
+]
+
+MAX_REPORT_BYTES = record.REPORT_MAX
 #: Smaller caps are raised to this: the fixed fields of a report must always fit.
 MIN_REPORT_BYTES = 16 * 1024
 
 REASONS = VALIDATION_REASONS
 
-REPORT_CAUSES = frozenset(c.value for c in DEATH_CAUSES - {Cause.WORKER_LOST})
-
-IDENT_MAX = 256
-KEY_MAX = 1024
-FILENAME_MAX = 1024
-FUNCTION_MAX = 256
-SIGNAL_MAX = 32
-PATH_MAX = 1024
-EVIDENCE_KEY_MAX = 128
-EVIDENCE_STR_MAX = 1024
-EVIDENCE_MAX = 96  # keys; 64 before issue 26 added the killer's facts
-SUMMARY_MAX = 512
-
-# A counters dict is `MemoryCounters.to_dict()`: its keys are the dataclass's fields, in order,
-# and its counts and sizes are the `int | None` ones. Schema v1 fixes both (a unit test).
-COUNTER_KEYS = tuple(f.name for f in dataclasses.fields(MemoryCounters))
-COUNTER_INTS = tuple(
-    f.name for f in dataclasses.fields(MemoryCounters) if str(f.type) == "int | None"
-)
-_TASK_KEYS = ("key", "prefix", "start", "thread", "stack", "stack_time", "grew", "crashed")
-_TASK_OPTIONAL = ("grew", "crashed")  # added within schema v1: older nannies' reports lack them
-_FIELDS = (
-    "schema",
-    "worker",
-    "nanny",
-    "name",
-    "host",
-    "pid",
-    "exitcode",
-    "cause",
-    "time",
-    "started",
-    "memory_limit",
-    "executing",
-    "crash",
-    "evidence",
-    "cgroup",
-    "rss_sampled",
-    "rss_time",
-    "host_memory",
-    "killer",
-    "missing",
-    "truncated",
-)
-_OPTIONAL = ("killer",)  # added within schema v1: reports from older nannies lack it
-_KILLER_KEYS = ("name", "how", "confidence", "summary", "memory")
-KILLERS = frozenset(k.value for k in Killer)
-KNOWN = frozenset(k.value for k in Known)
-CONFIDENCES = frozenset(c.value for c in Confidence)
+_Check = Callable[[Any, str], Any]
 
 
-# --------------------------------------------------------------------------- validation
+# --------------------------------------------------------------------------- the schema
+#
+# Each record type's check and encoder are compiled once from its declaration. A check
+# takes the value and where it sits (the field's name for the error, built only when one
+# is raised for list items: stacks are most of a report).
 
 
-def _frame(v: Any, parent: str, i: int) -> list[Any]:
-    # Stacks are most of a report: check the usual shape without building field names.
-    if type(v) is list and len(v) == 3:
+@functools.cache
+def _wire_fields(cls: type) -> tuple[tuple[str, str, dataclasses.Field, Any], ...]:
+    """(attribute, wire name, field, type) of a record's fields that travel."""
+    hints = typing.get_type_hints(cls, vars(record))
+    return tuple(
+        (f.name, WIRE_NAMES.get(f.name, f.name), f, hints[f.name])
+        for f in dataclasses.fields(cls)
+        if f.metadata.get("wire", True)
+    )
+
+
+@functools.cache
+def _record_check(cls: type, none: bool = False) -> _Check:
+    """The check of one record type (`none`: a wrong type's error says None is taken)."""
+    fields = [(name, wire, _check(tp, f.metadata)) for name, wire, f, tp in _wire_fields(cls)]
+    keys = tuple(wire for _, wire, _ in fields)
+    optional = tuple(wire for _, wire, f, _ in _wire_fields(cls) if f.metadata.get("optional"))
+    keyset = frozenset(keys)
+
+    def check(v: Any, where: str) -> Any:
+        if type(v) is dict and len(v) == len(keys) and keyset.issuperset(v):
+            d = v  # the usual shape: every key, no other
+        else:
+            d = _map(v, where, keys, optional=optional, none=none)
+        out = {}  # the scheduler's fields (and optional ones absent) take their defaults
+        for name, wire, check_one in fields:
+            value = d[wire]
+            if value is None and wire in optional and wire not in v:
+                continue
+            out[name] = check_one(value, f"{where}.{wire}" if where else wire)
+        return cls(**out)
+
+    return check
+
+
+def _check(tp: Any, meta: Mapping[str, Any], none: bool = False) -> _Check:
+    """The check of one field's value, from its type and metadata (`none`: None is
+    taken too, and errors say so)."""
+    args = typing.get_args(tp)
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        inner = [a for a in args if a is not type(None)]
+        assert len(inner) == 1 and len(args) == 2, f"only X | None is supported, not {tp}"
+        one = _check(inner[0], meta, none=True)
+        return lambda v, where: None if v is None else one(v, where)
+    if dataclasses.is_dataclass(tp):
+        return _record_check(tp, none)
+    if tp == record.Frame:
+        return lambda v, where: _frame(v, where, None)
+    origin = typing.get_origin(tp)
+    if origin is tuple:
+        assert args[-1] is Ellipsis, f"only tuple[X, ...] is supported, not {tp}"
+        return _tuple(args[0], meta, none)
+    if origin is Mapping:
+        return _evidence
+    return _scalar(tp, meta, none)
+
+
+def _scalar(tp: Any, meta: Mapping[str, Any], none: bool) -> _Check:
+    choices, cap, least = meta.get("choices"), meta.get("cap"), meta.get("min")
+    if tp is str:
+        cap = cap if cap is not None else INT_MAX
+
+        def check(v: Any, where: str) -> Any:
+            if type(v) is not str or len(v) > cap or not v.isascii():
+                v = _str(v, where, cap, none=none)
+            if choices is not None and v not in choices:
+                raise ReportError(where, f"{v!r} is not one of {sorted(choices)}", "bad_value")
+            return v
+
+    elif tp is int:
+        lowest = least if least is not None else INT_MIN
+
+        def check(v: Any, where: str) -> Any:
+            if type(v) is not int or not lowest <= v <= INT_MAX:
+                v = _int(v, where, minimum=lowest, none=none)
+            if choices is not None and v not in choices:
+                raise ReportError(where, f"must be one of {sorted(choices)}, not {v}", "bad_value")
+            return v
+
+    elif tp is float:
+
+        def check(v: Any, where: str) -> Any:
+            if type(v) is float and math.isfinite(v):
+                return v
+            return _float(v, where, none=none)
+
+    elif tp is bool:
+        expected = "bool or None" if none else "bool"
+
+        def check(v: Any, where: str) -> Any:
+            if type(v) is bool:
+                return v
+            raise _fail_type(v, where, expected)
+
+    else:  # pragma: no cover - a declaration this module does not know
+        raise TypeError(f"no wire check for {tp!r}")
+    return check
+
+
+def _tuple(item: Any, meta: Mapping[str, Any], none: bool) -> _Check:
+    cap = meta.get("cap") or record.LIST_MAX
+    if item == record.Frame:
+
+        def frames(v: Any, where: str) -> tuple:
+            items = _seq(v, where, cap, none=none)
+            return tuple([_frame(x, where, i) for i, x in enumerate(items)])
+
+        return frames
+    one = _check(item, {"cap": meta.get("items")})
+
+    def check(v: Any, where: str) -> tuple:
+        items = _seq(v, where, cap, none=none)
+        return tuple([one(x, f"{where}[{i}]") for i, x in enumerate(items)])
+
+    return check
+
+
+def _frame(v: Any, parent: str, i: int | None) -> tuple:
+    # The usual shape is checked without building field names.
+    fn_cap, _, func_cap = FRAME_CAPS
+    if type(v) in (list, tuple) and len(v) == 3:
         fn, ln, func = v
         if (
             type(fn) is str
-            and len(fn) <= FILENAME_MAX
+            and len(fn) <= fn_cap
             and fn.isascii()
             and (ln is None or (type(ln) is int and 0 <= ln <= INT_MAX))
             and type(func) is str
-            and len(func) <= FUNCTION_MAX
+            and len(func) <= func_cap
             and func.isascii()
         ):
-            return [fn, ln, func]
-    field = f"{parent}[{i}]"
-    items = _seq(v, field, 3)
+            return (fn, ln, func)
+    where = parent if i is None else f"{parent}[{i}]"
+    items = _seq(v, where, 3)
     if len(items) != 3:
-        raise ReportError(field, "must be [filename, lineno, function]", "bad_value")
-    return [
-        _str(items[0], f"{field}[0]", FILENAME_MAX),
-        _int(items[1], f"{field}[1]", none=True, minimum=0),
-        _str(items[2], f"{field}[2]", FUNCTION_MAX),
-    ]
+        raise ReportError(where, "must be [filename, lineno, function]", "bad_value")
+    return (
+        _str(items[0], f"{where}[0]", fn_cap),
+        _int(items[1], f"{where}[1]", none=True, minimum=0),
+        _str(items[2], f"{where}[2]", func_cap),
+    )
 
 
-def _task(v: Any, field: str) -> dict[str, Any]:
-    d = _map(v, field, _TASK_KEYS, optional=_TASK_OPTIONAL)
-    where = f"{field}.stack"
-    stack = _seq(d["stack"], where, LIST_MAX, none=True)
-    return {
-        "key": _str(d["key"], f"{field}.key", KEY_MAX),
-        "prefix": _str(d["prefix"], f"{field}.prefix", IDENT_MAX),
-        "start": _float(d["start"], f"{field}.start"),
-        "thread": _int(d["thread"], f"{field}.thread", minimum=0),
-        "stack": None if stack is None else [_frame(f, where, i) for i, f in enumerate(stack)],
-        "stack_time": _float(d["stack_time"], f"{field}.stack_time", none=True),
-        "grew": _int(d["grew"], f"{field}.grew", minimum=0, none=True),
-        "crashed": _bool(d["crashed"], f"{field}.crashed"),
-    }
-
-
-def _bool(v: Any, field: str) -> bool | None:
-    if v is None or type(v) is bool:
-        return v
-    raise _fail_type(v, field, "bool or None")
+def _evidence(v: Any, where: str) -> dict[str, Any]:
+    ev = _map(v, where, None)
+    if len(ev) > record.EVIDENCE_MAX:
+        raise ReportError(
+            where, f"has {len(ev)} keys, the cap is {record.EVIDENCE_MAX}", "too_large"
+        )
+    out = {_str(k, where, EVIDENCE_KEY_MAX): _evidence_value(val, k) for k, val in ev.items()}
+    slurm_evidence(out)
+    return out
 
 
 def _evidence_value(v: Any, key: str) -> Any:
     t = type(v)
     if v is None or t is bool or (t is int and INT_MIN <= v <= INT_MAX):
         return v
-    if t is str and len(v) <= EVIDENCE_STR_MAX and v.isascii():
+    if t is str and len(v) <= record.EVIDENCE_STR_MAX and v.isascii():
         return v
     field = f"evidence.{key[:64]}"
     if isinstance(v, bool):
@@ -214,44 +251,14 @@ def _evidence_value(v: Any, key: str) -> Any:
     if isinstance(v, float):
         return _float(v, field)
     if isinstance(v, str):
-        return _str(v, field, EVIDENCE_STR_MAX)
+        return _str(v, field, record.EVIDENCE_STR_MAX)
     raise _fail_type(v, field, "str, int, float, bool or None")
 
 
-def _counters(v: Any, field: str) -> dict[str, Any] | None:
-    d = _map(v, field, COUNTER_KEYS, none=True)
-    if d is None:
-        return None
-    out: dict[str, Any] = {
-        "version": _int(d["version"], f"{field}.version", none=True),
-        "path": _str(d["path"], f"{field}.path", PATH_MAX, none=True),
-    }
-    for k in COUNTER_INTS:
-        out[k] = _int(d[k], f"{field}.{k}", none=True, minimum=0)
-    out["missing"] = _notes(d["missing"], f"{field}.missing")
-    return out
+# --------------------------------------------------------------------------- validation
 
 
-def _killer(v: Any) -> dict[str, Any] | None:
-    k = _map(v, "killer", _KILLER_KEYS, none=True)
-    if k is None:
-        return None
-    out = {}
-    for key, allowed in (("name", KILLERS), ("how", KNOWN), ("confidence", CONFIDENCES)):
-        value = _str(k[key], f"killer.{key}", 32)
-        if value not in allowed:
-            raise ReportError(
-                f"killer.{key}", f"{value!r} is not one of {sorted(allowed)}", "bad_value"
-            )
-        out[key] = value
-    out["summary"] = _str(k["summary"], "killer.summary", SUMMARY_MAX)
-    if type(k["memory"]) is not bool:
-        raise _fail_type(k["memory"], "killer.memory", "bool")
-    out["memory"] = k["memory"]
-    return out
-
-
-def _validate(report: Any, max_bytes: int) -> dict[str, Any]:
+def _validate(report: Any, max_bytes: int) -> Death:
     if not isinstance(report, dict):
         raise ReportError(
             "report", f"must be a dict, not {type(report).__name__}", "not_a_mapping"
@@ -264,77 +271,18 @@ def _validate(report: Any, max_bytes: int) -> dict[str, Any]:
     if schema != SCHEMA_VERSION:
         message = f"version {schema} is not supported (only {SCHEMA_VERSION})"
         raise ReportError("schema", message, "schema_version")
-    d = _map(report, "", _FIELDS, optional=_OPTIONAL)
-    cause = _str(d["cause"], "cause", 32)
-    if cause not in REPORT_CAUSES:
-        raise ReportError("cause", f"{cause!r} is not one of {sorted(REPORT_CAUSES)}", "bad_value")
-    out: dict[str, Any] = {"schema": SCHEMA_VERSION}
-    for k in ("worker", "nanny", "name", "host"):
-        out[k] = _str(d[k], k, IDENT_MAX)
-    out["pid"] = _int(d["pid"], "pid", none=True, minimum=1)
-    out["exitcode"] = _int(d["exitcode"], "exitcode", none=True)
-    out["cause"] = cause
-    out["time"] = _float(d["time"], "time")
-    out["started"] = _float(d["started"], "started", none=True)
-    out["memory_limit"] = _int(d["memory_limit"], "memory_limit", none=True, minimum=0)
-    executing = _seq(d["executing"], "executing", LIST_MAX)
-    out["executing"] = [_task(t, f"executing[{i}]") for i, t in enumerate(executing)]
-    crash = _map(d["crash"], "crash", ("signal", "text"), none=True)
-    out["crash"] = (
-        None
-        if crash is None
-        else {
-            "signal": _str(crash["signal"], "crash.signal", SIGNAL_MAX, none=True),
-            "text": _str(crash["text"], "crash.text", max_bytes),
-        }
-    )
-    ev = _map(d["evidence"], "evidence", None)
-    if len(ev) > EVIDENCE_MAX:
-        raise ReportError(
-            "evidence", f"has {len(ev)} keys, the cap is {EVIDENCE_MAX}", "too_large"
-        )
-    out["evidence"] = {
-        _str(k, "evidence", EVIDENCE_KEY_MAX): _evidence_value(v, k) for k, v in ev.items()
-    }
-    slurm_evidence(out["evidence"])
-    cg = _map(d["cgroup"], "cgroup", ("version", "path", "before", "after"), none=True)
-    if cg is not None:
-        version = _int(cg["version"], "cgroup.version")
-        if version not in (1, 2):
-            raise ReportError("cgroup.version", f"must be 1 or 2, not {version}", "bad_value")
-        cg = {
-            "version": version,
-            "path": _str(cg["path"], "cgroup.path", PATH_MAX),
-            "before": _counters(cg["before"], "cgroup.before"),
-            "after": _counters(cg["after"], "cgroup.after"),
-        }
-    out["cgroup"] = cg
-    out["rss_sampled"] = _int(d["rss_sampled"], "rss_sampled", none=True, minimum=0)
-    out["rss_time"] = _float(d["rss_time"], "rss_time", none=True)
-    host = _map(d["host_memory"], "host_memory", ("total", "available"), none=True)
-    out["host_memory"] = (
-        None
-        if host is None
-        else {
-            k: _int(host[k], f"host_memory.{k}", none=True, minimum=0)
-            for k in ("total", "available")
-        }
-    )
-    out["killer"] = _killer(d["killer"])
-    out["missing"] = _notes(d["missing"], "missing")
-    out["truncated"] = _notes(d["truncated"], "truncated")
-    size = len(encode(out))
+    death = _record_check(Death)(report, "")
+    size = len(msgpack.packb(report, use_bin_type=True))  # as sent; checked, so it packs
     if size > max_bytes:
         raise ReportError(
             "report", f"is {size} bytes encoded, the cap is {max_bytes}", "too_large"
         )
-    return out
+    return death
 
 
-def validate(report: object, max_bytes: int = MAX_REPORT_BYTES) -> dict[str, Any]:
-    """A cleaned copy of a schema-v1 report, or `ReportError` naming the bad field.
-
-    Never raises anything else, whatever `report` holds.
+def validate(report: object, max_bytes: int = MAX_REPORT_BYTES) -> Death:
+    """The `Death` a schema-1 report (a decoded mapping) describes, or `ReportError`
+    naming the bad field. Never raises anything else, whatever `report` holds.
 
     >>> validate({"schema": 2})
     Traceback (most recent call last):
@@ -353,21 +301,64 @@ def validate(report: object, max_bytes: int = MAX_REPORT_BYTES) -> dict[str, Any
 # --------------------------------------------------------------------------- wire format
 
 
-def encode(report: dict[str, Any]) -> bytes:
-    """The report as msgpack bytes (str as str, bytes as bin).
+def to_wire(value: Any) -> Any:
+    """A record as the plain data that travels: dicts of its wire fields, lists for tuples
+    (a stack frame a 3-list), plain str for enums."""
+    if dataclasses.is_dataclass(value):
+        return _encoder(type(value))(value)
+    if isinstance(value, tuple | list):
+        return [to_wire(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: to_wire(v) for k, v in value.items()}
+    if isinstance(value, str) and type(value) is not str:
+        return str.__str__(value)
+    return value
 
-    >>> from oomguard._death.build import EXAMPLE_ARGS, build_report
-    >>> decode(encode(build_report(**EXAMPLE_ARGS)))["cause"]
+
+@functools.cache
+def _encoder(cls: type) -> Callable[[Any], dict]:
+    """One record type's encoder, by the kind of each field: plain values as they are,
+    stacks as lists of 3-lists, the rest through `to_wire`."""
+    plain = (str, int, float, bool, str | None, int | None, float | None, bool | None)
+    stack = (tuple[record.Frame, ...], tuple[record.Frame, ...] | None)
+    fields = [
+        (name, wire, "plain" if tp in plain else "stack" if tp in stack else "")
+        for name, wire, _, tp in _wire_fields(cls)
+    ]
+
+    def encode_one(value: Any) -> dict:
+        out = {}
+        for name, wire, kind in fields:
+            v = getattr(value, name)
+            if kind == "plain" and type(v) in _PLAIN:
+                out[wire] = v
+            elif kind == "stack":
+                out[wire] = None if v is None else [list(f) for f in v]
+            else:
+                out[wire] = to_wire(v)
+        return out
+
+    return encode_one
+
+
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
+def encode(death: Death) -> bytes:
+    """The death as msgpack bytes (str as str, bytes as bin).
+
+    >>> from oomguard._death.build import EXAMPLE, build
+    >>> decode(encode(build(EXAMPLE))).cause
     'sigkill'
     """
-    return msgpack.packb(report, use_bin_type=True)
+    return msgpack.packb(to_wire(death), use_bin_type=True)
 
 
 def _refuse_ext(code: int, data: bytes) -> Any:
     raise ReportError("report", f"holds msgpack extension type {code}", "undecodable")
 
 
-def decode(data: bytes, max_bytes: int = MAX_REPORT_BYTES) -> dict[str, Any]:
+def decode(data: bytes, max_bytes: int = MAX_REPORT_BYTES) -> Death:
     """Decode and `validate` report bytes; `ReportError` for anything else, pickles included.
 
     >>> import pickle

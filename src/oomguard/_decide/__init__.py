@@ -6,15 +6,15 @@ removed, death reports, task exceptions, clock ticks) and returns plain decision
 plugin applies to Dask.
 """
 
+from .accounts import nanny_stop_record
 from .core import DecisionCore
-from .deaths import Death, DeathPairing, Removal
 from .decisions import Decision, Forgive, Hold, Record, Release, Restrict, Stop, Widen
-from .evidence import nanny_stop_record
+from .pairing import Case, DeathPairing, Removal
 from .runs import ANNOTATION, IDLE_RUNS, Run, Runs
 
 __all__ = [
     "ANNOTATION",
-    "Death",
+    "Case",
     "DeathPairing",
     "Decision",
     "DecisionCore",

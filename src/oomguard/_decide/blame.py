@@ -1,31 +1,34 @@
-"""Who a death is blamed on, and how sure that is (pure).
+"""Who a death is blamed on, and how sure that is: each task's `Role` (pure).
 
 The nanny's flight record names the tasks that were executing when the worker died: they
-are blamed, everything else Dask had sent the worker was only queued there (displaced).
+are blamed, everything else Dask had sent the worker was only queued there (`QUEUED`).
 When a native crash's dump names the thread that crashed and the flight record the task
-that ran on it, that task alone is blamed: the others executing beside it were displaced by
-a neighbour's crash.
+that ran on it, that task alone is the `CULPRIT`: the others executing beside it were
+`DISPLACED` by a neighbour's crash. A memory kill of a worker executing several tasks
+proves no single one too big; when the samples show one of them grew most (`culprit`),
+it is the culprit and the others were displaced beside it (still charged against Dask's
+bound: the samples can be wrong), else each is a `SUSPECT`. One task blamed alone is the
+culprit; several with nothing to tell them apart are suspects.
+
 Without a report (the nanny died too), or with one whose worker left no flight record to
 read (it started before oomguard's worker plugin, so an empty list says nothing), the
 scheduler's last heartbeat says what was executing; failing that, every task on the worker
 is a suspect, as Dask itself would count them, so a killer that took its nanny with it is
-never "nobody".
-
-A death without a report is one event. When it leaves one suspect (one task there, or one
-the last heartbeat saw executing and still there) that shard is named: the event is its
-own failure, as a report's is. When it leaves several, none is named (`Blame.suspected`):
-the one event lists them, each still counts against Dask's death budget, but no shard's
-own failure count or place in a signature moves.
+never "nobody". A death without a report is one event: when it leaves one suspect that
+shard is named (the culprit); when it leaves several, none is (`Blame.suspected`): each
+still counts against Dask's death budget, but no shard's own failure count or place in a
+signature moves.
 """
 
 from __future__ import annotations
 
-from collections.abc import Container
-from dataclasses import dataclass
+from collections.abc import Container, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from .._death.record import Death, Role, Task
 from .._words import culprit_line
-from .deaths import Death
+from .pairing import Case
 from .runs import ShardKey
 
 FLIGHT_RECORD = "flight record"
@@ -38,9 +41,12 @@ EVERYTHING = "every task on the worker (nothing said what was executing)"
 @dataclass(frozen=True)
 class Blame:
     """`executing`: str(key) -> key (None where the scheduler does not know the key), what
-    the death is blamed on. `displaced`: tasks it is certainly not charged to. Without a
-    report nothing is certain, so nothing is displaced: every task on the worker keeps
-    Dask's own charge (the death budget), while the events blame only `executing`."""
+    the death is blamed on (its culprit or its suspects). `displaced`: tasks it is
+    certainly not charged to (queued there, or beside a crash). `beside`: tasks executing
+    beside a memory kill's likely culprit, displaced but still charged. Without a report
+    nothing is certain, so nothing is displaced: every task on the worker keeps Dask's own
+    charge (the death budget), while the events blame only `executing`. `roles` says each
+    task's part."""
 
     executing: dict[ShardKey, Any]
     displaced: dict[ShardKey, Any]
@@ -50,6 +56,11 @@ class Blame:
     #: The report's executing entries not blamed: keys the scheduler did not have in
     #: processing on that worker, or more than its threads (`bounded_entries`).
     ignored: int = 0
+    #: A memory kill of a worker executing several tasks, known from its flight record.
+    shared: bool = False
+    likely: Culprit | None = None
+    beside: dict[ShardKey, Any] = field(default_factory=dict)
+    roles: dict[ShardKey, Role] = field(default_factory=dict)
 
     @property
     def certain(self) -> bool:
@@ -61,39 +72,41 @@ class Blame:
         return not self.certain and len(self.executing) > 1
 
 
-def blame(death: Death, forgotten: Container = ()) -> Blame:
-    """>>> from .deaths import Removal
+def blame(case: Case, forgotten: Container = (), *, memory: bool = False) -> Blame:
+    """Each task's part in the death of `case`; `memory`: it was a memory death.
+
+    >>> from .pairing import Removal
     >>> r = Removal("tcp://a:1", "a", 0.0, {"x": "x", "y": "y"}, nthreads=1)
-    >>> b = blame(Death("tcp://a:1", r, {"executing": [{"key": "x"}]}))
-    >>> sorted(b.executing), sorted(b.displaced), b.certain
-    (['x'], ['y'], True)
-    >>> b = blame(Death("tcp://a:1", r, None))
+    >>> b = blame(Case("tcp://a:1", r, Death(tasks=(Task("x"),))))
+    >>> sorted(b.executing), sorted(b.displaced), b.certain, b.roles["y"]
+    (['x'], ['y'], True, <Role.QUEUED: 'queued'>)
+    >>> b = blame(Case("tcp://a:1", r, None))
     >>> sorted(b.executing), b.source, b.suspected
     (['x', 'y'], 'every task on the worker (nothing said what was executing)', True)
-    >>> ran = [{"key": "x", "crashed": False}, {"key": "y", "crashed": True}]
-    >>> b = blame(Death("tcp://a:1", r, {"executing": ran}))
+    >>> ran = (Task("x", crashed=False), Task("y", crashed=True))
+    >>> b = blame(Case("tcp://a:1", r, Death(tasks=ran)))
     >>> sorted(b.executing), sorted(b.displaced), sorted(b.neighbours)
     (['y'], ['x'], ['x'])
-    >>> unread = {"executing": [], "evidence": {"flight_record": False}}
-    >>> b = blame(Death("tcp://a:1", r, unread))
+    >>> unread = Death(evidence={"flight_record": False})
+    >>> b = blame(Case("tcp://a:1", r, unread))
     >>> sorted(b.executing), b.displaced, b.certain
     (['x', 'y'], {}, False)
     """
-    processing = death.removal.processing if death.removal is not None else {}
+    processing = case.removal.processing if case.removal is not None else {}
     neighbours: frozenset[ShardKey] = frozenset()
     ignored = 0
-    report = death.report if recorded(death.report) else None
+    report = case.report if recorded(case.report) else None
     if report is not None:
-        ran, ignored = bounded_entries(death, forgotten)
-        crashed = [e for e in ran if e.get("crashed")]
-        entries = crashed or ran
-        executing = {e["key"]: processing.get(e["key"]) for e in _first(entries, death)}
+        ran, ignored = bounded_entries(case, forgotten)
+        crashed = [e for e in ran if e.crashed]
+        entries = _first(crashed or ran, case)
+        executing = {e.key: processing.get(e.key) for e in entries}
         source = FLIGHT_RECORD
         if crashed and len(crashed) < len(ran):
             source = CRASHED_THREAD
-            neighbours = frozenset(e["key"] for e in ran if not e.get("crashed"))
+            neighbours = frozenset(e.key for e in ran if not e.crashed)
     else:
-        removal = death.removal
+        removal = case.removal
         if removal is None:  # a report with no flight record, its removal not (yet) seen
             return Blame({}, {}, EVERYTHING)
         if removal.executing_guess:
@@ -106,21 +119,34 @@ def blame(death: Death, forgotten: Container = ()) -> Blame:
     if report is not None:
         # Executing there (beyond the threads, or beside a crash) is never displaced
         # unless it was the crash's neighbour: it keeps Dask's own charge.
-        ran_keys = {e["key"] for e in ran} - neighbours
+        ran_keys = {e.key for e in ran} - neighbours
         displaced = {s: k for s, k in processing.items() if s not in executing.keys() | ran_keys}
-    return Blame(executing, displaced, source, neighbours, ignored)
+    # A memory death (not a task's MemoryError) can be shared: several tasks growing
+    # together on one worker. The samples may name the one that grew most.
+    known = sum(k is not None for k in executing.values())
+    shared = memory and source in (FLIGHT_RECORD, CRASHED_THREAD) and known > 1
+    likely, beside = None, {}
+    if shared:
+        likely = culprit([e for e in report.tasks if e.key in executing])
+        if likely is not None:
+            beside = {s: k for s, k in executing.items() if s != likely.shard}
+            executing = {likely.shard: executing[likely.shard]}
+    roles: dict[ShardKey, Role] = {s: Role.QUEUED for s in processing}
+    lone = len(executing) == 1 or likely is not None
+    roles.update(dict.fromkeys(executing, Role.CULPRIT if lone else Role.SUSPECT))
+    roles.update(dict.fromkeys([*beside, *neighbours], Role.DISPLACED))
+    return Blame(executing, displaced, source, neighbours, ignored, shared, likely, beside, roles)
 
 
-def recorded(report: dict | None) -> bool:
-    """A report whose `executing` can be believed: its worker's flight record was read
+def recorded(report: Death | None) -> bool:
+    """A report whose `tasks` can be believed: its worker's flight record was read
     (reports of older nannies do not say: believed, as before)."""
     if report is None:
         return False
-    evidence = report.get("evidence")
-    return not isinstance(evidence, dict) or evidence.get("flight_record") is not False
+    return report.evidence.get("flight_record") is not False
 
 
-def bounded_entries(death: Death, forgotten: Container = ()) -> tuple[list[dict], int]:
+def bounded_entries(case: Case, forgotten: Container = ()) -> tuple[list[Task], int]:
     """The report's executing entries that count, and how many others it named.
 
     A report may name up to 64 keys, and each blamed one becomes an event. Only keys the
@@ -129,51 +155,44 @@ def bounded_entries(death: Death, forgotten: Container = ()) -> tuple[list[dict]
     are ignored, and counted. Without a removal (a late report, or one whose removal
     never came) the scheduler cannot check them: all count, and `_first` bounds them.
 
-    >>> from .deaths import Removal
+    >>> from .pairing import Removal
     >>> r = Removal("tcp://a:1", "a", 0.0, {"x": "x", "y": "y"}, nthreads=1)
-    >>> ran = [{"key": k} for k in ("forged", "y", "x")]
-    >>> bounded_entries(Death("tcp://a:1", r, {"executing": ran}))
-    ([{'key': 'y'}, {'key': 'x'}], 1)
+    >>> ran = tuple(Task(k) for k in ("forged", "y", "x"))
+    >>> [t.key for t in bounded_entries(Case("tcp://a:1", r, Death(tasks=ran)))[0]]
+    ['y', 'x']
     """
-    report, removal = death.report, death.removal
+    report, removal = case.report, case.removal
     assert report is not None
-    named = report["executing"]
+    named = report.tasks
     if removal is None:
         return list(named), 0
-    ran = [e for e in named if e["key"] in removal.processing or e["key"] in forgotten]
+    ran = [e for e in named if e.key in removal.processing or e.key in forgotten]
     return ran, len(named) - len(ran)
 
 
-def _first(entries: list[dict], death: Death) -> list[dict]:
+def _first(entries: Sequence[Task], case: Case) -> list[Task]:
     """At most as many entries as the worker had threads (as the scheduler knew them; the
     death a late report amends; else one): each blamed entry is an event. The others
     executing there keep Dask's charge, unnamed.
 
-    >>> from .deaths import Removal
+    >>> from .pairing import Removal
     >>> r = Removal("tcp://a:1", "a", 0.0, {"x": "x", "y": "y"}, nthreads=1)
-    >>> _first([{"key": "y"}, {"key": "x"}], Death("tcp://a:1", r, {}))
-    [{'key': 'y'}]
+    >>> [t.key for t in _first([Task("y"), Task("x")], Case("tcp://a:1", r, Death()))]
+    ['y']
     """
-    threads = death.removal.nthreads if death.removal is not None else death.nthreads
-    return entries[: max(1, threads or 1)]
+    threads = case.removal.nthreads if case.removal is not None else case.nthreads
+    return list(entries[: max(1, threads or 1)])
 
 
-def blamed(death: Death) -> tuple[list[dict], int]:
+def blamed(case: Case) -> tuple[list[Task], int]:
     """The report's executing entries the death is blamed on (the crashed thread's when
     the dump named it, else all that count, at most one per thread), and how many entries
     were not blamed that way (ignored, or past the threads)."""
-    ran, ignored = bounded_entries(death)
-    entries = _first(blamed_entries({"executing": ran}), death)
-    crashed = any(e.get("crashed") for e in ran)
+    ran, ignored = bounded_entries(case)
+    crashed = [e for e in ran if e.crashed]
+    entries = _first(crashed or ran, case)
     cut = 0 if crashed else len(ran) - len(entries)
     return entries, ignored + cut
-
-
-def blamed_entries(report: dict) -> list[dict]:
-    """The report's executing entries a death is blamed on: the one whose thread crashed
-    when the nanny matched it (`_death.threads`), else all of them."""
-    crashed = [e for e in report["executing"] if e.get("crashed")]
-    return crashed or report["executing"]
 
 
 #: Below this much sampled growth of the executing tasks together, the samples missed the
@@ -211,18 +230,18 @@ class Culprit:
         return culprit_line(self.certainty, self.shard, self.grew, self.total)
 
 
-def culprit(executing: list[dict]) -> Culprit | None:
-    """The executing task (report entries) that grew most, when it grew at least 65% of
-    what all of them grew and the samples saw enough growth to say; otherwise None (no
-    single culprit, or nothing measured).
+def culprit(executing: Sequence[Task]) -> Culprit | None:
+    """The executing task that grew most, when it grew at least 65% of what all of them
+    grew and the samples saw enough growth to say; otherwise None (no single culprit, or
+    nothing measured).
 
     >>> MiB = 2**20
-    >>> culprit([{"key": "a", "grew": 900 * MiB}, {"key": "b", "grew": 100 * MiB}]).shard
+    >>> culprit([Task("a", grew=900 * MiB), Task("b", grew=100 * MiB)]).shard
     'a'
-    >>> culprit([{"key": "a", "grew": 500 * MiB}, {"key": "b", "grew": 520 * MiB}]) is None
+    >>> culprit([Task("a", grew=500 * MiB), Task("b", grew=520 * MiB)]) is None
     True
     """
-    grew = [(e.get("grew") or 0, e["key"]) for e in executing]
+    grew = [(e.grew or 0, e.key) for e in executing]
     total = sum(g for g, _ in grew)
     if len(grew) < 2 or total < CULPRIT_MIN_BYTES:
         return None

@@ -1,8 +1,9 @@
 """The decision core: every worker death and task failure in, plain decisions out (pure).
 
 One owner per concern, each in its own module: `runs` (which run a key belongs to),
-`deaths` (pairing removals with reports, each death decided once), `blame` (who was
-executing), `evidence` (what a failure says, as the records it writes), `budget` (deaths
+`pairing` (pairing removals with reports, each death decided once), `blame` (each task's
+role in a death), `accounts` (what a failure writes: the death as decided and the events
+of the tasks it is blamed on), `budget` (deaths
 per key, Dask's bound kept exactly), `memory` and `resize` (after a memory kill: a larger
 worker, waited for a while, or an abort), `isolation` (after a memory kill shared by
 several tasks: each runs alone) and the `FailurePolicy` (per-shard evidence and the abort);
@@ -25,21 +26,22 @@ Invariants (tests/unit/test_decide_model.py checks them over random interleaving
 from __future__ import annotations
 
 import time as _time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Container, Iterable, Mapping
 from typing import Any
 
 from .._causes import memory_death
-from .._models import FailureEvent
-from . import memory
+from .._death.record import Death
+from .._models import AbortDecision, FailureEvent
+from . import accounts
+from .accounts import Account, death_cause, task_record
 from .blame import blame, blamed
 from .budget import DeathBudget
-from .deaths import Death, DeathPairing, Removal
 from .decisions import Decision, Forgive, Hold, Release, Stop
-from .evidence import DeathEvidence, death_cause, task_record
 from .isolation import Isolation
-from .policy import AbortDecision, FailurePolicy
-from .resize import LargerRetry, Resized
+from .pairing import Case, DeathPairing, Removal
+from .policy import FailurePolicy
+from .resize import LargerRetry
 from .runs import Run, RunLabel, Runs, ShardKey, collection_name
 
 _RUNNABLE = ("waiting", "processing", "queued", "no-worker")
@@ -107,21 +109,6 @@ class DecisionCore:
             max_shard_infra_failures=max_shard_infra_failures,
             abort_on_repeat_signature=abort_on_repeat_signature,
         )
-
-    @property
-    def resized(self) -> dict[Any, Resized]:
-        """Keys retried on larger workers (`LargerRetry`)."""
-        return self.larger.resized
-
-    @property
-    def suspects(self) -> deque:
-        """Keys held after a shared memory kill, to run alone one at a time (`Isolation`)."""
-        return self.isolation.suspects
-
-    @property
-    def isolating(self) -> Any:
-        """The suspect running alone, or None (`Isolation`)."""
-        return self.isolation.isolating
 
     # --- graphs and task states (hot path: O(1)) -------------------------------------
 
@@ -218,7 +205,7 @@ class DecisionCore:
             out += self._decide(death)
         return out
 
-    def reported(self, report: dict, now: float) -> list[Decision]:
+    def reported(self, report: Death, now: float) -> list[Decision]:
         self._now = now
         death = self.pairing.reported(report, now)
         return self._decide(death) if death is not None else []
@@ -264,17 +251,19 @@ class DecisionCore:
 
     # --- one death -------------------------------------------------------------------
 
-    def _decide(self, death: Death) -> list[Decision]:
-        if death.late:
-            return self._amend(death)
-        if death.clean:
-            return self._not_a_death(death)
+    def _decide(self, case: Case) -> list[Decision]:
+        if case.late:
+            return self._amend(case)
+        if case.clean:
+            return self._not_a_death(case)
         self.deaths += 1
-        report, removal = death.report, death.removal
-        cause = death_cause(death)
-        b = blame(death, self._forgotten)
+        removal = case.removal
+        cause = death_cause(case)
+        memory_kill = memory_death(cause, case.report.evidence if case.report else None)
+        b = blame(case, self._forgotten, memory=memory_kill)
         out: list[Decision] = []
         forgiven = self._displace(b.displaced, None, b.neighbours)
+        self._displace(b.beside, dict.fromkeys(b.beside, True), charged=True)
         self.isolation.displaced(forgiven)  # one running alone beside a crash goes first again
         if forgiven:
             out.append(Forgive(tuple(forgiven)))
@@ -288,26 +277,22 @@ class DecisionCore:
             if key is not None and key not in charged:  # a report whose removal never came
                 self.budget.charge([key])
                 self.budget.settle(key, blamed=True)
-        told = DeathEvidence.of(death, cause, b, keys)
+        account = accounts.decided(case, cause, b, keys, self.pipeline_of)
+        events: list[FailureEvent] = []
         decisions: list[tuple[AbortDecision, Any]] = []
-        named = {} if told.suspects else keys or {"": None}  # the shards with events
-        if told.suspects:
-            out.append(told.record(self._suspected(told, keys)))
+        named = {} if b.suspected else keys or {"": None}  # the shards with events
+        if b.suspected:
+            events.append(self._suspected(account, keys))
         for s, key in named.items():
             run = self.runs.of(key) if key is not None else None
-            event = told.event(s, self._pipeline(s, run), self.policy.attempt(s) if s else 1)
-            out.append(told.record(event))
+            event = account.event(s, self._pipeline(s, run), self.policy.attempt(s) if s else 1)
+            events.append(event)
             if key is None:
                 continue
             if run is not None and key not in self.stopped:
-                d = self.policy.record(event, run=run.label, may_decide=not told.shared)
-                if (
-                    d is None
-                    and not told.shared
-                    and self.larger_only
-                    and memory_death(cause, told.evidence)
-                ):
-                    limit = report.get("memory_limit") if report is not None else None
+                d = self.policy.record(event, run=run.label, may_decide=not b.shared)
+                if d is None and not b.shared and self.larger_only and memory_kill:
+                    limit = account.death.memory_limit
                     d, resize = self.larger.retry(
                         key, run.label, event, limit, self.workers, self._now
                     )
@@ -316,23 +301,24 @@ class DecisionCore:
                     decisions.append((d, key))
             if self.budget.over(key) and key not in self.stopped:
                 decisions.append((self._over_budget(key, run, event), key))
+        out.append(account.record(events))
         for key in charged - set(named.values()):
-            # Charged, not named (no report said what ran; or several suspects): Dask's
-            # bound still holds.
+            # Charged, not named (no report said what ran; several suspects; executing
+            # beside the culprit): Dask's bound still holds.
             if self.budget.over(key) and key not in self.stopped:
                 run = self.runs.of(key)
-                event = told.unblamed_event(str(key), run.name if run else "")
+                event = account.unblamed(str(key), run.name if run else "")
                 decisions.append((self._over_budget(key, run, event), key))
         for d, key in decisions:
             out += self._abort(d, key)
         self.isolation.died(charged, keys.values())
-        if told.shared:
-            # The likely culprit runs alone first: its verdict comes soonest.
-            self._isolate(keys.values(), keys.get(told.likely.shard) if told.likely else None)
+        if b.shared:
+            # The culprit, or each suspect, runs alone: its verdict comes soonest.
+            self._isolate(keys.values(), keys.get(b.likely.shard) if b.likely else None)
         out += self._release_decided(removal)
         return out + self.isolation.next()
 
-    def _suspected(self, told: DeathEvidence, keys: Mapping[ShardKey, Any]) -> FailureEvent:
+    def _suspected(self, account: Account, keys: Mapping[ShardKey, Any]) -> FailureEvent:
         """The one event of a death that names none of its suspects: each suspect's run
         counts the death once; no shard's own count moves (Dask's budget still charges
         every one of them)."""
@@ -344,12 +330,12 @@ class DecisionCore:
                 names[name] = None
             if run is not None and key not in self.stopped:
                 labels[run.label] = None
-        event = told.suspects_event(list(names))
+        event = account.suspects_event(list(names))
         for label in labels:
             self.policy.death_suspected(label, event)
         return event
 
-    def _not_a_death(self, death: Death) -> list[Decision]:
+    def _not_a_death(self, death: Case) -> list[Decision]:
         """A removal that was a requested stop: its tasks were only displaced.
         Take back Dask's count and ours, and let them run elsewhere (held until now, as the
         tasks of every removal are until it is decided). Each is counted as it was there:
@@ -375,13 +361,18 @@ class DecisionCore:
         tasks: dict[ShardKey, Any],
         executing: Mapping[ShardKey, bool] | None = None,
         neighbours: Container = (),
+        *,
+        charged: bool = False,
     ) -> list:
-        """{str: key} of tasks that were on a dead worker but are not to blame: take back
-        their charge and count them displaced, `executing` (str -> bool) or not (absent: not
-        known; None: all queued), `neighbours` by a neighbour's crash. The keys, in order."""
+        """{str: key} of tasks that were on a dead worker but are not to blame: count them
+        displaced, `executing` (str -> bool) or not (absent: not known; None: all queued),
+        `neighbours` by a neighbour's crash; and take back their charge, unless `charged`
+        (beside a memory kill's likely culprit: the samples may be wrong, Dask's bound
+        holds). The keys, in order."""
         for s, key in tasks.items():
             self.displaced += 1
-            self.budget.settle(key, blamed=False)
+            if not charged:
+                self.budget.settle(key, blamed=False)
             if (run := self.runs.of(key)) is not None:
                 ran = executing.get(s) if executing is not None else False
                 self.policy.displaced(run.label, s, ran, by_crash=s in neighbours)
@@ -404,15 +395,15 @@ class DecisionCore:
                 free.append(key)
         return [Release(tuple(free))] if free else []
 
-    def _amend(self, death: Death) -> list[Decision]:
-        told = DeathEvidence.late(death)
-        out: list[Decision] = []
-        for entry in blamed(death)[0] or [None]:
-            s = entry["key"] if entry else ""
+    def _amend(self, case: Case) -> list[Decision]:
+        account = accounts.late(case, self.pipeline_of)
+        events = []
+        for entry in blamed(case)[0] or [None]:
+            s = entry.key if entry else ""
             run = self.runs.of(self.runs.key(s)) if s else None
             attempt = max(1, self.policy.attempt(s) - 1) if s else 1  # of the event it amends
-            out.append(told.record(told.event(s, self._pipeline(s, run), attempt)))
-        return out
+            events.append(account.event(s, self._pipeline(s, run), attempt))
+        return [account.record(events, amends=case.lost_at or 0.0)]
 
     # --- memory: isolation -----------------------------------------------------------
 
@@ -424,12 +415,8 @@ class DecisionCore:
     # --- stopping --------------------------------------------------------------------
 
     def _over_budget(self, key: Any, run: Run | None, event: FailureEvent) -> AbortDecision:
-        d = memory.over_budget_decision(
-            event, self.budget.deaths(key), self.budget.allowed, self.policy.attempt(str(key)) - 1
-        )
-        if run is not None:
-            self.policy.adopt(run.label, d)
-        return d
+        label = run.label if run is not None else None
+        return self.policy.over_budget(label, event, self.budget.deaths(key), self.budget.allowed)
 
     def _abort(self, d: AbortDecision, key: Any) -> list[Decision]:
         if key in self.stopped:
@@ -483,7 +470,7 @@ class DecisionCore:
         out: list[Decision] = [record]
         d = None
         if run is not None and key not in self.stopped:
-            d = self.policy.record(record.event, run=run.label)
+            d = self.policy.record(record.events[0], run=run.label)
         if d is not None:
             out += self._abort(d, key)
         return out, exception_text.startswith("MemoryError") and d is None

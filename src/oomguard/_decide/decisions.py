@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .._death.record import Death
 from .._exceptions import PipelineAborted
 from .._models import FailureEvent
 from .runs import RunLabel
@@ -62,13 +63,14 @@ class Forgive:
 
 @dataclass(frozen=True)
 class Record:
-    """One failure event to store and count."""
+    """One failure to store and count: a worker death with the events of the tasks it is
+    blamed on (each naming it), or a task's exception (one event, no death)."""
 
-    event: FailureEvent
+    events: tuple[FailureEvent, ...]
+    death: Death | None = None
     grouping_version: int = 1
     example: str = ""
-    death: bool = False  # the first record of a worker death (one per death)
-    amends: float | None = None  # a late report: replaces the worker_lost events of that time
+    amends: float | None = None  # a late report: replaces the worker_lost death of that time
 
 
 Decision = Hold | Release | Restrict | Widen | Stop | Forgive | Record

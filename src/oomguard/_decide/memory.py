@@ -1,4 +1,4 @@
-"""Memory kills: no retry at the same size, and the decisions that stop a shard (pure).
+"""Memory kills: no retry at the same size (pure).
 
 A shard killed for memory alone on its worker runs again only on a worker with a larger
 memory limit (`resize`); with none larger its pipeline is aborted at once. A memory kill of
@@ -16,11 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._causes import Cause, memory_death
-from .._models import FailureEvent
-from .._words import no_larger_abort_message, no_larger_message, over_budget_message
-from .policy import AbortDecision
+from .._words import no_larger_message
 
-__all__ = ["Resize", "abort_decision", "over_budget_decision", "resize"]
+__all__ = ["Resize", "resize"]
 
 
 @dataclass(frozen=True)
@@ -70,31 +68,3 @@ def resize(
     if larger:
         return Resize(larger, failed_limit)
     return Resize(frozenset(), failed_limit, no_larger_message(failed_limit))
-
-
-def _decision(event: FailureEvent, count: int, message: str) -> AbortDecision:
-    return AbortDecision(
-        pipeline=event.pipeline,
-        shard=event.shard,
-        cause=str(event.cause),
-        count=count,
-        signature_id=event.signature_id,
-        signature_title=event.signature_title,
-        evidence=dict(event.evidence or {}),
-        workers=(event.worker,) if event.worker else (),
-        hosts=(event.host,) if event.host else (),
-        message=message,
-    )
-
-
-def abort_decision(event: FailureEvent, limit: int, count: int) -> AbortDecision:
-    """The AbortDecision for a memory-killed shard with no larger worker to retry on."""
-    return _decision(event, count, no_larger_abort_message(event, limit))
-
-
-def over_budget_decision(
-    event: FailureEvent, deaths: int, allowed: int, count: int
-) -> AbortDecision:
-    """The decision for a task that was on more dead workers than Dask allows
-    (`distributed.scheduler.allowed-failures`), whatever the evidence said."""
-    return _decision(event, count, over_budget_message(event, deaths, allowed))

@@ -14,14 +14,25 @@ erred or forgotten) unless `shard_reopened` says its result was lost and it runs
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from .._causes import DEATH_CAUSES, Cause, Killer, Kind, kind_of, shard_death
-from .._exceptions import PipelineAborted
-from .._models import FailureEvent, PipelineStatus
-from .._words import abort_message, describe_cause, exception_name, pipeline_summary
-from .counts import PipelineCounts, ShardFailure, ShardRecord
+from .._models import (
+    AbortDecision,
+    FailureEvent,
+    PipelineCounts,
+    PipelineStatus,
+    ShardFailure,
+    ShardRecord,
+)
+from .._words import (
+    abort_message,
+    describe_cause,
+    exception_name,
+    no_larger_abort_message,
+    over_budget_message,
+    pipeline_summary,
+)
 from .runs import RunLabel, ShardKey
 
 __all__ = ["AbortDecision", "FailurePolicy"]
@@ -34,42 +45,6 @@ _ERRED_KEPT = 5
 
 
 # --------------------------------------------------------------------------- records
-
-
-@dataclass(frozen=True)
-class AbortDecision:
-    """The policy's verdict that a pipeline must stop: one of its shards will never finish.
-
-    The plugin errs every unfinished task of `pipeline` with `exception()`.
-
-    >>> d = AbortDecision("etl", "('load', 7)", "oom_kill", 3, "3f2a", "MemoryError in load",
-    ...                   {}, ("tcp://a:1",), ("node-a",), "oomguard aborted ...")
-    >>> d.exception().shard
-    "('load', 7)"
-    """
-
-    pipeline: str
-    shard: str
-    cause: str
-    count: int
-    signature_id: str
-    signature_title: str
-    evidence: dict
-    workers: tuple[str, ...]
-    hosts: tuple[str, ...]
-    message: str
-
-    def exception(self) -> PipelineAborted:
-        """The exception every unfinished task of the pipeline errs with."""
-        return PipelineAborted(
-            self.message,
-            pipeline=self.pipeline,
-            shard=self.shard,
-            cause=self.cause,
-            count=self.count,
-            signature=self.signature_id,
-            evidence=self.evidence,
-        )
 
 
 # --------------------------------------------------------------------------- policy
@@ -239,12 +214,40 @@ class FailurePolicy:
         p.memory_waits += 1
         p.memory_waited += seconds
 
-    def adopt(self, pipeline: RunLabel, decision: AbortDecision) -> None:
-        """Take a decision made outside the shard counters (no larger worker, the death
-        budget): the pipeline reads "aborted" and decides nothing more."""
-        p = self._pipeline(pipeline)
-        if p.decision is None:
-            p.decision = decision
+    def no_larger(self, run: RunLabel | None, event: FailureEvent, limit: int) -> AbortDecision:
+        """The shard of `event` ran out of memory alone under `limit` bytes, and no worker
+        is larger (or none came back in time): its run stops (`run` None: a task of no run
+        stops alone)."""
+        return self._stop(run, event, no_larger_abort_message(event, limit))
+
+    def over_budget(
+        self, run: RunLabel | None, event: FailureEvent, deaths: int, allowed: int
+    ) -> AbortDecision:
+        """The task of `event` was on `deaths` dead workers, more than Dask's
+        `allowed-failures` permits, whatever the evidence said: its run stops (`run` None:
+        a task of no run stops alone)."""
+        return self._stop(run, event, over_budget_message(event, deaths, allowed))
+
+    def _stop(self, run: RunLabel | None, event: FailureEvent, message: str) -> AbortDecision:
+        """A verdict taken outside the shard counters: the run reads "aborted" and decides
+        nothing more."""
+        d = AbortDecision(
+            pipeline=event.pipeline,
+            shard=event.shard,
+            cause=str(event.cause),
+            count=self.attempt(event.shard) - 1,
+            signature_id=event.signature_id,
+            signature_title=event.signature_title,
+            evidence=dict(event.evidence or {}),
+            workers=(event.worker,) if event.worker else (),
+            hosts=(event.host,) if event.host else (),
+            message=message,
+        )
+        if run is not None:
+            p = self._pipeline(run)
+            if p.decision is None:
+                p.decision = d
+        return d
 
     # ---- failures
 
@@ -305,7 +308,9 @@ class FailurePolicy:
         rec.infra += 1
         rec.shared += not may_decide
         rec.causes[cause.value] += 1
-        rec.last_words = describe_cause(cause, event.evidence or {})
+        rec.last_words = describe_cause(
+            cause, event.evidence, event.killer, event.killer_confidence
+        )
         p.infra += 1
         if cause is Cause.MEMORY_ERROR:
             p.memory_errors += 1

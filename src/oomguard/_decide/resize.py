@@ -12,10 +12,10 @@ from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._models import FailureEvent
+from .._models import AbortDecision, FailureEvent
 from . import memory
 from .decisions import Decision, Restrict, Widen
-from .policy import AbortDecision, FailurePolicy
+from .policy import FailurePolicy
 from .runs import RunLabel, Runs
 
 #: How long a shard killed for memory waits for a larger worker that was just removed
@@ -66,9 +66,7 @@ class LargerRetry:
         if r is None:
             return None, []
         if r.abort:
-            d = memory.abort_decision(event, r.limit, self.policy.attempt(event.shard) - 1)
-            self.policy.adopt(run, d)
-            return d, []
+            return self.policy.no_larger(run, event, r.limit), []
         here = frozenset(a for a in r.workers if a in workers)
         if here:
             self.resized[key] = Resized(r.limit)
@@ -106,11 +104,8 @@ class LargerRetry:
             if entry.until is not None and now >= entry.until and key not in stopped:
                 # No larger worker came back in time: the shard needs more than there is.
                 run = self.runs.of(key)
-                d = memory.abort_decision(
-                    entry.event, entry.limit, self.policy.attempt(str(key)) - 1
-                )
-                if run is not None:
-                    self.policy.adopt(run.label, d)
+                label = run.label if run is not None else None  # None: the key stops alone
+                d = self.policy.no_larger(label, entry.event, entry.limit)
                 del self.resized[key]
                 yield key, d
 

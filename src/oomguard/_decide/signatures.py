@@ -14,6 +14,7 @@ from typing import Any
 from dask.utils import key_split
 
 from .._causes import Cause
+from .._death.record import Death, Task
 from .._signature import fingerprint, fingerprint_dask, fingerprint_stack, scrub
 from .._words import sampled_stack
 
@@ -26,18 +27,18 @@ __all__ = [
 ]
 
 
-def death_signature(cause: Cause, report: dict | None, entry: dict | None, shard: str):
-    """The signature of a death of `cause`: `entry` is the report's entry of `shard`."""
-    crash = (report or {}).get("crash") or {}
-    if cause == Cause.NATIVE_CRASH and crash.get("text"):
-        return fingerprint(crash["text"])
-    if entry is not None and entry.get("stack"):
-        sig = fingerprint_stack(str(cause), [tuple(f) for f in entry["stack"]])
+def death_signature(cause: Cause, report: Death | None, entry: Task | None, shard: str):
+    """The signature of a death of `cause`: `entry` is the report's task of `shard`."""
+    crash = report.crash if report is not None else None
+    if cause == Cause.NATIVE_CRASH and crash is not None and crash.text:
+        return fingerprint(crash.text)
+    if entry is not None and entry.stack:
+        sig = fingerprint_stack(str(cause), list(entry.stack))
         if any(f.in_app for f in sig.frames):
             return sig
     # No sample, or one taken before the task's own code ran (only Dask's frames):
     # the task's function (its key prefix) stands in for the stack.
-    prefix = entry["prefix"] if entry else (key_split(shard) if shard else "")
+    prefix = entry.prefix if entry else (key_split(shard) if shard else "")
     return _prefix_signature(str(cause), prefix or "<no task>")
 
 
@@ -90,16 +91,15 @@ def _prefix_signature(cause: str, prefix: str):
     return fingerprint_stack(cause, [("<task>", None, prefix)])
 
 
-def trace_example(report: dict | None, entry: dict | None, shard: str) -> str:
+def trace_example(report: Death | None, entry: Task | None, shard: str) -> str:
     """The trace kept with a signature: the crash dump, else the last sampled stack."""
     if report is None:
         return ""
-    text = (report.get("crash") or {}).get("text")
-    if text:
-        return scrub(text)
-    if entry is not None and entry.get("stack"):
+    if report.crash is not None and report.crash.text:
+        return scrub(report.crash.text)
+    if entry is not None and entry.stack:
         age = None
-        if entry.get("stack_time"):
-            age = max(0.0, report["time"] - entry["stack_time"])
-        return scrub(sampled_stack(shard, entry["stack"], age))
+        if entry.stack_time:
+            age = max(0.0, report.time - entry.stack_time)
+        return scrub(sampled_stack(shard, entry.stack, age))
     return ""

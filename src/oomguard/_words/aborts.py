@@ -10,8 +10,7 @@ from .._units import format_bytes
 from .causes import describe_cause, listing, plural, shard_name, shell_arg, subject, times
 
 if TYPE_CHECKING:
-    from .._decide.counts import PipelineCounts, ShardRecord
-    from .._models import FailureEvent
+    from .._models import FailureEvent, PipelineCounts, ShardRecord
 
 
 # --------------------------------------------------------------------------- abort messages
@@ -35,12 +34,12 @@ def abort_message(
     (`reason` "repeat"); what to do next. `crashed`: the pipeline's shards that crashed."""
     evidence = event.evidence or {}
     if len(shard.causes) == 1:
-        what = f"{subject(cause)} {describe_cause(cause, evidence)}"
+        what = f"{subject(cause)} {_describe(event, cause)}"
         if shard.infra > 1:
             what += " each time"
     else:
         what = "; ".join(
-            f"{times(n)} {subject(c)} {describe_cause(c, evidence if c == cause else None)}"
+            f"{times(n)} {subject(c)} {_describe(event, c) if c == cause else describe_cause(c)}"
             for c, n in shard.causes.most_common()
         )
     summary = evidence.get("summary")
@@ -150,9 +149,14 @@ def no_larger_message(limit: int) -> str:
     return f"no worker has more than {format_bytes(limit)}; the shard needed more"
 
 
+def _describe(event: FailureEvent, cause: Cause | str) -> str:
+    """`describe_cause` of `event`: its evidence and its killer."""
+    return describe_cause(cause, event.evidence, event.killer, event.killer_confidence)
+
+
 def _what(event: FailureEvent) -> str:
     evidence = event.evidence or {}
-    what = f"{subject(event.cause)} {describe_cause(event.cause, evidence)}"
+    what = f"{subject(event.cause)} {_describe(event, event.cause)}"
     summary = evidence.get("summary")
     if isinstance(summary, str) and summary:
         what += f" ({summary})"

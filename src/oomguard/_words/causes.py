@@ -59,8 +59,14 @@ _KILLER_WORDS = {
 }
 
 
-def describe_cause(cause: Cause | str, evidence: dict[str, Any] | None = None) -> str:
-    """What happened, in the words people use, as a predicate for "the worker ...".
+def describe_cause(
+    cause: Cause | str,
+    evidence: dict[str, Any] | None = None,
+    killer: str = "",
+    confidence: str = "",
+) -> str:
+    """What happened, in the words people use, as a predicate for "the worker ...";
+    `killer` and its `confidence` as a death's (`oomguard.Killer`, "confirmed" or "likely").
 
     `memory_error` and `exception` read with the shard as subject ("it raised MemoryError").
 
@@ -78,15 +84,14 @@ def describe_cause(cause: Cause | str, evidence: dict[str, Any] | None = None) -
     if c is Cause.NATIVE_CRASH:
         name = _signal_name(ev)
         return f"crashed ({name})" if name else "crashed in native code"
-    killer = ev.get("killer") if isinstance(ev.get("killer"), str) else None
-    named = killer not in (None, "unknown")
+    named = killer not in ("", "unknown")
     if c is Cause.SIGTERM:
-        if named and ev.get("killer_confidence") == "confirmed":
+        if named and confidence == "confirmed":
             return f"was stopped by a SIGTERM from {_KILLER_WORDS.get(killer, killer)}"
         return "was stopped by a SIGTERM from outside the nanny"
     if c is Cause.SIGKILL:
         if named:
-            likely = "" if ev.get("killer_confidence") == "confirmed" else "likely "
+            likely = "" if confidence == "confirmed" else "likely "
             return f"was killed by SIGKILL, {likely}from {_KILLER_WORDS.get(killer, killer)}"
         return "was killed by SIGKILL with no kernel OOM evidence"
     if c is Cause.EXIT:

@@ -40,7 +40,7 @@ def culprit_line(certainty: str, shard: str, grew: int, total: int) -> str:
     )
 
 
-#: Suspects a death's summary names; the evidence keeps more (`_decide.evidence`).
+#: Suspects a death's summary names; the evidence keeps more (`_decide.accounts`).
 SUSPECTS_SHOWN = 5
 
 
@@ -161,8 +161,8 @@ def _peak_caveat(ev: Mapping[str, Any]) -> str:
     return f"; the peak excludes {what} charged before the worker joined its group"
 
 
-def evidence_summary(evidence: Mapping[str, Any], cause: str) -> str:
-    """One short phrase for people, built from `evidence` only.
+def evidence_summary(evidence: Mapping[str, Any], cause: str, killer: str = "") -> str:
+    """One short phrase for people, built from `evidence` and the `killer`'s summary.
 
     Every size says which number it is: ``kernel peak of the worker's group`` (the kernel's
     high-water mark), ``sampled RSS`` (the flight recorder's last sample, and how long before
@@ -212,7 +212,6 @@ def evidence_summary(evidence: Mapping[str, Any], cause: str) -> str:
     if cause == Cause.NATIVE_CRASH:
         stack = "faulthandler stack captured" if ev.get("crash_stack") else "no faulthandler stack"
         return f"{sig or 'native crash'}, {stack}"
-    killer = ev.get("killer_summary")
     if cause == Cause.SIGTERM:
         return killer if isinstance(killer, str) and killer else "SIGTERM from outside the nanny"
     if cause == Cause.SIGKILL:

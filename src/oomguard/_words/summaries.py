@@ -8,7 +8,7 @@ from .._causes import Cause, Kind
 from .causes import breakdown, plural, seconds, shard_name, times, was
 
 if TYPE_CHECKING:
-    from .._decide.counts import PipelineCounts, ShardRecord
+    from .._models import PipelineCounts, ShardRecord
 
 
 # --------------------------------------------------------------------------- summaries

@@ -78,27 +78,32 @@ class DaskActions:
                 self._stop(d)
 
     def _record(self, d: Record) -> None:
-        event = d.event
-        if event.cluster != self.cluster:
-            event = dataclasses.replace(event, cluster=self.cluster)
-        if d.amends is not None:
-            self.store.amend(
-                event,
-                grouping_version=d.grouping_version,
-                example=d.example,
-                lost_at=d.amends or None,
-            )
-        else:
-            self.store.add(event, grouping_version=d.grouping_version, example=d.example)
-            self.metrics.failure(event.kind, event.cause)
-        if d.death:
-            self.metrics.deaths(event.cause, event.killer)
-            if d.amends is None:
-                logger.info("oomguard: %s", death_line(event))
-            if event.cause == "worker_lost":
-                self.slurm_jobs.lost(self.store, self.guard, event)
-            if event.cause == "worker_lost" and self._pods is not None:
-                task = asyncio.create_task(self._pod_evidence(event))
+        events = [
+            e if e.cluster == self.cluster else dataclasses.replace(e, cluster=self.cluster)
+            for e in d.events
+        ]
+        for event in events:
+            if d.amends is not None:
+                self.store.amend(
+                    event,
+                    grouping_version=d.grouping_version,
+                    example=d.example,
+                    lost_at=d.amends or None,
+                )
+            else:
+                self.store.add(event, grouping_version=d.grouping_version, example=d.example)
+                self.metrics.failure(event.kind, event.cause)
+        death = d.death
+        if death is None or not events:
+            return
+        killer = death.killer.name if death.killer is not None else ""
+        self.metrics.deaths(death.cause, killer)
+        if d.amends is None:
+            logger.info("oomguard: %s", death_line(events[0]))
+        if death.cause == "worker_lost":
+            self.slurm_jobs.lost(self.store, self.guard, events[0])
+            if self._pods is not None:
+                task = asyncio.create_task(self._pod_evidence(events[0]))
                 self._lookups.add(task)
                 task.add_done_callback(self._lookups.discard)
 
@@ -150,7 +155,7 @@ class DaskActions:
     async def _if_evicted(self, records: list) -> None:
         """Store a stopped nanny's events when the pod's status names a killer."""
         with self.guard("pod_lookup"):
-            e = records[0].event
+            e = records[0].events[0]
             ip = address_host(e.worker) or e.host  # pods are found by IP
             found = await asyncio.to_thread(self._pods.evidence, ip, since=e.time)
             extra = {k: v for k, v in found[1].items() if _scalar(v)} if found else {}
@@ -158,9 +163,9 @@ class DaskActions:
             if not killer:
                 return  # stopped in order (or deleted): no failure
             for r in records:
-                evidence = {**r.event.evidence, **extra}
-                event = dataclasses.replace(r.event, evidence=evidence, **killer)
-                self._record(dataclasses.replace(r, event=event))
+                evidence = {**r.events[0].evidence, **extra}
+                event = dataclasses.replace(r.events[0], evidence=evidence, **killer)
+                self._record(dataclasses.replace(r, events=(event,)))
 
     def _hold(self, keys) -> None:
         tasks = self.scheduler.tasks

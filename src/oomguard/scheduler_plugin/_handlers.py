@@ -218,25 +218,23 @@ class Handlers:
     def on_reports(self, results: list) -> None:
         """A batch of decoded reports from the intake thread, on the event loop."""
         plugin = self.plugin
-        for clean, arrived, peer in results:
+        for death, arrived, peer in results:
             with plugin.guard("report"):
-                if isinstance(clean, ReportError):
-                    self.reject(clean)
+                if isinstance(death, ReportError):
+                    self.reject(death)
                     continue
-                if not self.trusted(peer, clean["worker"], clean.get("nanny")):
+                if not self.trusted(peer, death.worker, death.nanny):
                     continue
                 latencies = self.latencies
-                latencies.append(max(0.0, arrived - clean["time"]))
+                latencies.append(max(0.0, arrived - death.time))
                 del latencies[:-1000]
                 plugin.metrics.report_latency(latencies[-1])
-                cgroup_name = ((clean.get("cgroup") or {}).get("path") or "").rsplit("/", 1)[-1]
+                cgroup_name = (death.cgroup.path if death.cgroup else "").rsplit("/", 1)[-1]
                 if cgroup_name.startswith(WORKER_GROUP_PREFIX):
-                    self._cgroup_nannies.add(self.nannies.nanny_of(clean["worker"]))
+                    self._cgroup_nannies.add(self.nannies.nanny_of(death.worker))
                     plugin.metrics.set_cgroup_workers(len(self._cgroup_nannies))
-                if clean.get("cause") is None:
-                    continue
                 before = dict(plugin.core.pairing.refused)
-                out = plugin.core.reported(clean, time.monotonic())
+                out = plugin.core.reported(death, time.monotonic())
                 reason = _refusal(before, plugin.core.pairing.refused)
                 if reason is None:
                     self.reports += 1  # accepted

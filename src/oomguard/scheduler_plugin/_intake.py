@@ -27,12 +27,13 @@ from collections.abc import Callable
 from typing import Any
 
 from .._death import wire as _wire
+from .._death.record import Death
 from .._exceptions import ReportError
 from ._senders import SenderLimit, peek_worker
 
 logger = logging.getLogger("oomguard.scheduler")
 
-Result = tuple[dict[str, Any] | ReportError, float, Any]  # (report or error, arrival, meta)
+Result = tuple[Death | ReportError, float, Any]  # (death or error, arrival, meta)
 
 
 class ReportIntake:

@@ -225,9 +225,8 @@ class _StoreCounts:
 async def gauge_loop(
     store: FailureStore, metrics: OomguardMetrics, guard: Guard, interval: float
 ) -> None:
-    """Keep the signature gauges current, recounting only after new writes."""
-    from .._metrics import store_totals
-
+    """Keep the signature gauges current, recounting only after new writes (two
+    aggregates in SQL, off the event loop: `FailureStore.totals`)."""
     seen = None
     counts = _StoreCounts()
     while True:
@@ -238,7 +237,7 @@ async def gauge_loop(
                 metrics.set_history(bool(shipper.up), shipper.backlog)
             if store.written != seen:
                 seen = store.written
-                n, hosts = await asyncio.to_thread(store_totals, store)
+                n, hosts = await asyncio.to_thread(store.totals)
                 metrics.set_signatures(n)
                 metrics.set_signature_max_hosts(hosts)
         await asyncio.sleep(interval)

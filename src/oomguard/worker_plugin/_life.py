@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._death.record import MemoryCounters
 from .._host import cgroup as _cgroup
 from .._host.readings import HostMeter, OomdXattrs
 
@@ -25,7 +26,7 @@ class _Life:
     group: _cgroup.ChildGroup | None = None
     cgroup_path: str | None = None
     cgroup_version: int | None = None
-    cgroup_before: dict | None = None
+    cgroup_before: MemoryCounters | None = None
     placement: dict | None = None  # _Placement.facts(): what the group's peak covers
     missing: list[str] = field(default_factory=list)
     started_monotonic: float = field(default_factory=time.monotonic)

@@ -398,7 +398,7 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
                 life.missing.append(f"cgroup: {info.reason or 'not found'}")
         if life.cgroup_path is not None and life.cgroup_version is not None:
             counters = _cgroup.read_memory_counters(life.cgroup_path, life.cgroup_version)
-            life.cgroup_before = counters.to_dict()
+            life.cgroup_before = counters
             life.missing.extend(f"cgroup at worker start: {m}" for m in counters.missing)
             life.oomd_watch = OomdXattrs(life.cgroup_path)
         life.environment = slurm_environment(pid)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from distributed.core import Status
 
+from .._death.record import MemoryCounters
 from .._exceptions import CgroupError
 from .._host import cgroup as _cgroup
 from .._protocol import WORKER_GROUP_PREFIX
@@ -38,7 +39,7 @@ class _Placement:
     charge_moved: bool | None = None  # its earlier charges moved with it (v1 only)
     rss_at_move: int | None = None
     note: str = ""  # why the charges did not move
-    before: dict | None = None  # the group's counters right after the move
+    before: MemoryCounters | None = None  # the group's counters right after the move
     at: float = field(default_factory=time.time)
     at_monotonic: float = field(default_factory=time.monotonic)
     missing: list[str] = field(default_factory=list)
@@ -151,7 +152,7 @@ class PlacementMixin:
         placed.group = group
         placed.charge_moved = moves and group.version == 1
         placed.note = why
-        placed.before = group.counters().to_dict()
+        placed.before = group.counters()
         return placed
 
     async def _after_the_previous_start(self, timeout: float = 10.0) -> None:

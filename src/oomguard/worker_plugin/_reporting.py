@@ -15,7 +15,8 @@ import socket
 from typing import TYPE_CHECKING, Any
 
 from .._death import wire as _wire
-from .._death.build import build_report
+from .._death.build import build
+from .._death.record import Death, Seen
 from .._host import cgroup as _cgroup
 from .._host.flight import read_flight_record
 from .._host.oom_killers import find_killers, merge_killers
@@ -47,18 +48,18 @@ class ReportingMixin:
 
     async def _report(self, pid, exitcode, requested, address, life, death_time) -> None:
         try:
-            report = await asyncio.to_thread(
+            death = await asyncio.to_thread(
                 self._build, pid, exitcode, requested, address, life, death_time
             )
-            if report is not None and report.get("cause") is not None:
-                await self._send(report)
+            if death is not None and death.cause:
+                await self._send(death)
             else:
                 await self._send_clean_exit(address, requested, pid)
         except Exception:
             self._internal_error("report")
 
-    def _build(self, pid, exitcode, requested, address, life, death_time) -> dict | None:
-        """Gather the evidence (files, counters, kernel log) and build the report."""
+    def _build(self, pid, exitcode, requested, address, life, death_time) -> Death:
+        """Gather the evidence (files, counters, kernel log) and build the death."""
         assert self.crash_dir is not None
         nanny = self._nanny
         missing: list[str] = list(life.missing) if life else ["worker start not observed"]
@@ -70,7 +71,7 @@ class ReportingMixin:
         cgroup_after = None
         if life is not None and life.cgroup_path is not None:
             counters = _cgroup.read_memory_counters(life.cgroup_path, life.cgroup_version)
-            cgroup_after = counters.to_dict()
+            cgroup_after = counters
             missing.extend(f"cgroup after the death: {m}" for m in counters.missing)
         kernel_victim = None
         if exitcode in (-9, 255, None):
@@ -93,7 +94,7 @@ class ReportingMixin:
         if life is not None and life.cgroup_path is not None:
             after = oomd_xattrs(life.cgroup_path)  # before the group is removed, below
             oomd = {"reading": life.oomd, "after": after, "path": life.cgroup_path}
-        report = build_report(
+        seen = Seen(
             worker=address or (life.address if life else "") or "",
             nanny=nanny.address if nanny is not None else "",
             name=life.name if life else (str(nanny.name) if nanny else ""),
@@ -103,40 +104,40 @@ class ReportingMixin:
             time=death_time,
             started=life.started if life else None,
             memory_limit=life.memory_limit if life else None,
-            executing=executing,
+            requested=requested,
+            nanny_pid=os.getpid(),
+            executing=tuple(executing),
+            flight_read=flight["read"],
+            signals=tuple(flight.get("signals") or ()),
             crash_text=crash_text,
-            cgroup_before=life.cgroup_before if life else None,
-            cgroup_after=cgroup_after,
-            cgroup_path=life.cgroup_path if life else None,
-            cgroup_version=life.cgroup_version if life else None,
-            cgroup_placement=life.placement if life else None,
-            cgroup_reading=reading,
             rss_sampled=sample.get("rss"),
             rss_time=sample.get("time"),
+            cgroup_path=life.cgroup_path if life else None,
+            cgroup_version=life.cgroup_version if life else None,
+            cgroup_before=life.cgroup_before if life else None,
+            cgroup_after=cgroup_after,
+            cgroup_placement=life.placement if life else None,
+            cgroup_reading=reading,
             host_memory=host_memory,
+            host_reading=life.host if life else None,
             nanny_memory_kill=memory_kill,
             kernel_log_victim=kernel_victim,
-            requested_close=requested,
-            signals=flight.get("signals"),
-            nanny_pid=os.getpid(),
-            missing=missing,
-            max_bytes=self.max_report_size or _wire.MAX_REPORT_BYTES,
-            host_reading=life.host if life else None,
-            killers=killers,
+            killers=tuple(killers) if killers is not None else None,
             oomd=oomd,
             environment=environment,
-            flight_read=flight["read"],
+            missing=tuple(missing),
         )
+        death = build(seen, self.max_report_size or _wire.MAX_REPORT_BYTES)
         remove_files(self.crash_dir, pid)
         if life is not None and life.group is not None:
             life.group.remove()
-        return report
+        return death
 
-    async def _send(self, report: dict) -> None:
+    async def _send(self, death: Death) -> None:
         nanny = self._nanny
         if nanny is None:
             return
-        data = _wire.encode(report)
+        data = _wire.encode(death)
         try:
             call = getattr(nanny.scheduler, REPORT_HANDLER)
             reply, overflows = await send_with_retry(
@@ -150,7 +151,7 @@ class ReportingMixin:
                     "oomguard: the scheduler answered 'overflow' %d times to the death report "
                     "of %s (asked again with backoff); its last answer: %s",
                     overflows,
-                    report.get("worker"),
+                    death.worker,
                     status,
                 )
             return

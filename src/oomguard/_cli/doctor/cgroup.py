@@ -14,7 +14,7 @@ from collections.abc import Callable
 from ..._host import cgroup as _cgroup
 from ..._host.cgroup.files import join_root, read_text
 from ..._host.cgroup.info import CgroupInfo, unescape_mount
-from .checks import Check, layout_label
+from .check import Check, layout_label
 from .text import FIX, SHARED
 
 

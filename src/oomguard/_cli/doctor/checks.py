@@ -4,17 +4,15 @@ Each check reads a filesystem root (`root="/"`; a fixture tree in tests) and ret
 `Check`s: `ok` (collected), `warn` (collected with a caveat, or something else may kill
 workers), `no` (not collected). Every `warn` and `no` carries a fix. `diagnose()` runs all:
 the cgroup checks (`cgroup`), then the kernel log (here), the userspace killers and the
-evidence that names them (`killers`), and the crash directory (here). The wording of layouts and fixes is in `_doctor_text`.
+evidence that names them (`killers`), and the crash directory (here). A check is a
+`check.Check`; the wording of layouts and fixes is in `text`.
 
->>> layout_label(2, usable=True, per_worker=False)
-'v2-shared'
->>> Check("kernel-log", "ok", "/dev/kmsg is readable").to_dict()["fix"]
-''
+>>> check_kernel_log("/nonexistent").status
+'no'
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import platform
 import socket
@@ -28,20 +26,8 @@ from ..._host import cgroup as _cgroup
 from ..._host.cgroup.files import join_root, read_text
 from ..._host.cgroup.info import CgroupInfo
 from ..._host.cgroup.kmsg import KMSG_RECORD
+from .check import Check
 from .text import FIX
-
-
-@dataclass(frozen=True)
-class Check:
-    """One fact about the host: `status` is "ok", "warn" or "no"; `fix` is "" when ok."""
-
-    name: str
-    status: str
-    detail: str
-    fix: str = ""
-
-    def to_dict(self) -> dict[str, str]:
-        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -61,19 +47,6 @@ class Diagnosis:
             "checks": [c.to_dict() for c in self.checks],
             "versions": dict(self.versions),
         }
-
-
-def layout_label(version: int | None, usable: bool, per_worker: bool) -> str:
-    """One word for how workers' memory is grouped (`_doctor_text.LAYOUTS`: what each means).
-
-    >>> layout_label(1, usable=True, per_worker=True), layout_label(2, False, False)
-    ('v1', 'none')
-    """
-    if version is None or not usable:
-        return "none"
-    if version == 1:
-        return "v1" if per_worker else "v1-shared"
-    return "v2-delegated" if per_worker else "v2-shared"
 
 
 def check_kernel_log(root: str = "/") -> Check:

@@ -47,7 +47,8 @@ def run(args) -> int:
 def render_text(d) -> str:
     """The report: a header, one line per check, "fix:" under each that is not ok.
 
-    >>> from oomguard._cli.doctor.checks import Check, Diagnosis
+    >>> from oomguard._cli.doctor.check import Check
+    >>> from oomguard._cli.doctor.checks import Diagnosis
     >>> v = dict(oomguard="1", dask="2", distributed="3", python="4", kernel="5", host="h")
     >>> d = Diagnosis("none", None, None, (Check("cgroup", "no", "why", "do this"),), v)
     >>> print(render_text(d))                                  # doctest: +ELLIPSIS

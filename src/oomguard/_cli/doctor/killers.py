@@ -11,7 +11,7 @@ from ..._host.cgroup.info import unescape_mount
 from ..._host.oom_killers import find_killers
 from ..._host.readings import host_reading
 from ..._units import format_bytes
-from .checks import Check
+from .check import Check
 from .text import FIX, KILLERS
 
 

@@ -20,6 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .._death.record import Death
 from .._protocol import DUPLICATE, OVERFLOW
 from .runs import ShardKey
 
@@ -41,16 +42,16 @@ class Removal:
 
 
 @dataclass(frozen=True)
-class Death:
-    """One death to decide: a removal, a report, or both. `late`: a report for a death
-    already decided without one. `clean`: not a death at all, a removal whose nanny said it
+class Case:
+    """One death to decide: a removal, its nanny's report (the `Death` it saw), or both.
+    `late`: a report for a death already decided without one. `clean`: not a death at all, a removal whose nanny said it
     was asked to stop the worker (its tasks run elsewhere, nothing is blamed). `exited`: its
     nanny said the worker ended with status 0 unasked (a task called `os._exit(0)`): a death
     with no report, counted as Dask counts it."""
 
     worker: str
     removal: Removal | None
-    report: dict | None
+    report: Death | None
     late: bool = False
     lost_at: float | None = None  # with `late`: the time of the worker_lost decision it amends
     clean: bool = False
@@ -68,7 +69,7 @@ class DeathPairing:
     >>> pairing = DeathPairing(grace=5.0)
     >>> pairing.removed(Removal("tcp://a:1", "a", 0.0, {}), now=0.0) is None
     True
-    >>> pairing.reported({"worker": "tcp://a:1", "pid": 7}, now=0.1).removal.worker
+    >>> pairing.reported(Death(worker="tcp://a:1", pid=7), now=0.1).removal.worker
     'tcp://a:1'
     """
 
@@ -77,7 +78,7 @@ class DeathPairing:
         self.max_reports = max_reports
         self.remember = remember
         self._removals: OrderedDict[str, tuple[float, Removal]] = OrderedDict()
-        self._reports: OrderedDict[str, tuple[float, dict]] = OrderedDict()
+        self._reports: OrderedDict[str, tuple[float, Death]] = OrderedDict()
         # worker -> (when, requested, pid, executing) of nannies' exit notices waiting for
         # a removal
         self._clean: OrderedDict[str, tuple[float, bool, int | None, tuple | None]] = OrderedDict()
@@ -97,7 +98,7 @@ class DeathPairing:
     def _refuse(self, reason: str) -> None:
         self.refused[reason] = self.refused.get(reason, 0) + 1
 
-    def _done(self, death: Death) -> Death:
+    def _done(self, death: Case) -> Case:
         deaths = self._decided.pop(death.worker, {})
         pid = _pid(death)
         when = death.removal.time if death.removal is not None else None
@@ -124,7 +125,7 @@ class DeathPairing:
         requested: bool,
         pid: int | None = None,
         executing: tuple[ShardKey, ...] | None = None,
-    ) -> Death | None:
+    ) -> Case | None:
         """The worker's nanny says its worker (process `pid`) ended with status 0 or was
         stopped by request. Its removal, before or after this, is then decided at once: not a
         death when the stop was `requested` (a closed nanny, a restart, SIGTERM to `dask
@@ -135,61 +136,63 @@ class DeathPairing:
         waiting = self._removals.get(worker)
         if waiting is not None and _same(waiting[1].pid, pid):
             del self._removals[worker]
-            return self._exit(Death(worker, waiting[1], None, executing=executing), requested)
+            return self._exit(Case(worker, waiting[1], None, executing=executing), requested)
         self._clean.pop(worker, None)
         self._clean[worker] = (now, requested, pid, executing)
         while len(self._clean) > self.max_reports:
             self._clean.popitem(last=False)
         return None
 
-    def _exit(self, death: Death, requested: bool) -> Death:
+    def _exit(self, death: Case, requested: bool) -> Case:
         if requested:
             self.clean_exits += 1
             return replace(death, clean=True)
         return self._done(replace(death, exited=True))
 
-    def removed(self, removal: Removal, now: float) -> Death | None:
+    def removed(self, removal: Removal, now: float) -> Case | None:
         notice = self._clean.get(removal.worker)
         if notice is not None and _same(notice[2], removal.pid):
             del self._clean[removal.worker]
-            death = Death(removal.worker, removal, None, executing=notice[3])
+            death = Case(removal.worker, removal, None, executing=notice[3])
             return self._exit(death, notice[1])
         waiting = self._reports.pop(removal.worker, None)
         if waiting is not None:
-            return self._done(Death(removal.worker, removal, waiting[1]))
+            return self._done(Case(removal.worker, removal, waiting[1]))
         process = (removal.nanny, removal.pid)
         known = removal.pid is not None and removal.nanny is not None
         stale = self._report_of.pop(process, None) if known else None
         if stale is not None and _is(self._reports.get(stale), process):
             report = self._reports.pop(stale)[1]
-            return self._done(Death(removal.worker, removal, {**report, "worker": removal.worker}))
+            return self._done(
+                Case(removal.worker, removal, replace(report, worker=removal.worker))
+            )
         earlier = self._removals.pop(removal.worker, None)
         self._removals[removal.worker] = (now, removal)
         if known:
             self._removal_of[process] = removal.worker
         if earlier is not None:  # the same address died twice before a report: decide the first
-            return self._done(Death(removal.worker, earlier[1], None))
+            return self._done(Case(removal.worker, earlier[1], None))
         return None
 
-    def reported(self, report: dict, now: float) -> Death | None:
-        worker = report["worker"]
+    def reported(self, report: Death, now: float) -> Case | None:
+        worker = report.worker
         waiting = self._removals.get(worker)
         if waiting is not None and _matches(waiting[1], report):
             del self._removals[worker]
-            return self._done(Death(worker, waiting[1], report))
-        pid = report.get("pid")
-        process = (report.get("nanny"), pid)
+            return self._done(Case(worker, waiting[1], report))
+        pid = report.pid
+        process = (report.nanny, pid)
         known = pid is not None and process[0] is not None
         moved = self._removal_of.pop(process, None) if known else None
         if moved is not None and moved != worker and _is(self._removals.get(moved), process):
             removal = self._removals.pop(moved)[1]
-            return self._done(Death(moved, removal, {**report, "worker": moved}))
+            return self._done(Case(moved, removal, replace(report, worker=moved)))
         deaths = self._decided.get(worker, {})
         mine = deaths.get(pid) if pid is not None else None
         if mine is None and known:  # decided under the process's newer address?
             other = self._decided_of.get(process)
             if other is not None and other != worker and pid in self._decided.get(other, {}):
-                worker, report = other, {**report, "worker": other}
+                worker, report = other, replace(report, worker=other)
                 deaths = self._decided[other]
                 mine = deaths[pid]
         if mine is None:  # a death whose process was unknown on one side
@@ -201,9 +204,9 @@ class DeathPairing:
                 return None
             # Decided as worker_lost; this report says what really happened.
             mine[0] = True
-            return Death(worker, None, report, late=True, lost_at=mine[1], nthreads=mine[2])
+            return Case(worker, None, report, late=True, lost_at=mine[1], nthreads=mine[2])
         earlier = self._reports.get(worker)
-        if earlier is not None and _same(earlier[1].get("pid"), pid):
+        if earlier is not None and _same(earlier[1].pid, pid):
             self._refuse(DUPLICATE)
             return None
         if earlier is None and len(self._reports) >= self.max_reports:
@@ -218,19 +221,19 @@ class DeathPairing:
             # and killed again before it registered keeps its predecessor's address (Dask
             # sets it only once the new worker is up). Neither will see a removal: decide
             # the first now, as a removal at one address twice is.
-            return self._done(Death(worker, None, earlier[1]))
+            return self._done(Case(worker, None, earlier[1]))
         return None
 
-    def expired(self, now: float, limit: int | None = None) -> list[Death]:
+    def expired(self, now: float, limit: int | None = None) -> list[Case]:
         """Deaths whose partner did not arrive within `grace` (oldest first), at most
         `limit` of them (the rest on the next call)."""
-        out: list[Death] = []
+        out: list[Case] = []
         room = limit if limit is not None else float("inf")
         while self._clean and now - next(iter(self._clean.values()))[0] >= self.grace:
             self._clean.popitem(last=False)
         for pending, as_death in (
-            (self._removals, lambda w, r: Death(w, r, None)),
-            (self._reports, lambda w, r: Death(w, None, r)),
+            (self._removals, lambda w, r: Case(w, r, None)),
+            (self._reports, lambda w, r: Case(w, None, r)),
         ):
             while pending and len(out) < room:
                 worker, (since, item) = next(iter(pending.items()))
@@ -248,16 +251,16 @@ class DeathPairing:
             }
         if len(self._report_of) > 2 * len(self._reports) + 64:
             self._report_of = {
-                (r.get("nanny"), r["pid"]): w
+                (r.nanny, r.pid): w
                 for w, (_, r) in self._reports.items()
-                if r.get("pid") is not None and r.get("nanny") is not None
+                if r.pid is not None and r.nanny is not None
             }
         return out
 
-    def drain(self) -> list[Death]:
+    def drain(self) -> list[Case]:
         """Everything still waiting, decided now (the plugin is closing)."""
-        out = [self._done(Death(w, r, None)) for w, (_, r) in self._removals.items()]
-        out += [self._done(Death(w, None, r)) for w, (_, r) in self._reports.items()]
+        out = [self._done(Case(w, r, None)) for w, (_, r) in self._removals.items()]
+        out += [self._done(Case(w, None, r)) for w, (_, r) in self._reports.items()]
         self._removals.clear()
         self._reports.clear()
         self._removal_of.clear()
@@ -281,9 +284,9 @@ class DeathPairing:
         return len(self._removals) + len(self._reports)
 
 
-def _pid(death: Death) -> Any:
+def _pid(death: Case) -> Any:
     if death.report is not None:
-        return death.report.get("pid")
+        return death.report.pid
     return death.removal.pid if death.removal is not None else None
 
 
@@ -299,8 +302,8 @@ def _is(waiting: tuple | None, process: tuple) -> bool:
     item = waiting[1]
     if isinstance(item, Removal):
         return (item.nanny, item.pid) == process
-    return (item.get("nanny"), item.get("pid")) == process
+    return (item.nanny, item.pid) == process
 
 
-def _matches(removal: Removal, report: dict) -> bool:
-    return _same(removal.pid, report.get("pid"))
+def _matches(removal: Removal, report: Death) -> bool:
+    return _same(removal.pid, report.pid)
