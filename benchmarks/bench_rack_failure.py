@@ -91,7 +91,7 @@ async def main(n: int, spread: float, seed: int) -> None:
                 if template["executing"]
                 else [],
             )
-            await plugin.handlers.report(comm=sender, report=encode(report))
+            await plugin.report(comm=sender, report=encode(report))
         await asyncio.sleep(plugin.core.pairing.grace + 1.5)  # every decision taken
         running = False
         await probe_task

@@ -236,6 +236,8 @@ class PipelineCounts:
     displaced_executing: int = 0  # of them, known to have been executing there
     displaced_queued: int = 0  # known to have been only queued there
     crash_displaced: int = 0  # of displaced: executing beside the task whose thread crashed
+    # pipeline name -> this run's executing shards whose work another pipeline's death took
+    lost_to: Counter[str] = field(default_factory=Counter)
     isolated: int = 0  # shards retried alone after a memory kill of a worker running several
     infra: int = 0
     user: int = 0

@@ -183,7 +183,7 @@ def seed(plugin) -> None:
 
 
 def submit_live_pipeline(dask_scheduler):
-    dask_scheduler.plugins["oomguard"].policy.pipeline_submitted("live-etl", ["a", "b"])
+    dask_scheduler.plugins["oomguard"].core.policy.pipeline_submitted("live-etl", ["a", "b"])
 
 
 def headers(page, table: str) -> list[str]:

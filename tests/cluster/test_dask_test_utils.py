@@ -75,7 +75,7 @@ async def test_automatic_pipeline_names_are_what_the_user_computed(c, s, a, b):
     ]
     held += [c.submit(abs, -x) for x in range(5)]  # joins the live run "abs": not five runs
     await c.gather(held)
-    policy = s.plugins["oomguard"].policy
+    policy = s.plugins["oomguard"].core.policy
     names = [policy.status(run).name for run in policy.pipelines()]
     assert names == ["random_sample → mean", "filter-bool → sum", "abs"], names
 

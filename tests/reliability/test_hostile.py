@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 import oomguard
 from oomguard import ReportError
 from oomguard._death.build import example_report
-from oomguard._death.wire import REASONS, decode, encode, validate
+from oomguard._death.wire import REASONS, decode, encode, to_wire, validate
 from oomguard._signature import Signature, fingerprint, fingerprint_dask
 from oomguard.worker_plugin import CLEAN_EXIT_HANDLER, REPORT_HANDLER
 
@@ -162,7 +162,7 @@ def run_fuzz(cases: int) -> dict[str, int]:
             assert e.reason in REASONS
             assert e.field.split(".")[0].split("[")[0] in (field, "report"), (field, e.field)
             return
-        assert validate(clean) == clean
+        assert validate(to_wire(clean)) == clean
 
     @_fuzz(min(cases, CHUNK))
     @given(_traceish | st.binary(max_size=2000).map(lambda b: b"Traceback" + b))

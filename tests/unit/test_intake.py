@@ -64,11 +64,18 @@ def test_no_room_limit_takes_everything_that_fits_the_queue():
 
 def test_the_plugins_room_is_the_pairings_cap_unless_a_removal_waits():
     plugin = OomguardSchedulerPlugin()
-    plugin.core = DecisionCore(grace=5.0, max_reports=3)
-    pairing = plugin.core.pairing
-    assert plugin.handlers.room() == 3
-    pairing.reported(Death(worker="tcp://a:1", pid=1), now=0.0)
-    assert plugin.handlers.room() == 2
-    # A removal waits for its report, which any queued report may be: no limit.
-    pairing.removed(Removal("tcp://b:1", "b", 0.0, {}), now=0.0)
-    assert plugin.handlers.room() is None
+    pairing = DecisionCore(grace=5.0, max_reports=3).pairing
+
+    async def main():
+        plugin.desk.start(pairing, lambda death: None, asyncio.get_running_loop())
+        try:
+            assert plugin.desk._room() == 3
+            pairing.reported(Death(worker="tcp://a:1", pid=1), now=0.0)
+            assert plugin.desk._room() == 2
+            # A removal waits for its report, which any queued report may be: no limit.
+            pairing.removed(Removal("tcp://b:1", "b", 0.0, {}), now=0.0)
+            assert plugin.desk._room() is None
+        finally:
+            plugin.desk.close()
+
+    asyncio.run(main())

@@ -423,7 +423,7 @@ def test_a_nanny_closed_on_a_signal_names_it_and_only_then(tmp_path):
 )
 def test_the_scheduler_checks_a_stopped_nanny_as_a_report(value, field):
     from oomguard import ReportError
-    from oomguard.scheduler_plugin._handlers import _stopped_by
+    from oomguard.scheduler_plugin._reports import _stopped_by
 
     with pytest.raises(ReportError) as e:
         _stopped_by(value)

@@ -211,6 +211,8 @@ def test_only_the_crashed_task_is_blamed_its_neighbour_is_displaced():
     status = c.policy.status(calm)
     assert status.status != "aborted"
     assert "displaced by a neighbour's crash" in status.summary
+    # It says whose death took its work.
+    assert "lost their work 3 times to worker deaths of pipeline 'crash'" in status.summary
 
 
 def test_without_a_match_both_are_blamed_as_before():

@@ -9,7 +9,7 @@ import pytest
 
 from oomguard._decide.runs import ANNOTATION, SEEN_NAMES, Runs
 from oomguard.scheduler_plugin._actions import DaskActions
-from oomguard.scheduler_plugin._handlers import Handlers, sender_matches
+from oomguard.scheduler_plugin._reports import ReportDesk
 from oomguard.scheduler_plugin._trust import (
     CGROUP_NANNIES,
     LOGGED_ABORTS,
@@ -17,6 +17,7 @@ from oomguard.scheduler_plugin._trust import (
     Bounded,
     NannyBook,
     dask_removal,
+    sender_matches,
 )
 
 W, N = "tcp://127.0.0.1:40001", "tcp://127.0.0.1:40000"
@@ -82,9 +83,9 @@ def test_the_nanny_of_a_removed_worker_is_kept_for_its_late_report():
 
 
 def test_the_scheduler_maps_have_their_caps():
-    handlers = Handlers(SimpleNamespace(worker_state=lambda worker: None))
-    assert handlers.nannies.recent.cap == RECENT_WORKERS
-    assert handlers._cgroup_nannies.cap == CGROUP_NANNIES
+    desk = ReportDesk(NannyBook(lambda worker: None), None, None)
+    assert desk.nannies.recent.cap == RECENT_WORKERS
+    assert desk._cgroup_nannies.cap == CGROUP_NANNIES
     actions = DaskActions(None, None, None, None)
     assert actions._logged_aborts.cap == LOGGED_ABORTS
     for run in range(LOGGED_ABORTS + 10):

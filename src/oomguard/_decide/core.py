@@ -26,13 +26,12 @@ Invariants (tests/unit/test_decide_model.py checks them over random interleaving
 from __future__ import annotations
 
 import time as _time
-from collections import OrderedDict
 from collections.abc import Container, Iterable, Mapping
 from typing import Any
 
 from .._causes import memory_death
 from .._death.record import Death
-from .._models import AbortDecision, FailureEvent
+from .._models import AbortDecision, FailureEvent, PipelineStatus
 from . import accounts
 from .accounts import Account, death_cause, task_record
 from .blame import blame, blamed
@@ -48,8 +47,6 @@ _RUNNABLE = ("waiting", "processing", "queued", "no-worker")
 #: A nanny's stop notice lists at most this many executing keys (`_handlers._stopped_by`):
 #: a full list may have left some out, so the others are then not known to be queued.
 _SAID_AT_MOST = 16
-#: Pipeline names of forgotten keys kept for deaths they cause later (~100 bytes each).
-_FORGOTTEN_NAMES = 10_000
 
 
 class DecisionCore:
@@ -86,8 +83,8 @@ class DecisionCore:
         self.larger = LargerRetry(self.policy, self.runs)  # retries on a larger worker
         self._now = 0.0
         self.gone: list[RunLabel] = []  # runs that ended (`Runs.ended`): persist, drop
+        self._written: dict[RunLabel, PipelineStatus] = {}  # run -> last status written
         self._ended: set = set()  # keys that reached memory or erred
-        self._forgotten: OrderedDict[ShardKey, str] = OrderedDict()  # -> pipeline name
         self.deaths = 0
         self.displaced = 0
         self.aborts = 0
@@ -153,11 +150,6 @@ class DecisionCore:
     def forget(self, key: Any) -> list[Decision]:
         run = self.runs.forget(key)
         if run is not None:
-            # A forgotten task may still be running (released, or its run aborted: Python
-            # cannot stop a thread): a death it causes later still names its pipeline.
-            self._forgotten[str(key)] = run.name
-            if len(self._forgotten) > _FORGOTTEN_NAMES:
-                self._forgotten.popitem(last=False)
             if key not in self._ended:
                 self.policy.shard_forgotten(run.label, key)
             self._runs_ended()
@@ -174,6 +166,26 @@ class DecisionCore:
 
     def _runs_ended(self) -> None:
         self.gone += [run.label for run in self.runs.take_ended()]
+
+    def changed_runs(self, final: bool = False) -> list[PipelineStatus]:
+        """The statuses to write: of the runs that changed since the last call (of every
+        run, `final`), each once; the runs whose keys are all forgotten are let go after
+        this last word."""
+        policy = self.policy
+        names = policy.pipelines() if final else policy.take_dirty()
+        gone, self.gone = self.gone, []
+        out = []
+        for run in dict.fromkeys([*names, *gone]):
+            if not policy.has(run):
+                continue
+            status = policy.status(run)
+            if final or self._written.get(run) != status:
+                out.append(status)
+                self._written[run] = status
+        for run in gone:
+            policy.forget_pipeline(run)
+            self._written.pop(run, None)
+        return out
 
     # --- workers ---------------------------------------------------------------------
 
@@ -260,10 +272,12 @@ class DecisionCore:
         removal = case.removal
         cause = death_cause(case)
         memory_kill = memory_death(cause, case.report.evidence if case.report else None)
-        b = blame(case, self._forgotten, memory=memory_kill)
+        b = blame(case, self.runs.forgotten, memory=memory_kill)
         out: list[Decision] = []
-        forgiven = self._displace(b.displaced, None, b.neighbours)
-        self._displace(b.beside, dict.fromkeys(b.beside, True), charged=True)
+        culprits = {self.runs.name_of(s) for s in b.executing} - {""}
+        by = next(iter(culprits)) if len(culprits) == 1 else ""  # whose death took the work
+        forgiven = self._displace(b.displaced, None, b.neighbours, by=by)
+        self._displace(b.beside, dict.fromkeys(b.beside, True), charged=True, by=by)
         self.isolation.displaced(forgiven)  # one running alone beside a crash goes first again
         if forgiven:
             out.append(Forgive(tuple(forgiven)))
@@ -277,7 +291,7 @@ class DecisionCore:
             if key is not None and key not in charged:  # a report whose removal never came
                 self.budget.charge([key])
                 self.budget.settle(key, blamed=True)
-        account = accounts.decided(case, cause, b, keys, self.pipeline_of)
+        account = accounts.decided(case, cause, b, keys, self.runs.name_of)
         events: list[FailureEvent] = []
         decisions: list[tuple[AbortDecision, Any]] = []
         named = {} if b.suspected else keys or {"": None}  # the shards with events
@@ -285,7 +299,7 @@ class DecisionCore:
             events.append(self._suspected(account, keys))
         for s, key in named.items():
             run = self.runs.of(key) if key is not None else None
-            event = account.event(s, self._pipeline(s, run), self.policy.attempt(s) if s else 1)
+            event = account.event(s, self.runs.name_of(s), self.policy.attempt(s) if s else 1)
             events.append(event)
             if key is None:
                 continue
@@ -326,7 +340,7 @@ class DecisionCore:
         names: dict[str, None] = {}
         for s, key in keys.items():
             run = self.runs.of(key) if key is not None else None
-            if name := self._pipeline(s, run):
+            if name := self.runs.name_of(s):
                 names[name] = None
             if run is not None and key not in self.stopped:
                 labels[run.label] = None
@@ -363,19 +377,21 @@ class DecisionCore:
         neighbours: Container = (),
         *,
         charged: bool = False,
+        by: str = "",
     ) -> list:
         """{str: key} of tasks that were on a dead worker but are not to blame: count them
         displaced, `executing` (str -> bool) or not (absent: not known; None: all queued),
         `neighbours` by a neighbour's crash; and take back their charge, unless `charged`
         (beside a memory kill's likely culprit: the samples may be wrong, Dask's bound
-        holds). The keys, in order."""
+        holds). `by`: the pipeline of the death's culprit. The keys, in order."""
         for s, key in tasks.items():
             self.displaced += 1
             if not charged:
                 self.budget.settle(key, blamed=False)
             if (run := self.runs.of(key)) is not None:
-                ran = executing.get(s) if executing is not None else False
-                self.policy.displaced(run.label, s, ran, by_crash=s in neighbours)
+                ran = executing.get(s) if executing is not None else s in neighbours or False
+                lost = by if by and by != run.name else ""
+                self.policy.displaced(run.label, s, ran, by_crash=s in neighbours, lost_to=lost)
         return list(tasks.values())
 
     def _release_decided(self, removal: Removal | None) -> list[Decision]:
@@ -396,13 +412,12 @@ class DecisionCore:
         return [Release(tuple(free))] if free else []
 
     def _amend(self, case: Case) -> list[Decision]:
-        account = accounts.late(case, self.pipeline_of)
+        account = accounts.late(case, self.runs.name_of)
         events = []
         for entry in blamed(case)[0] or [None]:
             s = entry.key if entry else ""
-            run = self.runs.of(self.runs.key(s)) if s else None
             attempt = max(1, self.policy.attempt(s) - 1) if s else 1  # of the event it amends
-            events.append(account.event(s, self._pipeline(s, run), attempt))
+            events.append(account.event(s, self.runs.name_of(s), attempt))
         return [account.record(events, amends=case.lost_at or 0.0)]
 
     # --- memory: isolation -----------------------------------------------------------
@@ -477,10 +492,4 @@ class DecisionCore:
 
     def pipeline_of(self, shard: ShardKey) -> str:
         """The pipeline (run name) of a task key as str, "" when none is known."""
-        key = self.runs.key(shard)
-        return self._pipeline(shard, self.runs.of(key) if key is not None else None)
-
-    def _pipeline(self, shard: ShardKey, run: Run | None) -> str:
-        if run is not None:
-            return run.name
-        return self._forgotten.get(shard, "")
+        return self.runs.name_of(shard)

@@ -181,13 +181,17 @@ class FailurePolicy:
         executing: bool | None = None,
         *,
         by_crash: bool = False,
+        lost_to: str = "",
     ) -> None:
         """The shard was on a worker that died (only queued there) or was stopped (a
         requested stop), or (`by_crash`) executed beside the task whose thread crashed it;
         it was rescheduled uncounted. `executing`: whether it was running there, None when
-        nothing said."""
+        nothing said. `lost_to`: the pipeline of the death's culprit, when another's: the
+        shard lost its work to that pipeline's death."""
         p = self._pipeline(pipeline)
         p.displaced += 1
+        if lost_to and executing is not False:
+            p.lost_to[lost_to] += 1
         if by_crash:
             p.crash_displaced += 1
         elif executing is True:

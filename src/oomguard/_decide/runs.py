@@ -124,6 +124,10 @@ class Run:
         return self.identity[0] != "default"
 
 
+#: Pipeline names of forgotten keys kept for deaths they cause later (`Runs.forgotten`).
+FORGOTTEN_NAMES = 10_000
+
+
 class Runs:
     """key -> run, with a str(key) index so a report's key strings find their keys.
 
@@ -147,6 +151,10 @@ class Runs:
         #: Runs that ended for good (no key left and nothing more can join): the owner
         #: persists their status, then forgets them (`take_ended`).
         self.ended: list[Run] = []
+        #: str(key) -> the run's name of keys forgotten lately (~100 bytes each): a
+        #: forgotten task may still be running (released, or its run aborted: Python
+        #: cannot stop a thread), and a death it causes later still names its pipeline.
+        self.forgotten: OrderedDict[ShardKey, str] = OrderedDict()
 
     def observe(
         self,
@@ -220,6 +228,12 @@ class Runs:
         """The tracked key whose str() is `s`, or None."""
         return self._by_str.get(s)
 
+    def name_of(self, s: ShardKey) -> str:
+        """The pipeline (its run's name) of the key whose str() is `s`, tracked or
+        forgotten lately; "" when none is known."""
+        entry = self._of.get(self._by_str.get(s))
+        return entry[0].name if entry is not None else self.forgotten.get(s, "")
+
     def close(self, run: Run) -> None:
         """The run is decided: submissions with its identity start a new run."""
         run.closed = True
@@ -238,6 +252,9 @@ class Runs:
         run, s = entry
         if self._by_str.get(s) == key:  # keys that print alike (1 and "1") keep their own
             del self._by_str[s]
+        self.forgotten[s] = run.name
+        if len(self.forgotten) > FORGOTTEN_NAMES:
+            self.forgotten.popitem(last=False)
         run.keys.discard(key)
         if not run.keys:
             if self._live.get(run.identity) is not run:

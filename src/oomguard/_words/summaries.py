@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING
 
 from .._causes import Cause, Kind
-from .causes import breakdown, plural, seconds, shard_name, times, was
+from .causes import breakdown, listing, plural, seconds, shard_name, times, was
 
 if TYPE_CHECKING:
     from .._models import PipelineCounts, ShardRecord
@@ -41,6 +42,29 @@ def crash_displaced(n: int) -> str:
     )
 
 
+def lost_work(lost_to: Counter[str]) -> str:
+    """Executing shards whose work another pipeline's death took (its culprit's), counted
+    per death.
+
+    >>> lost_work(Counter({"big": 1}))
+    "a shard lost its work to a worker death of pipeline 'big' (retried without counting against it)"
+    >>> lost_work(Counter({"big": 2, "huge": 1}))
+    "shards lost their work 3 times to worker deaths of pipelines 'big', 'huge' (retried without counting against them)"
+    """
+    n = sum(lost_to.values())
+    names = listing([repr(name) for name, _ in lost_to.most_common()])
+    of = f"pipeline {names}" if len(lost_to) == 1 else f"pipelines {names}"
+    if n == 1:
+        return (
+            f"a shard lost its work to a worker death of {of} (retried without counting "
+            "against it)"
+        )
+    return (
+        f"shards lost their work {times(n)} to worker deaths of {of} (retried without "
+        "counting against them)"
+    )
+
+
 def _shard_story(shard: str, rec: ShardRecord) -> str:
     name = shard_name(shard)
     if len(rec.causes) == 1:
@@ -58,6 +82,8 @@ def pipeline_summary(
     record `rec`: the shard the story is about (the one that decided an abort, or the
     culprit of a failed run; `rec` None when it has none)."""
     text = _story(status, p, shard, rec)
+    if p.lost_to:
+        text = f"{text.rstrip('.')}; {lost_work(p.lost_to)}."
     if p.crash_displaced:
         text = f"{text.rstrip('.')}; {crash_displaced(p.crash_displaced)}."
     if p.memory_waits:

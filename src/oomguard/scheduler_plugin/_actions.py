@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._decide import Forgive, Hold, Record, Release, Restrict, Stop, Widen, nanny_stop_record
 from .._words import death_line
+from ._setup import address_host
 from ._slurm_jobs import SlurmJobs
 from ._trust import LOGGED_ABORTS, Bounded
 
@@ -298,13 +299,3 @@ class DaskActions:
 
 def _scalar(v: Any) -> bool:
     return v is None or isinstance(v, str | int | float | bool)
-
-
-def address_host(address: str) -> str:
-    """The host part of a worker's address ("10.0.0.5"); "" when it has none."""
-    from distributed.comm import get_address_host
-
-    try:
-        return get_address_host(address)
-    except Exception:
-        return ""

@@ -76,7 +76,7 @@ class ReportIntake:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.overflow = 0  # refused unread: the one count of these (`Handlers.counts`)
+        self.overflow = 0  # refused unread: the one count of these (`ReportDesk.counts`)
         self.accepted = 0
         self.first = 0  # of accepted: matched to a death that waited for its report
 

@@ -1,10 +1,10 @@
-"""The scheduler side: a thin adapter between Dask's hooks and the decision core.
+"""The scheduler side: a thin adapter between Dask and the decision core.
 
-Dask's hooks become plain events for `oomguard._decide.DecisionCore`; its decisions become
-Dask transitions here, in one place (`apply`). Dask's own death count stays in force as a
-backstop one above `allowed_failures`; the core keeps the exact bound itself, holds the
-tasks of a dead worker until its death is decided, and forgives Dask's count for tasks that
-were only queued there.
+Dask's hooks and oomguard's RPCs are this class's own methods, each a plain call on the core
+(`oomguard._decide.DecisionCore`), whose decisions become Dask transitions in one place
+(`_actions.DaskActions`); what is kept of workers, reports and queries lives in objects of
+their own (`_workers`, `_reports`, `_queries`). Dask's own death count stays a backstop one
+above `allowed_failures`; the core keeps the exact bound itself.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -20,30 +19,32 @@ from typing import TYPE_CHECKING, Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import _compat, _config
-from .._decide import DecisionCore, Record
-from .._exceptions import ConfigError
+from .._decide import DecisionCore, Hold, Record
+from .._exceptions import ReportError
 from .._guard import Guard
 from .._log import follow_dask_logging
 from .._metrics import OomguardMetrics
-from .._protocol import ADMISSION_TOPIC, HOST_TOPIC, SCHEDULER_PLUGIN
+from .._protocol import (
+    ADMISSION_TOPIC,
+    CLEAN_EXIT_HANDLER,
+    HOST_TOPIC,
+    QUERY_HANDLER,
+    REPORT_HANDLER,
+    SCHEDULER_PLUGIN,
+    UNGUARDED_HANDLER,
+)
 from .._store import FailureStore
-from .._urls import is_postgres, redact
-from . import _cluster_name, _removals, _setup
-from ._actions import DaskActions, address_host
-from ._handlers import Handlers
-from ._intake import ReportIntake
-from ._trust import Bounded
+from . import _cluster_name, _setup
+from ._actions import DaskActions
+from ._queries import Queries
+from ._removals import removal
+from ._reports import ReportDesk, notice
+from ._workers import Workers, admission_wait
 
 if TYPE_CHECKING:
     from distributed import Scheduler
-    from distributed.scheduler import WorkerState
-
-    from .._models import PipelineStatus
 
 logger = logging.getLogger("oomguard.scheduler")
-
-#: Machines (IP -> hostname) remembered for naming workers that died before they spoke.
-MACHINES_KEPT = 4096
 
 
 class OomguardSchedulerPlugin(SchedulerPlugin):
@@ -65,21 +66,19 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
     cluster: str  # this cluster's name on every event and run stored (_cluster_name.py)
     store: FailureStore | None  # the failure history
     core: DecisionCore | None  # every decision: pure, fed by the hooks and the RPCs
-    intake: ReportIntake | None  # death reports between the RPC and the core
     actions: DaskActions | None  # the one place that changes Dask's state
+    queries: Queries | None  # the history, read for clients
     dashboard_path: str  # the dashboard page's path, "" without one
     # Here from the start.
     metrics: OomguardMetrics  # this plugin's collector, served on /metrics
     guard: Guard  # catches, logs and counts the plugin's own errors
-    handlers: Handlers  # the RPCs, with their own counts (scheduler_plugin/_handlers.py)
+    workers: Workers  # what is known of each worker: its state, machine, nanny
+    desk: ReportDesk  # whom reports are believed from, and what was counted
+    removals_refused: int  # remove-worker events on "all" that were not Dask's
     _tasks: list[asyncio.Task]  # the tick and gauge loops
     _saved_allowed_failures: int | None  # Dask's count before start, given back at close
     _started: bool  # start() ran to its end: the tick loop may check for removal
     _original_task_erred: Callable[..., Any] | None  # Dask's "task-erred" handler, wrapped
-    _workers: dict[str, WorkerState]  # address -> WorkerState, to read after removal
-    _hostnames: dict[str, str]  # address -> the hostname its worker plugin sent
-    _machines: Bounded  # IP -> the hostname a worker plugin there sent (see host_name)
-    _persisted: dict[str, PipelineStatus]  # run -> last status written
     _undo_stop: Callable[[], None]  # takes back the hook on Scheduler.stop() (_setup.on_stop)
 
     def __init__(self, **config: Any):
@@ -95,20 +94,18 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         self.cluster = ""
         self.store = None
         self.core = None
-        self.intake = None
         self.actions = None
+        self.queries = None
         self.dashboard_path = ""
         self.metrics = OomguardMetrics()
         self.guard = Guard(self.metrics, logger)
-        self.handlers = Handlers(self)
+        self.workers = Workers(self.metrics)
+        self.desk = ReportDesk(self.workers.nannies, self.metrics, self.guard)
+        self.removals_refused = 0
         self._tasks = []
         self._saved_allowed_failures = None
         self._started = False
         self._original_task_erred = None
-        self._workers = {}
-        self._hostnames = {}
-        self._machines = Bounded(MACHINES_KEPT)
-        self._persisted = {}
         self._undo_stop = _nothing
 
     def __getstate__(self):
@@ -119,42 +116,22 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         self._reset()
 
     @property
-    def policy(self):
-        return self.core.policy if self.core is not None else None
-
-    @property
     def unguarded(self) -> dict[str, str]:
-        """Nanny -> why its worker runs without oomguard (`Handlers.unguarded_nannies`)."""
-        return self.handlers.unguarded_nannies
+        """Nanny -> why its worker runs without oomguard (`Workers.unguarded`)."""
+        return self.workers.unguarded
 
     @property
     def stats(self) -> dict[str, Any]:
-        """The death reports so far (`Handlers.counts`) and the latest latencies."""
-        return {**self.handlers.counts(), "latencies": list(self.handlers.latencies)}
+        """The death reports so far (`ReportDesk.counts`) and the latest latencies."""
+        return {**self.desk.counts(), "latencies": list(self.desk.latencies)}
 
     def apply_settings(self, config: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
         """Take `install(client, **config)` settings while running: {key: (old, new)} of
         those that changed. Refuses (ConfigError, nothing changed) a bad value, or a
-        change of a setting fixed while running (the store, the pod lookup)."""
+        change of a setting fixed while running (`_setup.settings_change`)."""
         config = {k.replace("_", "-"): v for k, v in config.items()}
-        new = _config.scheduler_settings(config, only=frozenset(config))
-        current = dict(self.settings)
-        if "store" in new and self.store is not None:
-            # The file in use, not the setting (None: the default path), so a refusal
-            # names it and the same file, however spelt, is no change.
-            current["store"] = getattr(self.store.history, "url", self.store.path)
-            if new["store"] is not None and _same_file(new["store"], current["store"]):
-                new["store"] = current["store"]
-        changed = {k: (current[k], v) for k, v in new.items() if current[k] != v}
-        fixed = sorted(set(changed) - _config.LIVE_SCHEDULER_KEYS)
-        if fixed:
-            old, value = (redact(v) if isinstance(v, str) else v for v in changed[fixed[0]])
-            raise ConfigError(
-                f"oomguard.scheduler.{fixed[0]} is {old!r} on this running scheduler and "
-                f"cannot change to {value!r} while oomguard runs; use "
-                "oomguard.uninstall(client) first, or set it where the scheduler starts."
-            )
-        self.settings.update({k: v for k, v in new.items() if k in changed})
+        changed = _setup.settings_change(self.settings, config, self.store)
+        self.settings.update({k: v for k, (_, v) in changed.items()})
         self.config.update({k: v for k, v in config.items() if k in changed})
         self.core.configure(
             report_grace=self.settings["report-grace-timeout"],
@@ -191,10 +168,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             larger_only=settings["memory-retry-larger-only"],
         )
         self.store = await _setup.open_store(scheduler, settings, self.metrics, self.cluster)
-        self.intake = ReportIntake(
-            self.handlers.on_reports, room=self.handlers.room, matched=self.core.pairing.waits
-        )
-        self.intake.start(asyncio.get_running_loop())
+        self.desk.start(self.core.pairing, self._decide_report, asyncio.get_running_loop())
         self.scheduler = scheduler
         self._undo_stop = _setup.on_stop(scheduler, self._stopped)
         self.actions = DaskActions(
@@ -203,34 +177,31 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             self.metrics,
             self.guard,
             pods=_setup.pod_lookup(settings, self.guard),
-            host_name=self.host_name,
+            host_name=self.workers.host_name,
             cluster=self.cluster,
+        )
+        self.queries = Queries(
+            self.store, self.cluster, self.core.policy, self._persist_all, self.metrics_snapshot
         )
         # Dask's count stays a finite backstop, one above the core's exact bound, so the
         # core (which decides with the death report in hand) always speaks first.
         self._saved_allowed_failures = allowed
         scheduler.allowed_failures = allowed + 1
-        self.handlers.register(scheduler)
+        for name, handler in self._handlers().items():
+            scheduler.handlers[name] = handler
         original = scheduler.stream_handlers.get("task-erred")
         if original is not None:  # else logged by _compat.check
             self._original_task_erred = original
             scheduler.stream_handlers["task-erred"] = self._task_erred
         for addr, ws in scheduler.workers.items():
-            self._workers[addr] = ws
+            self.workers.added(addr, ws)
             self.core.worker_added(addr, ws.memory_limit)
         self._tasks = [
             asyncio.create_task(self._tick_loop(min(grace / 4, 0.5))),
             asyncio.create_task(_setup.gauge_loop(self.store, self.metrics, self.guard, 2.0)),
         ]
         _setup.register_metrics(self)
-        try:
-            from ._dashboard import register_dashboard
-
-            self.dashboard_path = register_dashboard(scheduler)
-        except ImportError:
-            logger.info("oomguard: no dashboard page (bokeh is not installed)")
-        except Exception:
-            self.guard.error("dashboard")
+        self.dashboard_path = _setup.dashboard(scheduler, self.guard)
         # Hooks from here on, not only once Dask adds the plugin after start() returns (its
         # add_plugin keeps this one): a worker that joins or dies while the nannies get
         # their plugin is seen, its nanny known, its removal counted (_trust.py).
@@ -242,7 +213,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
                 del scheduler.plugins[self.name]
             raise
         for addr in list(scheduler.workers):  # joined while the line above waited
-            if addr not in self._workers:
+            if addr not in self.workers.states:
                 self.add_worker(scheduler, addr)
         self._started = True
         logger.info(
@@ -251,6 +222,14 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             named_by,
             self.store.path,
         )
+
+    def _handlers(self) -> dict[str, Callable]:
+        return {
+            REPORT_HANDLER: self.report,
+            CLEAN_EXIT_HANDLER: self.clean_exit,
+            QUERY_HANDLER: self.query,
+            UNGUARDED_HANDLER: self.unguarded_setup,
+        }
 
     async def _tick_loop(self, interval: float) -> None:
         while True:
@@ -268,15 +247,14 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
                     self.apply(out)
                     await asyncio.sleep(0)
                 self.persist_pipelines()
-                self.handlers.prune_unguarded()
+                self.workers.prune_unguarded({ws.nanny for ws in self.scheduler.workers.values()})
 
     async def close(self) -> None:
         if self.scheduler is None:
             return
         self._stop_loops()
-        if self.intake is not None:
-            await asyncio.to_thread(self.intake.close)
-        store = self._detach()
+        await asyncio.to_thread(self.desk.close)
+        store = self._detach()  # on the event loop: it gives Dask back its tasks
         if store is not None:
             await asyncio.to_thread(store.close)
         self.scheduler = None
@@ -289,8 +267,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             return
         with self.guard("close"):
             self._stop_loops()
-            if self.intake is not None:
-                self.intake.close()
+            self.desk.close()
             store = self._detach()
             if store is not None:
                 store.close()
@@ -315,7 +292,9 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             self.apply(self.core.close())
         if self._saved_allowed_failures is not None:
             scheduler.allowed_failures = self._saved_allowed_failures
-        self.handlers.unregister(scheduler)
+        for name, handler in self._handlers().items():
+            if scheduler.handlers.get(name) == handler:
+                del scheduler.handlers[name]
         if self._original_task_erred is not None:
             scheduler.stream_handlers["task-erred"] = self._original_task_erred
         if self.store is not None:
@@ -329,7 +308,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             return
         with self.guard("update_graph"):
             self.core.submitted(
-                tasks, keys, annotations, time.time(), _prefix_path(scheduler, keys), client
+                tasks, keys, annotations, time.time(), _setup.prefix_path(scheduler, keys), client
             )
 
     def transition(self, key, start, finish, *args, stimulus_id, **kwargs):
@@ -347,65 +326,120 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         ws = scheduler.workers.get(worker)
         if ws is None or self.core is None:
             return
-        self._workers[worker] = ws
+        self.workers.added(worker, ws)
         with self.guard("add_worker"):
             self.apply(self.core.worker_added(worker, ws.memory_limit))
 
     def log_event(self, topic, msg):
         if topic == ADMISSION_TOPIC:
-            self._admission_event(msg)
+            waited = admission_wait(msg)
+            if waited is not None and self.core is not None:
+                with self.guard("admission"):
+                    self.core.memory_waited(*waited)
+        elif topic == HOST_TOPIC:
+            if self.core is not None and isinstance(msg, dict) and self.workers.host_event(msg):
+                if self.actions is not None:  # its SLURM job, if any (_slurm_jobs.py)
+                    self.actions.slurm_jobs.note(msg["worker"], msg)
+        elif topic == "all" and isinstance(msg, dict) and msg.get("action") == "remove-worker":
+            with self.guard("log_event"):
+                self._removed(msg)
+
+    def _removed(self, msg: dict) -> None:
+        """Dask's `remove-worker` event, published after it counted the dead worker's tasks
+        and before it reschedules them: holds apply now, everything else once Dask's
+        transitions ran. Anyone may publish to "all": an event that is not Dask's own
+        removal is refused (logged once, counted in `removals_refused`)."""
+        scheduler = self.scheduler
+        if scheduler is None:
+            return  # before start() or after close()
+        taken = self.workers.take_removal(msg, scheduler.workers)
+        if taken is None:
+            self.removals_refused += 1
+            self.guard.once(
+                "removal_refused",
+                "oomguard: ignored a remove-worker event naming %r: not a registered worker "
+                "that Dask removed (someone else published it); further ones are counted",
+                str(msg.get("worker"))[:200],
+            )
             return
-        if topic == HOST_TOPIC:
-            self._host_event(msg)
-            return
-        if topic == "all":
-            _removals.on_event(self, msg)
+        ws, host = taken
+        if msg.get("expected") or self.core is None:
+            return  # a stop, or an event after close()
+        if scheduler.status in _setup.SHUTTING_DOWN:
+            return  # the cluster is closing: its workers leave, they do not die
+        out = self.core.removed(removal(scheduler, msg, ws, host), time.monotonic())
+        self.apply([d for d in out if isinstance(d, Hold)])
+        later = [d for d in out if not isinstance(d, Hold)]
+        if later:
+            asyncio.get_running_loop().call_soon(self._apply_guarded, later)
 
     def remove_worker(self, scheduler, worker, *, stimulus_id=None, **kw):
-        _removals.after_removal(self, worker)
-
-    def _admission_event(self, msg) -> None:
-        """A worker's task waited for host memory and then ran: its pipeline's summary
-        says how long its tasks waited. Sent by workers: checked, never trusted."""
-        if self.core is None or not isinstance(msg, dict) or msg.get("outcome") != "granted":
+        """After Dask moved the worker's tasks. Its event was handled already (`_removed`);
+        a worker still known here had no event oomguard saw (a Dask release that stops
+        publishing it): it is let go, its nanny remembered, and Dask's own count decides
+        its death."""
+        if worker in (self.scheduler.workers if self.scheduler is not None else ()):
             return
-        key, waited = msg.get("key"), msg.get("waited")
-        if (
-            isinstance(key, str)
-            and isinstance(waited, (int, float))
-            and not isinstance(waited, bool)
-            and 0 <= waited < 1e7
-        ):
-            with self.guard("admission"):
-                self.core.memory_waited(key, float(waited))
+        with self.guard("log_event"):
+            if self.workers.removed(worker) is not None:
+                self.guard.once(
+                    "removal_unseen",
+                    "oomguard: Dask removed the worker %s without a remove-worker event; "
+                    "Dask's own count decides its death",
+                    worker,
+                )
 
-    def _host_event(self, msg) -> None:
-        """A worker's hostname, from its worker plugin's setup. Dask sets `worker` to the
-        sender's address for a worker's event; a label only, it decides nothing."""
-        if self.core is None or not isinstance(msg, dict):
-            return
-        worker, host = msg.get("worker"), msg.get("host")
-        if (
-            isinstance(worker, str)
-            and worker in self._workers
-            and isinstance(host, str)
-            and 0 < len(host) <= 255
-            and host.isprintable()
-            and not any(c.isspace() for c in host)
-        ):
-            self._hostnames[worker] = host
-            self._machines[address_host(worker)] = host
-            if self.actions is not None:  # its SLURM job, if any (_slurm_jobs.py)
-                self.actions.slurm_jobs.note(worker, msg)
+    # --- RPCs from nannies, and from clients -----------------------------------------
 
-    def host_name(self, address: str) -> str:
-        """The one name of a worker's machine in events: the hostname its worker plugin
-        sent (the name its nanny's death reports carry), else for a worker that died before
-        its plugin spoke the one another worker at its IP sent, or this machine's for a
-        loopback IP, else its IP."""
-        ip = address_host(address)
-        name = self._hostnames.get(address) or self._machines.get(ip)
-        return name or (_setup.own_hostname() if _setup.is_loopback(ip) else ip)
+    async def report(self, comm=None, report: Any = None, **extra: Any) -> dict:
+        """RPC from a nanny: one death report as msgpack bytes (`ReportDesk.submit`)."""
+        with self.guard("report"):
+            return self.desk.submit(report, getattr(comm, "peer_address", None))
+        return {"status": "error"}
+
+    def _decide_report(self, death) -> None:
+        """A trusted report, decoded: to the core, and its decisions to Dask."""
+        self.apply(self.core.reported(death, time.monotonic()))
+
+    async def clean_exit(
+        self, comm=None, worker: Any = None, requested: Any = False, pid: Any = None, **extra
+    ) -> dict:
+        """RPC from a nanny: its worker (process `pid`) ended with status 0, `requested`
+        (close, restart, SIGTERM) or not (it ended itself). Without the field: not
+        requested, the safe side (a death, counted as Dask counts it)."""
+        try:
+            said = notice(worker, requested, pid, extra.get("stopped_by"))
+        except ReportError as e:
+            self.desk.reject(e)
+            return {"status": "rejected", "field": e.field}
+        if not self.desk.trusted(getattr(comm, "peer_address", None), worker):
+            return {"status": "rejected", "field": "worker"}
+        with self.guard("report"):
+            stopped = said["stopped"]
+            if stopped is not None and requested:
+                # The nanny itself got a signal (an eviction, a container stop): its tasks
+                # are moved without a count, as for any requested stop, and leave a trace.
+                self.actions.nanny_stopped(
+                    worker, stopped["signal"], stopped["executing"], self.core.pipeline_of
+                )
+            # A removal that waited for this is decided now (its held tasks go back to Dask).
+            executing = stopped["executing"] if stopped is not None and requested else None
+            self.apply(self.core.clean_exit(worker, time.monotonic(), requested, pid, executing))
+        return {"status": "ok"}
+
+    async def unguarded_setup(self, comm=None, nanny: Any = None, reason: Any = "", **extra):
+        """RPC from a nanny whose oomguard setup failed (on-setup-error: warn): its worker
+        runs without oomguard. Counted while a worker of that nanny is here, and logged."""
+        if not self.desk.from_nanny(getattr(comm, "peer_address", None), nanny):
+            return {"status": "rejected"}
+        with self.guard("unguarded"):
+            self.workers.unguarded_nanny(nanny, str(reason)[:512])
+        return {"status": "ok"}
+
+    async def query(self, comm=None, what: str = "", **filters: Any) -> Any:
+        """RPC for `oomguard.Failures` and `oomguard report`: JSON-able rows
+        (`Queries.answer`)."""
+        return await self.queries.answer(what, filters)
 
     # --- task exceptions --------------------------------------------------------------
 
@@ -420,7 +454,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
                     msg.get("exception_text") or "",
                     msg.get("traceback_text") or "",
                     worker,
-                    self.host_name(worker),
+                    self.workers.host_name(worker),
                     ts.retries,
                 )
                 if memory:  # INFRA: retried like a death, never from the user's retries
@@ -439,58 +473,27 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         """Carry out the core's decisions on Dask and the store (on the event loop)."""
         self.actions.apply(decisions)
 
-    def worker_state(self, address: str) -> WorkerState | None:
-        """Dask's record of a worker, kept here until its removal is handled."""
-        return self._workers.get(address)
-
     def persist_pipelines(self, final: bool = False) -> None:
-        """Write the runs that changed; drop runs whose keys are all forgotten."""
+        """Write the runs whose status changed (`DecisionCore.changed_runs`)."""
+        for status in self.core.changed_runs(final):
+            self.store.upsert_pipeline(dataclasses.replace(status, cluster=self.cluster))
+
+    def _persist_all(self) -> None:
+        self.persist_pipelines(final=True)
+
+    def _live_runs(self) -> list:
+        """The statuses of the runs in memory (not yet all written), with this cluster."""
         policy = self.core.policy
-        names = policy.pipelines() if final else policy.take_dirty()
-        gone, self.core.gone = self.core.gone, []
-        for run in set(names) | set(gone):
-            if not policy.has(run):
-                continue
-            status = dataclasses.replace(policy.status(run), cluster=self.cluster)
-            if final or self._persisted.get(run) != status:
-                self.store.upsert_pipeline(status)
-                self._persisted[run] = status
-        for run in gone:
-            policy.forget_pipeline(run)
-            self._persisted.pop(run, None)
+        return [
+            dataclasses.replace(policy.status(r), cluster=self.cluster) for r in policy.pipelines()
+        ]
 
     def metrics_snapshot(self) -> dict:
-        core = self.core
-        out = self.handlers.counts()
-        out["internal_errors"] = self.guard.count
-        out["removals_refused"] = self.handlers.removals_refused
-        if core is not None:
-            out.update(unguarded=dict(self.unguarded))
-            out.update(
-                deaths=core.deaths,
-                displaced=core.displaced,
-                aborts=core.aborts,
-                held=len(core.held),
-                pending_deaths=len(core.pairing),
-            )
-        return out
+        """The scheduler side's counts, for the "stats" query (`ReportDesk.snapshot`)."""
+        return self.desk.snapshot(
+            self.core, self.guard.count, self.removals_refused, self.unguarded
+        )
 
 
 def _nothing() -> None:
     pass
-
-
-def _prefix_path(scheduler, keys, steps: int = 64):
-    """Task prefixes from the first output key down its first dependencies to a root."""
-    ts = scheduler.tasks.get(next(iter(keys), None))
-    for _ in range(steps):
-        if ts is None:
-            return
-        yield ts.prefix.name
-        ts = next(iter(ts.dependencies), None)
-
-
-def _same_file(a: str, b: str) -> bool:
-    if is_postgres(a) or is_postgres(b):
-        return a == b
-    return os.path.abspath(os.path.expanduser(a)) == os.path.abspath(os.path.expanduser(b))

@@ -259,3 +259,75 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def address_host(address: str) -> str:
+    """The host part of a worker's address ("10.0.0.5"); "" when it has none."""
+    from distributed.comm import get_address_host
+
+    try:
+        return get_address_host(address)
+    except Exception:
+        return ""
+
+
+def prefix_path(scheduler: Scheduler, keys, steps: int = 64):
+    """Task prefixes from the first output key down its first dependencies to a root."""
+    ts = scheduler.tasks.get(next(iter(keys), None))
+    for _ in range(steps):
+        if ts is None:
+            return
+        yield ts.prefix.name
+        ts = next(iter(ts.dependencies), None)
+
+
+def same_file(a: str, b: str) -> bool:
+    """Whether two store settings name the same history (a path, however spelt)."""
+    from .._urls import is_postgres
+
+    if is_postgres(a) or is_postgres(b):
+        return a == b
+    return os.path.abspath(os.path.expanduser(a)) == os.path.abspath(os.path.expanduser(b))
+
+
+def settings_change(
+    settings: dict[str, Any], config: dict[str, Any], store: FailureStore | None
+) -> dict[str, tuple[Any, Any]]:
+    """{key: (old, new)} of the `config` (oomguard.scheduler.* keys, with dashes) that
+    differ from the running `settings`. ConfigError for a bad value, or for a change of a
+    setting fixed while running (the store, the pod lookup): nothing changes then."""
+    from .. import _config
+    from .._exceptions import ConfigError
+    from .._urls import redact
+
+    new = _config.scheduler_settings(config, only=frozenset(config))
+    current = dict(settings)
+    if "store" in new and store is not None:
+        # The file in use, not the setting (None: the default path), so a refusal
+        # names it and the same file, however spelt, is no change.
+        current["store"] = getattr(store.history, "url", store.path)
+        if new["store"] is not None and same_file(new["store"], current["store"]):
+            new["store"] = current["store"]
+    changed = {k: (current[k], v) for k, v in new.items() if current[k] != v}
+    fixed = sorted(set(changed) - _config.LIVE_SCHEDULER_KEYS)
+    if fixed:
+        old, value = (redact(v) if isinstance(v, str) else v for v in changed[fixed[0]])
+        raise ConfigError(
+            f"oomguard.scheduler.{fixed[0]} is {old!r} on this running scheduler and "
+            f"cannot change to {value!r} while oomguard runs; use "
+            "oomguard.uninstall(client) first, or set it where the scheduler starts."
+        )
+    return changed
+
+
+def dashboard(scheduler: Scheduler, guard: Guard) -> str:
+    """The path of oomguard's page on the scheduler's dashboard, "" without one."""
+    try:
+        from ._dashboard import register_dashboard
+
+        return register_dashboard(scheduler)
+    except ImportError:
+        logger.info("oomguard: no dashboard page (bokeh is not installed)")
+    except Exception:
+        guard.error("dashboard")
+    return ""

@@ -26,6 +26,7 @@ these checks are against mistakes and misattribution, not against a user who mea
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
@@ -139,3 +140,44 @@ class NannyBook:
         if not matches(peer, worker, registered):
             return UNKNOWN_SENDER
         return None
+
+
+def sender_matches(peer: str | None, worker: str, nanny: str | None, local: str = "") -> bool:
+    """Whether a connection from `peer` may speak for `worker`, whose nanny is `nanny`.
+
+    The peer's host must be the nanny's (the nanny connects from its own host; its port is
+    ephemeral). Whether `nanny` is the worker's registered nanny is `NannyBook.check`'s
+    part. In-process connections (`inproc://`) are the scheduler's own.
+
+    >>> sender_matches("tcp://10.0.0.5:53122", "tcp://10.0.0.5:40001", "tcp://10.0.0.5:40000")
+    True
+    >>> sender_matches("tcp://10.0.0.9:53122", "tcp://10.0.0.5:40001", "tcp://10.0.0.5:40000")
+    False
+    >>> sender_matches("tcp://127.0.0.1:53122", "tcp://127.9.0.1:4000", None)  # loopback
+    True
+    """
+    if not peer:
+        return False
+    if peer.startswith("inproc://"):
+        return True
+    owner = nanny or worker
+    host = _host(peer)
+    return host != "" and host == _host(owner)
+
+
+@functools.lru_cache(maxsize=4096)  # per report in a storm: parse each address once
+def _host(address: str) -> str:
+    import ipaddress
+
+    from distributed.comm import get_address_host
+
+    try:
+        host = get_address_host(address)
+    except Exception:
+        return ""
+    try:
+        if ipaddress.ip_address(host).is_loopback:  # 127.0.0.0/8 and ::1: this machine
+            return "localhost"
+    except ValueError:
+        pass
+    return host
