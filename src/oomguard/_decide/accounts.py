@@ -29,26 +29,12 @@ from .bounds import cap_evidence
 from .decisions import Record
 from .pairing import Case
 from .runs import ShardKey
-from .signatures import (
-    death_signature,
-    exception_class,
-    suspects_signature,
-    task_signature,
-    trace_example,
-)
+from .signatures import death_signature, exception_class, signed, task_signature
 
-__all__ = ["Account", "death_cause", "decided", "late", "nanny_stop_record", "task_record"]
+__all__ = ["Account", "decided", "late", "nanny_stop_record", "task_record"]
 
 #: Suspects (and their pipelines) a death's evidence lists; `suspects_total` counts them all.
 SUSPECTS_KEPT = 20
-
-
-def death_cause(case: Case) -> Cause:
-    """Its report's cause; without one `exit` (ended unasked with status 0), else
-    `worker_lost`."""
-    if case.report is not None:
-        return Cause(case.report.cause)
-    return Cause.EXIT if case.exited else Cause.WORKER_LOST
 
 
 def death_id(worker: str, when: float) -> str:
@@ -63,70 +49,72 @@ def death_id(worker: str, when: float) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Account:
-    """One death as decided, and what its events need: the signature's grouping version
-    and the trace kept with it."""
+    """One death written down: its `record` (the decided Death, the events of the tasks it
+    is blamed on)."""
 
-    death: Death
-    grouping_version: int
-    example: str
-
-    def event(self, shard: ShardKey, pipeline: str, attempt: int = 1) -> FailureEvent:
-        """The event of `shard`, a task the death is blamed on ("" when none is named)."""
-        d = self.death
-        k = d.killer or for_cause(d.cause)
-        return FailureEvent(
-            kind=Kind.INFRA.value,
-            cause=d.cause,
-            shard=shard,
-            pipeline=pipeline,
-            worker=d.worker,
-            host=d.host,
-            signature_id=d.signature_id,
-            signature_title=d.signature_title,
-            evidence=d.evidence,
-            attempt=attempt,
-            time=d.time,
-            killer=k.name,
-            killer_how=k.how,
-            killer_confidence=k.confidence,
-            killer_summary=k.summary,
-            death=d.id,
-        )
-
-    def suspects_event(self, pipelines: list[str]) -> FailureEvent:
-        """The one event of a death that names no shard: `pipelines` are its suspects'
-        (distinct, in order). It carries the pipeline they share; of several, none, and the
-        evidence lists them."""
-        event = self.event("", pipelines[0] if len(pipelines) == 1 else "")
-        if len(pipelines) > 1:
-            evidence = {**event.evidence, "suspect_pipelines": pipelines[:SUSPECTS_KEPT]}
-            event = dataclasses.replace(event, evidence=evidence)
-        return event
+    record: Record
 
     def unblamed(self, shard: ShardKey, pipeline: str) -> FailureEvent:
         """The event of a task charged without blame (no report said what ran, or it ran
         beside the culprit): unsigned, never recorded, only what an abort over Dask's bound
         is decided from."""
-        return dataclasses.replace(
-            self.event(shard, pipeline), signature_id="", signature_title=""
-        )
+        return _event(self.record.death, shard, pipeline, 1, signed=False)
 
-    def record(self, events: list[FailureEvent], amends: float | None = None) -> Record:
-        """The death and its `events` to store: a late report's amends the death of that
-        time it was first decided as (`worker_lost`)."""
-        return Record(tuple(events), self.death, self.grouping_version, self.example, amends)
+
+def _event(
+    d: Death, shard: ShardKey, pipeline: str, attempt: int, *, signed: bool = True
+) -> FailureEvent:
+    """The event of `shard`, a task the death `d` is blamed on ("" when none is named)."""
+    k = d.killer or for_cause(d.cause)
+    return FailureEvent(
+        kind=Kind.INFRA.value,
+        cause=d.cause,
+        shard=shard,
+        pipeline=pipeline,
+        worker=d.worker,
+        host=d.host,
+        signature_id=d.signature_id if signed else "",
+        signature_title=d.signature_title if signed else "",
+        evidence=d.evidence,
+        attempt=attempt,
+        time=d.time,
+        killer=k.name,
+        killer_how=k.how,
+        killer_confidence=k.confidence,
+        killer_summary=k.summary,
+        death=d.id,
+    )
+
+
+def _events(
+    d: Death, shards: list[ShardKey], name_of: Callable[[ShardKey], str], attempts: Mapping
+) -> list[FailureEvent]:
+    """One event per blamed shard ("" for a death that names none)."""
+    return [_event(d, s, name_of(s) if s else "", attempts.get(s, 1)) for s in shards]
+
+
+def _suspects_event(d: Death, pipelines: list[str]) -> FailureEvent:
+    """The one event of a death that names no shard: `pipelines` are its suspects'
+    (distinct, in order). It carries the pipeline they share; of several, none, and the
+    evidence lists them."""
+    event = _event(d, "", pipelines[0] if len(pipelines) == 1 else "", 1)
+    if len(pipelines) > 1:
+        evidence = {**event.evidence, "suspect_pipelines": pipelines[:SUSPECTS_KEPT]}
+        event = dataclasses.replace(event, evidence=evidence)
+    return event
 
 
 def decided(
     case: Case,
-    cause: Cause,
     b: Blame,
     keys: Mapping[ShardKey, Any],
-    pipeline_of: Callable[[ShardKey], str],
+    name_of: Callable[[ShardKey], str],
+    attempts: Mapping[ShardKey, int],
 ) -> Account:
-    """The death of `case`, decided now: `keys` is {str: key} of what `b` blames (None:
-    unknown); `pipeline_of` names a task's pipeline."""
-    report, removal = case.report, case.removal
+    """The death of `case`, decided now, and its events: `keys` is {str: key} of what `b`
+    blames (None: unknown); `name_of` names a task's pipeline; `attempts` the number each
+    blamed shard's failure gets."""
+    report, removal, cause = case.report, case.removal, case.cause
     killer = case.report.killer if report is not None and report.killer else for_cause(cause)
     suspects = tuple(sorted(keys)) if b.suspected else ()
     n = 0 if suspects else len(keys) + len(b.beside)
@@ -153,12 +141,8 @@ def decided(
     entries = {t.key: t for t in report.tasks} if report is not None else {}
     # One death, one crash, one signature: from the culprit's stack when there is one,
     # else from the first suspect's; several suspects with no report, their functions.
-    if suspects:
-        first, sig, example = "", suspects_signature(cause, suspects), ""
-    else:
-        first = next(iter(keys), "")
-        sig = death_signature(cause, report, entries.get(first), first)
-        example = trace_example(report, entries.get(first), first)
+    first = "" if suspects else next(iter(keys), "")
+    sig, example = signed(cause, report, entries.get(first), first, suspects)
     cap_evidence(evidence)  # measured once per death, shared by its events
     when = removal.time if removal is not None else report.time
     base = report if report is not None else _unreported(case, cause, removal)
@@ -168,18 +152,26 @@ def decided(
         cause=cause.value,
         evidence=evidence,
         killer=killer,
-        tasks=_tasks(b.roles, entries, pipeline_of, removal.processing if removal else {}),
+        tasks=_tasks(b.roles, entries, name_of, removal.processing if removal else {}),
         more=_more(b.roles),
         id=death_id(case.worker, when),
         signature_id=sig.id,
         signature_title=sig.title,
     )
-    return Account(death, sig.grouping_version, example)
+    if suspects:
+        pipelines = list(dict.fromkeys(p for s in keys if (p := name_of(s))))
+        events = [_suspects_event(death, pipelines)]
+    else:
+        events = _events(death, list(keys) or [""], name_of, attempts)
+    return Account(Record(tuple(events), death, sig.grouping_version, example))
 
 
-def late(case: Case, pipeline_of: Callable[[ShardKey], str]) -> Account:
+def late(
+    case: Case, name_of: Callable[[ShardKey], str], attempts: Mapping[ShardKey, int]
+) -> Account:
     """A report that came after its death was decided (`worker_lost`): what it says, as
-    the death of the same id."""
+    the death of the same id, with the events of the tasks it blames; the record amends
+    the one it replaces."""
     report = case.report
     assert report is not None
     cause = Cause(report.cause)
@@ -192,19 +184,21 @@ def late(case: Case, pipeline_of: Callable[[ShardKey], str]) -> Account:
     cap_evidence(evidence)
     entry = (ran or [None])[0]
     first = entry.key if entry else ""
-    sig = death_signature(cause, report, entry, first)
+    sig, example = signed(cause, report, entry, first)
     roles = {t.key: Role.CULPRIT if len(ran) == 1 else Role.SUSPECT for t in ran}
     death = dataclasses.replace(
         report,
         worker=case.worker,
         evidence=evidence,
         killer=killer,
-        tasks=_tasks(roles, {t.key: t for t in report.tasks}, pipeline_of, {}),
+        tasks=_tasks(roles, {t.key: t for t in report.tasks}, name_of, {}),
         id=death_id(case.worker, case.lost_at or 0.0),
         signature_id=sig.id,
         signature_title=sig.title,
     )
-    return Account(death, sig.grouping_version, trace_example(report, entry, first))
+    events = _events(death, [t.key for t in ran] or [""], name_of, attempts)
+    record = Record(tuple(events), death, sig.grouping_version, example, case.lost_at or 0.0)
+    return Account(record)
 
 
 def _unreported(case: Case, cause: Cause, removal: Any) -> Death:

@@ -26,6 +26,7 @@ from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._causes import memory_death
 from .._death.record import Death, Role, Task
 from .._words import culprit_line
 from .pairing import Case
@@ -72,8 +73,8 @@ class Blame:
         return not self.certain and len(self.executing) > 1
 
 
-def blame(case: Case, forgotten: Container = (), *, memory: bool = False) -> Blame:
-    """Each task's part in the death of `case`; `memory`: it was a memory death.
+def blame(case: Case, forgotten: Container = ()) -> Blame:
+    """Each task's part in the death of `case`.
 
     >>> from .pairing import Removal
     >>> r = Removal("tcp://a:1", "a", 0.0, {"x": "x", "y": "y"}, nthreads=1)
@@ -124,7 +125,7 @@ def blame(case: Case, forgotten: Container = (), *, memory: bool = False) -> Bla
     # A memory death (not a task's MemoryError) can be shared: several tasks growing
     # together on one worker. The samples may name the one that grew most.
     known = sum(k is not None for k in executing.values())
-    shared = memory and source in (FLIGHT_RECORD, CRASHED_THREAD) and known > 1
+    shared = memory_kill(case) and source in (FLIGHT_RECORD, CRASHED_THREAD) and known > 1
     likely, beside = None, {}
     if shared:
         likely = culprit([e for e in report.tasks if e.key in executing])
@@ -136,6 +137,12 @@ def blame(case: Case, forgotten: Container = (), *, memory: bool = False) -> Bla
     roles.update(dict.fromkeys(executing, Role.CULPRIT if lone else Role.SUSPECT))
     roles.update(dict.fromkeys([*beside, *neighbours], Role.DISPLACED))
     return Blame(executing, displaced, source, neighbours, ignored, shared, likely, beside, roles)
+
+
+def memory_kill(case: Case) -> bool:
+    """A memory death of the worker (its report says so: a counted OOM kill, the nanny's
+    memory terminate, a userspace OOM killer's kill of the host's largest process)."""
+    return memory_death(case.cause, case.report.evidence if case.report else None)
 
 
 def recorded(report: Death | None) -> bool:

@@ -11,6 +11,7 @@ report shows the task was only queued there.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -49,6 +50,24 @@ class DeathBudget:
             return
         else:
             self._deaths.setdefault(key, 0)
+
+    def decided(
+        self, charged: Iterable[Any], forgiven: Iterable[Any], uncharged: Iterable[Any] = ()
+    ) -> None:
+        """A death is decided: keep its charge of the `charged` keys, take it back from the
+        `forgiven` ones, and charge the `uncharged` ones it is blamed on too (a report whose
+        removal never came: nothing charged them).
+
+        >>> b = DeathBudget(allowed=1)
+        >>> b.charge(["a", "q"]); b.decided(["a"], ["q"], ["r"]); b.deaths("a"), b.deaths("q"), b.deaths("r")
+        (1, 0, 1)
+        """
+        uncharged = list(uncharged)
+        self.charge(uncharged)
+        for key in (*charged, *uncharged):
+            self.settle(key, blamed=True)
+        for key in forgiven:
+            self.settle(key, blamed=False)
 
     def undecided(self, key: Any) -> int:
         """Deaths charged to `key` that are not decided yet."""

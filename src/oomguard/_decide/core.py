@@ -29,12 +29,11 @@ import time as _time
 from collections.abc import Container, Iterable, Mapping
 from typing import Any
 
-from .._causes import memory_death
 from .._death.record import Death
 from .._models import AbortDecision, FailureEvent, PipelineStatus
 from . import accounts
-from .accounts import Account, death_cause, task_record
-from .blame import blame, blamed
+from .accounts import task_record
+from .blame import blame, blamed, memory_kill
 from .budget import DeathBudget
 from .decisions import Decision, Forgive, Hold, Release, Stop
 from .isolation import Isolation
@@ -270,14 +269,12 @@ class DecisionCore:
             return self._not_a_death(case)
         self.deaths += 1
         removal = case.removal
-        cause = death_cause(case)
-        memory_kill = memory_death(cause, case.report.evidence if case.report else None)
-        b = blame(case, self.runs.forgotten, memory=memory_kill)
+        b = blame(case, self.runs.forgotten)
         out: list[Decision] = []
         culprits = {self.runs.name_of(s) for s in b.executing} - {""}
         by = next(iter(culprits)) if len(culprits) == 1 else ""  # whose death took the work
         forgiven = self._displace(b.displaced, None, b.neighbours, by=by)
-        self._displace(b.beside, dict.fromkeys(b.beside, True), charged=True, by=by)
+        self._displace(b.beside, dict.fromkeys(b.beside, True), by=by)  # still charged
         self.isolation.displaced(forgiven)  # one running alone beside a crash goes first again
         if forgiven:
             out.append(Forgive(tuple(forgiven)))
@@ -285,37 +282,37 @@ class DecisionCore:
         charged = (
             set(removal.processing.values()) - set(forgiven) if removal is not None else set()
         )
-        for key in charged:
-            self.budget.settle(key, blamed=True)
-        for key in keys.values():
-            if key is not None and key not in charged:  # a report whose removal never came
-                self.budget.charge([key])
-                self.budget.settle(key, blamed=True)
-        account = accounts.decided(case, cause, b, keys, self.runs.name_of)
-        events: list[FailureEvent] = []
-        decisions: list[tuple[AbortDecision, Any]] = []
+        self.budget.decided(
+            charged, forgiven, [k for k in keys.values() if k is not None and k not in charged]
+        )
         named = {} if b.suspected else keys or {"": None}  # the shards with events
+        attempts = {s: self.policy.attempt(s) for s in named if s}
+        account = accounts.decided(case, b, keys, self.runs.name_of, attempts)
+        out.append(account.record)
+        decisions: list[tuple[AbortDecision, Any]] = []
         if b.suspected:
-            events.append(self._suspected(account, keys))
-        for s, key in named.items():
+            # The one event names none of its suspects: each suspect's run counts the death
+            # once, no shard's own count moves (Dask's budget still charges each of them).
+            runs = {
+                r.label for k in keys.values() if k not in self.stopped and (r := self.runs.of(k))
+            }
+            for label in runs:
+                self.policy.death_suspected(label, account.record.events[0])
+        for event in account.record.events if named else ():
+            key = named[event.shard]
             run = self.runs.of(key) if key is not None else None
-            event = account.event(s, self.runs.name_of(s), self.policy.attempt(s) if s else 1)
-            events.append(event)
-            if key is None:
-                continue
             if run is not None and key not in self.stopped:
                 d = self.policy.record(event, run=run.label, may_decide=not b.shared)
-                if d is None and not b.shared and self.larger_only and memory_kill:
-                    limit = account.death.memory_limit
+                if d is None and not b.shared and self.larger_only and memory_kill(case):
+                    limit = account.record.death.memory_limit
                     d, resize = self.larger.retry(
                         key, run.label, event, limit, self.workers, self._now
                     )
                     out += resize
                 if d is not None:
                     decisions.append((d, key))
-            if self.budget.over(key) and key not in self.stopped:
+            if key is not None and self.budget.over(key) and key not in self.stopped:
                 decisions.append((self._over_budget(key, run, event), key))
-        out.append(account.record(events))
         for key in charged - set(named.values()):
             # Charged, not named (no report said what ran; several suspects; executing
             # beside the culprit): Dask's bound still holds.
@@ -331,23 +328,6 @@ class DecisionCore:
             self._isolate(keys.values(), keys.get(b.likely.shard) if b.likely else None)
         out += self._release_decided(removal)
         return out + self.isolation.next()
-
-    def _suspected(self, account: Account, keys: Mapping[ShardKey, Any]) -> FailureEvent:
-        """The one event of a death that names none of its suspects: each suspect's run
-        counts the death once; no shard's own count moves (Dask's budget still charges
-        every one of them)."""
-        labels: dict[RunLabel, None] = {}
-        names: dict[str, None] = {}
-        for s, key in keys.items():
-            run = self.runs.of(key) if key is not None else None
-            if name := self.runs.name_of(s):
-                names[name] = None
-            if run is not None and key not in self.stopped:
-                labels[run.label] = None
-        event = account.suspects_event(list(names))
-        for label in labels:
-            self.policy.death_suspected(label, event)
-        return event
 
     def _not_a_death(self, death: Case) -> list[Decision]:
         """A removal that was a requested stop: its tasks were only displaced.
@@ -366,6 +346,7 @@ class DecisionCore:
         forgiven = self._displace(
             {s: k for s, k in removal.processing.items() if k not in self.stopped}, executing
         )
+        self.budget.decided((), forgiven)
         self.isolation.displaced(forgiven)
         out: list[Decision] = [Forgive(tuple(forgiven))] if forgiven else []
         return out + self._release_decided(removal) + self.isolation.next()
@@ -376,18 +357,14 @@ class DecisionCore:
         executing: Mapping[ShardKey, bool] | None = None,
         neighbours: Container = (),
         *,
-        charged: bool = False,
         by: str = "",
     ) -> list:
         """{str: key} of tasks that were on a dead worker but are not to blame: count them
         displaced, `executing` (str -> bool) or not (absent: not known; None: all queued),
-        `neighbours` by a neighbour's crash; and take back their charge, unless `charged`
-        (beside a memory kill's likely culprit: the samples may be wrong, Dask's bound
-        holds). `by`: the pipeline of the death's culprit. The keys, in order."""
+        `neighbours` by a neighbour's crash; `by`: the pipeline of the death's culprit (the
+        budget is the caller's). The keys, in order."""
         for s, key in tasks.items():
             self.displaced += 1
-            if not charged:
-                self.budget.settle(key, blamed=False)
             if (run := self.runs.of(key)) is not None:
                 ran = executing.get(s) if executing is not None else s in neighbours or False
                 lost = by if by and by != run.name else ""
@@ -412,13 +389,9 @@ class DecisionCore:
         return [Release(tuple(free))] if free else []
 
     def _amend(self, case: Case) -> list[Decision]:
-        account = accounts.late(case, self.runs.name_of)
-        events = []
-        for entry in blamed(case)[0] or [None]:
-            s = entry.key if entry else ""
-            attempt = max(1, self.policy.attempt(s) - 1) if s else 1  # of the event it amends
-            events.append(account.event(s, self.runs.name_of(s), attempt))
-        return [account.record(events, amends=case.lost_at or 0.0)]
+        # Each amended event keeps the attempt of the one it replaces.
+        attempts = {t.key: max(1, self.policy.attempt(t.key) - 1) for t in blamed(case)[0]}
+        return [accounts.late(case, self.runs.name_of, attempts).record]
 
     # --- memory: isolation -----------------------------------------------------------
 

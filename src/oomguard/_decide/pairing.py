@@ -20,6 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .._causes import Cause
 from .._death.record import Death
 from .._protocol import DUPLICATE, OVERFLOW
 from .runs import ShardKey
@@ -61,6 +62,14 @@ class Case:
     executing: tuple[ShardKey, ...] | None = None
     # with `late`: the threads of the dead worker, as its removal said (None: not known)
     nthreads: int | None = None
+
+    @property
+    def cause(self) -> Cause:
+        """Its report's cause; without one `exit` (ended unasked with status 0), else
+        `worker_lost`."""
+        if self.report is not None:
+            return Cause(self.report.cause)
+        return Cause.EXIT if self.exited else Cause.WORKER_LOST
 
 
 class DeathPairing:

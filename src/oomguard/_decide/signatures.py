@@ -20,6 +20,7 @@ from .._words import sampled_stack
 
 __all__ = [
     "death_signature",
+    "signed",
     "exception_class",
     "suspects_signature",
     "task_signature",
@@ -40,6 +41,16 @@ def death_signature(cause: Cause, report: Death | None, entry: Task | None, shar
     # the task's function (its key prefix) stands in for the stack.
     prefix = entry.prefix if entry else (key_split(shard) if shard else "")
     return _prefix_signature(str(cause), prefix or "<no task>")
+
+
+def signed(
+    cause: Cause, report: Death | None, entry: Task | None, shard: str, suspects: tuple = ()
+) -> tuple[Any, str]:
+    """A death's signature and the trace kept with it: of its crash or `shard`'s task
+    (`entry`, the report's), or of its `suspects` (no report, several tasks there)."""
+    if suspects:
+        return suspects_signature(cause, suspects), ""
+    return death_signature(cause, report, entry, shard), trace_example(report, entry, shard)
 
 
 def suspects_signature(cause: Cause, shards: Iterable[str]):
