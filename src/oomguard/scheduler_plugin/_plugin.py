@@ -190,7 +190,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             abort_on_repeat_signature=settings["abort-on-repeat-signature"],
             larger_only=settings["memory-retry-larger-only"],
         )
-        self.store = await _setup.open_store(scheduler, settings, self.metrics, self.cluster)
+        self.store = await _setup.open_store(settings, self.metrics, self.cluster)
         self.intake = ReportIntake(
             self.handlers.on_reports, room=self.handlers.room, matched=self.core.pairing.waits
         )
