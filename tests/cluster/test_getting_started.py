@@ -14,6 +14,7 @@ import ast
 import contextlib
 import copy
 import io
+import os
 import pathlib
 import re
 import shlex
@@ -66,7 +67,7 @@ def tour(tmp_path_factory):
     mp.setenv("XDG_STATE_HOME", str(tmp / "state"))
     for name in ("DASK_SCHEDULER_ADDRESS", "DASK_OOMGUARD__SCHEDULER__STORE"):
         mp.delenv(name, raising=False)
-    env = {**__import__("os").environ, "COLUMNS": "120"}
+    env = {**os.environ, "COLUMNS": "120"}
     saved = copy.deepcopy(dask.config.config)  # the cells set config, as a notebook does
     namespace: dict = {"__name__": "__tour__"}
     steps: list[tuple] = []
