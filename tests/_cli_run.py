@@ -13,3 +13,15 @@ def report(capsys, *argv):
         rc = e.code
     out, err = capsys.readouterr()
     return rc, out, err
+
+
+def suggested_commands(text: str) -> list[str]:
+    """Every `oomguard ...` command a text suggests: between backticks (an abort message,
+    its lines joined again where a paragraph was wrapped), or on a line of its own."""
+    import re
+
+    joined = " ".join(text.split())
+    found = re.findall(r"`(oomguard [^`]+)`", joined)
+    command = re.compile(r"oomguard (demo|report|fingerprint|doctor)( |$)")
+    found += [line.strip() for line in text.splitlines() if command.match(line.strip())]
+    return list(dict.fromkeys(found))

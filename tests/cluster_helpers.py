@@ -102,14 +102,16 @@ class DaskScheduler:
         sched.kill()  # SIGKILL: no close, no flush
     """
 
-    def __init__(self, directory, env: Mapping[str, str], name: str = "scheduler") -> None:
+    def __init__(
+        self, directory, env: Mapping[str, str], name: str = "scheduler", port: int = 0
+    ) -> None:
         self.log = directory / f"{name}.log"
         self.file = directory / f"{name}.json"
         self.file.unlink(missing_ok=True)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-             "--port", "0", "--dashboard-address", ":0", "--scheduler-file", str(self.file),
-             "--preload", "oomguard.scheduler_plugin"],
+             "--port", str(port), "--dashboard-address", ":0", "--scheduler-file",
+             str(self.file), "--preload", "oomguard.scheduler_plugin"],
             env=dict(env), stdout=subprocess.DEVNULL, stderr=open(self.log, "w"),
         )  # fmt: skip
 

@@ -18,6 +18,28 @@ ARTIFACTS = pathlib.Path(
 )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _state_home(tmp_path_factory):
+    """The default failure histories (`$XDG_STATE_HOME/oomguard`) of every cluster the
+    session starts go to a directory of its own, never to the user's home."""
+    old = os.environ.get("XDG_STATE_HOME")
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("state"))
+    yield
+    if old is None:
+        os.environ.pop("XDG_STATE_HOME", None)
+    else:
+        os.environ["XDG_STATE_HOME"] = old
+
+
+@pytest.fixture(autouse=True)
+def state_home(tmp_path_factory, monkeypatch) -> pathlib.Path:
+    """This test's own `$XDG_STATE_HOME`: a cluster it starts with no `store` setting
+    keeps its history in `<it>/oomguard/<cluster name>.sqlite3`, apart from other tests'."""
+    path = tmp_path_factory.mktemp("state")
+    monkeypatch.setenv("XDG_STATE_HOME", str(path))
+    return path
+
+
 @pytest.fixture
 def artifacts_dir() -> pathlib.Path:
     """Where tests leave files worth looking at (screenshots, reports); CI keeps them."""

@@ -1,6 +1,7 @@
 """A real PostgreSQL server for the tests: Debian's server binaries (`./dev test` installs
 them when root with apt-get), a cluster made by `initdb` in a private temporary directory,
-started on a free loopback port as an unprivileged user (`nobody` when the tests run as
+started on a free loopback port (another one when a process takes it first: labs.py) as an
+unprivileged user (`nobody` when the tests run as
 root: the server refuses root), stopped and deleted after.
 
     with PostgresLab() as lab:
@@ -19,7 +20,7 @@ import subprocess
 import tempfile
 import time
 
-from labs import Lab, free_port, stop_process
+from labs import Lab, PortTaken, on_free_ports, stop_process
 
 #: Where Debian puts the server (postgresql-NN); the newest major first.
 BIN_GLOB = "/usr/lib/postgresql/*/bin"
@@ -48,7 +49,7 @@ class PostgresLab(Lab):
             raise RuntimeError("no PostgreSQL server binaries (Debian's postgresql package)")
         self.root = tempfile.mkdtemp(prefix="oomguard-pg-")
         self.data = os.path.join(self.root, "data")
-        self.port = free_port()
+        self.port: int | None = None  # chosen at the first start, kept across restarts
         self.proc: subprocess.Popen | None = None
         self.uid = self.gid = None
         if os.geteuid() == 0:  # postgres refuses to run as root
@@ -81,23 +82,39 @@ class PostgresLab(Lab):
         return f"postgresql://{USER}:{password}@127.0.0.1:{self.port}/{database}"
 
     def start(self, timeout: float = 60.0) -> None:
-        """Start the server (again) and wait until it takes connections."""
+        """Start the server (again, on the same port) and wait until it takes connections."""
+        if self.port is None:
+            on_free_ports(lambda port: self._start(port, timeout))
+        else:
+            self._start(self.port, timeout)
+
+    def _start(self, port: int, timeout: float) -> None:
         import psycopg
 
+        self.port = port
+        log = os.path.join(self.root, "log")
+        offset = os.path.getsize(log) if os.path.exists(log) else 0
         self.proc = subprocess.Popen(
-            [f"{self.bin}/postgres", "-D", self.data, "-h", "127.0.0.1", "-p", str(self.port),
+            [f"{self.bin}/postgres", "-D", self.data, "-h", "127.0.0.1", "-p", str(port),
              "-k", self.root, "-c", "max_connections=60", "-c", "shared_buffers=64MB",
              *([] if self.durable else ["-c", "fsync=off", "-c", "synchronous_commit=off",
                                         "-c", "full_page_writes=off"])],
-            stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.root, "log"), "ab"),
+            stdout=subprocess.DEVNULL, stderr=open(log, "ab"),
             preexec_fn=self._demote, cwd=self.root,
         )  # fmt: skip
         deadline = time.monotonic() + timeout
         while True:
             try:
-                psycopg.connect(self.url(), connect_timeout=2).close()
+                with psycopg.connect(self.url(), connect_timeout=2) as conn:
+                    # The server's own answer: this connection reached our server, not
+                    # another one that holds the port.
+                    (data,) = conn.execute("SHOW data_directory").fetchone()
+                assert os.path.realpath(data) == os.path.realpath(self.data), data
                 return
             except psycopg.OperationalError:
+                if self.proc.poll() is not None and "already in use" in self.log()[offset:]:
+                    self.proc = None
+                    raise PortTaken(f"PostgreSQL: 127.0.0.1:{port} was taken") from None
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"PostgreSQL did not start: {self.log()[-2000:]}") from None
                 time.sleep(0.1)

@@ -43,26 +43,43 @@ def get(key: str) -> Any:
     return value
 
 
+#: The words a boolean setting takes (any case), and a choice among "true" and "false" too
+#: (`worker.cgroup-limit`): docs/configuration.md lists exactly these.
+TRUE_WORDS = ("true", "yes", "on", "1")
+FALSE_WORDS = ("false", "no", "off", "0")
+
+
+def _bool_word(value: Any) -> str | None:
+    """ "true" or "false" for a boolean or one of its words, else None."""
+    if isinstance(value, bool):  # YAML and env vars turn true/yes/on into booleans
+        return "true" if value else "false"
+    word = str(value).strip().lower()
+    return "true" if word in TRUE_WORDS else "false" if word in FALSE_WORDS else None
+
+
 def get_choice(key: str, choices: tuple[str, ...]) -> str:
     value = get(key)
-    # YAML and env vars turn "true"/"false" into booleans.
-    if isinstance(value, bool):
-        value = "true" if value else "false"
-    value = str(value).strip().lower()
-    if value not in choices:
-        raise ConfigError(f"oomguard.{key} is {get(key)!r}; expected one of {', '.join(choices)}.")
-    return value
+    word = str(value).strip().lower()
+    if "true" in choices and "false" in choices:
+        word = _bool_word(value) or word
+    if word not in choices:
+        close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigError(
+            f"oomguard.{key} is {value!r}; expected one of {', '.join(choices)}{hint}."
+        )
+    return word
 
 
 def get_bool(key: str) -> bool:
     value = get(key)
-    if isinstance(value, bool):
-        return value
-    if str(value).strip().lower() in ("1", "true", "yes", "on"):
-        return True
-    if str(value).strip().lower() in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"oomguard.{key} is {value!r}; expected true or false.")
+    word = _bool_word(value)
+    if word is None:
+        raise ConfigError(
+            f"oomguard.{key} is {value!r}; expected true or false "
+            f"({'/'.join(TRUE_WORDS[1:])} or {'/'.join(FALSE_WORDS[1:])} too)."
+        )
+    return word == "true"
 
 
 def get_seconds(key: str) -> float:
@@ -306,18 +323,42 @@ def _env_var(key: str) -> str:
 
 
 def unknown_keys() -> list[UnknownKey]:
-    """The keys under `oomguard.` in Dask's config that oomguard does not know.
+    """The keys under `oomguard.` in Dask's config that oomguard does not know, and those
+    under a top-level key that looks like a misspelt `oomguard` (`oomgaurd:`, `oom-guard:`),
+    which Dask keeps and nobody reads.
 
     >>> with dask.config.set({"oomguard.worker.sample-intervl": "1s"}):
     ...     [u.closest for u in unknown_keys()]
     ['oomguard.worker.sample-interval']
+    >>> with dask.config.set({"oomgaurd.worker.sample-interval": "1s"}):
+    ...     [(u.key, u.closest) for u in unknown_keys()]
+    [('oomgaurd.worker.sample-interval', 'oomguard.worker.sample-interval')]
     """
     given = dask.config.get("oomguard", default={})
     out = []
     for key in _walk(given, _defaults["oomguard"], "oomguard"):
         close = difflib.get_close_matches(key, KNOWN_KEYS, n=1, cutoff=0.6)
         out.append(UnknownKey(key, close[0] if close else "", _env_var(key)))
+    for section in misspelt_sections():
+        for leaf in _leaves(dask.config.config[section], section):
+            key = leaf.replace("_", "-")  # as Dask spells a key either way
+            meant = "oomguard" + key[len(section) :]
+            close = difflib.get_close_matches(meant, KNOWN_KEYS, n=1, cutoff=0.6)
+            out.append(UnknownKey(key, close[0] if close else "oomguard", _env_var(key)))
     return out
+
+
+def misspelt_sections() -> list[str]:
+    """Top-level keys of Dask's config that are not `oomguard` but close to it: a typo in a
+    config file (`oomgaurd:`) or a variable (DASK_OOMGAURD__...). Close: a similarity of at
+    least 0.8 ("oomgard" 0.93, "oomgaurd" 0.88; Dask's own keys at most 0.31, "guard" 0.77)."""
+    return [
+        key
+        for key in dask.config.config
+        if isinstance(key, str)
+        and key != "oomguard"
+        and difflib.SequenceMatcher(None, key.lower().replace("_", "-"), "oomguard").ratio() >= 0.8
+    ]
 
 
 _warned: set[str] = set()  # keys this process already warned about

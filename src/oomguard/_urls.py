@@ -30,9 +30,10 @@ def check(value: str, key: str = "oomguard.scheduler.store") -> str:
     s = scheme(value)
     if s is None or s in POSTGRES_SCHEMES:
         return value
+    known = " or ".join(f"{k}://" for k in POSTGRES_SCHEMES)
     raise ValueError(
-        f"{key} is a URL of scheme {s!r} ({redact(value)}); it takes a path to a SQLite "
-        f"file or a postgresql:// URL (with {EXTRA})."
+        f"{key} is a URL of scheme {s!r} ({redact(value)}), which oomguard does not know; it "
+        f"takes a path to a SQLite file or a PostgreSQL URL, {known} (with {EXTRA})."
     )
 
 

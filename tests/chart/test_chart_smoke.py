@@ -2,16 +2,18 @@
 
 The commands, args and env come from the manifests Helm renders; only what Kubernetes would
 supply is filled in (fieldRef/resourceFieldRef env, $(VAR) expansion) and the in-cluster
-service name and ports become 127.0.0.1 and free ports. Then a worker is SIGKILLed and
-oomguard must report it, and the chart's own `helm test` script must pass.
+service name and ports become 127.0.0.1 and port 0: the scheduler binds ports no other
+process holds, and writes the ones it got to a scheduler file, which the worker and the
+tests read. Then a worker is SIGKILLed and oomguard must report it, and the chart's own
+`helm test` script must pass.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,7 +24,6 @@ import pytest
 from dask.utils import parse_bytes
 
 from chartlib import NAMESPACE, RELEASE, by_kind, container, manifests, render
-from labs import free_port
 
 SCHED, WORKER = f"{RELEASE}-oomguard-scheduler", f"{RELEASE}-oomguard-worker"
 BIN = Path(sys.executable).parent
@@ -67,19 +68,18 @@ def kube_args(c: dict, env: dict[str, str], subs: dict[str, str]) -> list[str]:
     return [str(BIN / "dask"), *args[1:]]
 
 
-def wait_port(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
+def scheduler_file(path: Path, proc: subprocess.Popen, timeout: float = 60) -> dict:
+    """What the scheduler wrote to its scheduler file once it listens: its address, and
+    in `services` the port its dashboard got."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            pytest.fail(
-                f"{proc.args[:3]} exited with {proc.returncode} before listening on {port}"
-            )
+            pytest.fail(f"{proc.args[:3]} exited with {proc.returncode} before listening")
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):  # not written yet, or half written
             time.sleep(0.2)
-    pytest.fail(f"nothing listened on 127.0.0.1:{port} within {timeout}s")
+    pytest.fail(f"no scheduler file {path} within {timeout}s")
 
 
 @pytest.fixture(scope="module")
@@ -88,40 +88,38 @@ def cluster(tmp_path_factory):
     objs = by_kind(manifests(render(VALUES)))
     sched_c = container(objs[("Deployment", SCHED)])
     worker_c = container(objs[("Deployment", WORKER)])
-    port, dash = free_port(), free_port()
-    subs = {
-        "8786": str(port),
-        ":8787": f"127.0.0.1:{dash}",
-        f"tcp://{SCHED}:8786": f"tcp://127.0.0.1:{port}",
-    }
     procs: list[subprocess.Popen] = []
     logs = []
+
+    def launch(name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen:
+        log = open(tmp_path / f"{name}.log", "wb")
+        logs.append(log)
+        procs.append(
+            subprocess.Popen(
+                args,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=tmp_path,
+                start_new_session=True,
+            )  # fmt: skip
+        )
+        return procs[-1]
+
     try:
         sched_env = kube_env(sched_c, f"{SCHED}-5d8c7b9f4-abcde", tmp_path)
-        sched_args = kube_args(sched_c, sched_env, subs) + ["--host", "127.0.0.1"]
+        sched_file = tmp_path / "scheduler.json"
+        sched_args = kube_args(sched_c, sched_env, {"8786": "0", ":8787": "127.0.0.1:0"})
+        sched_args += ["--host", "127.0.0.1", "--scheduler-file", str(sched_file)]
+        identity = scheduler_file(sched_file, launch("scheduler", sched_args, sched_env))
+        address = identity["address"]
         worker_env = kube_env(worker_c, f"{WORKER}-7c9f6d8b5d-x2k4q", tmp_path)
-        worker_args = kube_args(worker_c, worker_env, subs) + ["--host", "127.0.0.1"]
-        for name, args, env in (
-            ("scheduler", sched_args, sched_env),
-            ("worker", worker_args, worker_env),
-        ):
-            log = open(tmp_path / f"{name}.log", "wb")
-            logs.append(log)
-            procs.append(
-                subprocess.Popen(
-                    args,
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    cwd=tmp_path,
-                    start_new_session=True,
-                )
-            )
-            if name == "scheduler":
-                wait_port(port, procs[0])
+        worker_args = kube_args(worker_c, worker_env, {f"tcp://{SCHED}:8786": address})
+        worker_args += ["--host", "127.0.0.1"]
+        launch("worker", worker_args, worker_env)
         yield {
-            "port": port,
-            "dashboard": dash,
+            "port": int(address.rsplit(":", 1)[1]),
+            "dashboard": identity["services"]["dashboard"],
             "worker_args": worker_args,
             "worker_env": worker_env,
             "objs": objs,

@@ -96,9 +96,13 @@ def test_report_reads_a_running_scheduler(tmp_path):
             assert "cannot parse block 7" in proc.stdout
             assert max(len(line) for line in proc.stdout.splitlines()) <= columns
 
+        # A shard no event has is named, as an unknown --pipeline is (issue 41).
         proc = oomguard_report("--scheduler", address, "--shard", "parse-8")
-        assert proc.returncode == 0, proc.stderr
-        assert "no events for shard parse-8" in proc.stdout
+        assert (proc.returncode, proc.stdout) == (3, ""), proc.stderr
+        assert proc.stderr == (
+            "oomguard report: --shard 'parse-8' names no shard in the history; known shards, "
+            "most recent first: 'parse-7' (did you mean 'parse-7'?)\n"
+        )
 
         proc = oomguard_report("--scheduler", address, "--shard", "('parse', 7")
         assert (proc.returncode, proc.stdout) == (2, "")

@@ -7,9 +7,7 @@ browser is Debian's, never one downloaded by `playwright install`.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-import os
 import re
 import time
 import urllib.request
@@ -18,7 +16,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 from _cli_run import report
-from capabilities import require
+from chromium import browser
 from oomguard._models import FailureEvent, PipelineStatus
 from oomguard._signature import fingerprint
 from oomguard.scheduler_plugin import OomguardSchedulerPlugin
@@ -30,17 +28,6 @@ from oomguard.scheduler_plugin._dashboard import (
     register_dashboard,
 )
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 XSS = "<script>window.__pwned=1</script>"
 XSS_IMG = '<img src=x onerror="window.__pwned=2">'  # runs where text lands in innerHTML
 XSS_TRACE = f"""Traceback (most recent call last):
@@ -194,13 +181,6 @@ def headers(page, table: str) -> list[str]:
 
 
 def test_dashboard_page_in_a_browser(cluster, tmp_path, artifacts_dir, capsys):
-    require(os.path.exists(CHROMIUM), "no chromium: apt-get install chromium")
-    require(
-        importlib.util.find_spec("playwright") is not None,
-        "playwright is not installed (the test extra has it)",
-    )
-    from playwright.sync_api import sync_playwright
-
     cluster, client = cluster
 
     # Installed at runtime, after the dashboard was built: served by a second Bokeh app.
@@ -209,95 +189,91 @@ def test_dashboard_page_in_a_browser(cluster, tmp_path, artifacts_dir, capsys):
     http = cluster.scheduler.http_application
     assert sum(type(a).__name__.endswith("BokehTornado") for a in http.applications) == 2
 
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1100})
-            page.set_default_timeout(20_000)
-            errors = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(base_url(cluster) + PATH)
+    with browser() as chromium:
+        page = chromium.new_page(viewport={"width": 1400, "height": 1100})
+        page.set_default_timeout(20_000)
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(base_url(cluster) + PATH)
 
-            # No plugin yet: the page says so.
-            page.get_by_text(NOT_INSTALLED).wait_for()
+        # No plugin yet: the page says so.
+        page.get_by_text(NOT_INSTALLED).wait_for()
 
-            # The periodic refresh notices the plugin and shows what its store holds.
-            client.register_plugin(OomguardSchedulerPlugin(store=str(tmp_path / "s.sqlite3")))
-            plugin = cluster.scheduler.plugins["oomguard"]
-            seed(plugin)
-            client.run_on_scheduler(submit_live_pipeline)
-            for title in (OOM_TITLE, XSS_TITLE, SEGV_TITLE):
-                page.locator(".slick-cell", has_text=title).first.wait_for()
-            # Table cells are text: the <b> in a title is not markup.
-            assert page.locator(".slick-cell b").count() == 0
-            oom_row = page.locator(".slick-row", has_text=OOM_TITLE)
-            # Count 4 on 3 hosts (across both clusters), seen by 1 other cluster.
-            assert re.search(r"\b4\s+3\b", oom_row.inner_text())
-            assert re.search(r"oom_kill\s+1\b", oom_row.inner_text())
+        # The periodic refresh notices the plugin and shows what its store holds.
+        client.register_plugin(OomguardSchedulerPlugin(store=str(tmp_path / "s.sqlite3")))
+        plugin = cluster.scheduler.plugins["oomguard"]
+        seed(plugin)
+        client.run_on_scheduler(submit_live_pipeline)
+        for title in (OOM_TITLE, XSS_TITLE, SEGV_TITLE):
+            page.locator(".slick-cell", has_text=title).first.wait_for()
+        # Table cells are text: the <b> in a title is not markup.
+        assert page.locator(".slick-cell b").count() == 0
+        oom_row = page.locator(".slick-row", has_text=OOM_TITLE)
+        # Count 4 on 3 hosts (across both clusters), seen by 1 other cluster.
+        assert re.search(r"\b4\s+3\b", oom_row.inner_text())
+        assert re.search(r"oom_kill\s+1\b", oom_row.inner_text())
 
-            # Pipelines: the live one from the policy, the finished one from the store.
-            page.locator(".slick-row", has_text="live-etl").filter(has_text="running").wait_for()
-            page.locator(".slick-row", has_text="backfill-2024").filter(
-                has_text="aborted"
-            ).first.wait_for()
+        # Pipelines: the live one from the policy, the finished one from the store.
+        page.locator(".slick-row", has_text="live-etl").filter(has_text="running").wait_for()
+        page.locator(".slick-row", has_text="backfill-2024").filter(
+            has_text="aborted"
+        ).first.wait_for()
 
-            # Every column has a header, the signature id first.
-            assert headers(page, "signature-table") == SIGNATURE_HEADERS
-            assert headers(page, "pipeline-table") == PIPELINE_HEADERS
-            # The id shown is the store's, the one `oomguard report --signature` takes.
-            stored = {r.title: r.id for r in plugin.store.signatures()}
-            for title in (OOM_TITLE, XSS_TITLE, SEGV_TITLE):
-                row = page.locator(".oomguard-signature-table .slick-row", has_text=title)
-                shown = row.locator(".slick-cell").first.inner_text().strip()
-                assert shown == stored[title], (title, shown)
-                id_cell = row.locator(".slick-cell").first
-                assert id_cell.evaluate("c => c.scrollWidth <= c.clientWidth")  # all of it
-                store = tmp_path / "s.sqlite3"
-                rc, out, _ = report(capsys, "--store", store, "--signature", shown, "--json")
-                found = {e["signature_title"] for e in json.loads(out)["events"]}
-                assert rc == 0 and found == {title}, (rc, found)
-            # Cut text is whole on hover: the cell's title attribute, as text.
-            for text in (SEGV_TITLE, XSS_TITLE, LONG_PIPELINE, LONG_SUMMARY):
-                cell = page.locator(".slick-cell [title]", has_text=text[:20]).first
-                assert cell.get_attribute("title") == text
-            cut = page.locator(".slick-cell", has_text=LONG_SUMMARY[:20]).first
-            assert cut.evaluate("c => c.scrollWidth > c.clientWidth")  # it is cut
+        # Every column has a header, the signature id first.
+        assert headers(page, "signature-table") == SIGNATURE_HEADERS
+        assert headers(page, "pipeline-table") == PIPELINE_HEADERS
+        # The id shown is the store's, the one `oomguard report --signature` takes.
+        stored = {r.title: r.id for r in plugin.store.signatures()}
+        for title in (OOM_TITLE, XSS_TITLE, SEGV_TITLE):
+            row = page.locator(".oomguard-signature-table .slick-row", has_text=title)
+            shown = row.locator(".slick-cell").first.inner_text().strip()
+            assert shown == stored[title], (title, shown)
+            id_cell = row.locator(".slick-cell").first
+            assert id_cell.evaluate("c => c.scrollWidth <= c.clientWidth")  # all of it
+            store = tmp_path / "s.sqlite3"
+            rc, out, _ = report(capsys, "--store", store, "--signature", shown, "--json")
+            found = {e["signature_title"] for e in json.loads(out)["events"]}
+            assert rc == 0 and found == {title}, (rc, found)
+        # Cut text is whole on hover: the cell's title attribute, as text.
+        for text in (SEGV_TITLE, XSS_TITLE, LONG_PIPELINE, LONG_SUMMARY):
+            cell = page.locator(".slick-cell [title]", has_text=text[:20]).first
+            assert cell.get_attribute("title") == text
+        cut = page.locator(".slick-cell", has_text=LONG_SUMMARY[:20]).first
+        assert cut.evaluate("c => c.scrollWidth > c.clientWidth")  # it is cut
 
-            # The plot is drawn, and its data holds every seeded failure by cause.
-            canvas = page.locator("canvas").first
-            canvas.wait_for()
-            box = canvas.bounding_box()
-            assert box and box["width"] > 300 and box["height"] > 100
-            totals = page.evaluate(
-                """() => {
-                    const doc = Bokeh.documents[0];
-                    const src = doc.get_model_by_name("oomguard-failures");
-                    const sum = (c) => (src.data[c] || []).reduce((a, b) => a + b, 0);
-                    return {oom_kill: sum("oom_kill"), exception: sum("exception"),
-                            native_crash: sum("native_crash"), sigterm: sum("sigterm")};
-                }"""
-            )
-            assert totals == {"oom_kill": 3, "exception": 2, "native_crash": 1, "sigterm": 0}
+        # The plot is drawn, and its data holds every seeded failure by cause.
+        canvas = page.locator("canvas").first
+        canvas.wait_for()
+        box = canvas.bounding_box()
+        assert box and box["width"] > 300 and box["height"] > 100
+        totals = page.evaluate(
+            """() => {
+                const doc = Bokeh.documents[0];
+                const src = doc.get_model_by_name("oomguard-failures");
+                const sum = (c) => (src.data[c] || []).reduce((a, b) => a + b, 0);
+                return {oom_kill: sum("oom_kill"), exception: sum("exception"),
+                        native_crash: sum("native_crash"), sigterm: sum("sigterm")};
+            }"""
+        )
+        assert totals == {"oom_kill": 3, "exception": 2, "native_crash": 1, "sigterm": 0}
 
-            # Drill down: the trace is shown as text, its <script> never runs.
-            page.locator(".slick-cell", has_text=XSS_TITLE).first.click()
-            detail = page.locator("pre", has_text="Example trace")
-            detail.filter(has_text="window.__pwned").wait_for()
-            text = detail.inner_text()
-            assert XSS in text and "<b>bold</b>" in text and XSS_IMG in text
-            assert "etl/render.py" in text and "node-0" in text
-            page.wait_for_timeout(300)  # let an onerror handler fire, were there one
-            assert page.evaluate("() => typeof window.__pwned") == "undefined"
-            # Nothing from a trace or title became an element anywhere on the page.
-            assert page.locator("b", has_text="bold").count() == 0
-            assert page.locator("img[src=x]").count() == 0
-            assert page.locator("script", has_text="__pwned").count() == 0
+        # Drill down: the trace is shown as text, its <script> never runs.
+        page.locator(".slick-cell", has_text=XSS_TITLE).first.click()
+        detail = page.locator("pre", has_text="Example trace")
+        detail.filter(has_text="window.__pwned").wait_for()
+        text = detail.inner_text()
+        assert XSS in text and "<b>bold</b>" in text and XSS_IMG in text
+        assert "etl/render.py" in text and "node-0" in text
+        page.wait_for_timeout(300)  # let an onerror handler fire, were there one
+        assert page.evaluate("() => typeof window.__pwned") == "undefined"
+        # Nothing from a trace or title became an element anywhere on the page.
+        assert page.locator("b", has_text="bold").count() == 0
+        assert page.locator("img[src=x]").count() == 0
+        assert page.locator("script", has_text="__pwned").count() == 0
 
-            page.mouse.move(0, 0)
-            page.screenshot(path=str(artifacts_dir / "dashboard.png"), full_page=True)
-            assert errors == []
-        finally:
-            browser.close()
+        page.mouse.move(0, 0)
+        page.screenshot(path=str(artifacts_dir / "dashboard.png"), full_page=True)
+        assert errors == []
 
 
 def test_preloaded_page_is_in_the_more_menu(dask_applications):

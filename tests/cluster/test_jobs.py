@@ -7,6 +7,7 @@ Real LocalCluster with nannies, oomguard installed at runtime, pandas + pyarrow 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -19,6 +20,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 import oomguard
+from _cli_run import report
 from cluster_helpers import wait_for, wait_installed
 
 pytestmark = pytest.mark.timeout(300)
@@ -67,7 +69,7 @@ def _kill_first_worker_seen(marks, killed: list) -> None:
         time.sleep(0.02)
 
 
-def test_a_dataframe_span_is_one_job_that_saw_its_worker_die(cluster, tmp_path):
+def test_a_dataframe_span_is_one_job_that_saw_its_worker_die(cluster, tmp_path, capsys):
     client = cluster
     marks = tmp_path / "marks"
     marks.mkdir()
@@ -119,6 +121,24 @@ def test_a_dataframe_span_is_one_job_that_saw_its_worker_die(cluster, tmp_path):
     assert again.started > job.started
     assert again.status == "succeeded", (again.status, again.summary)
     assert len([p for p in failures.pipelines() if p.name == "block"]) == 2
+    # Stored as docs/getting-started.md says (issue 41: it said `block#2`): both runs under
+    # the name itself, each with its start time; the report answers for the latest.
+    store = tmp_path / "failures.sqlite3"
+    wait_for(
+        lambda: len(_stored_runs(capsys, store)) == 2, lambda: _stored_runs(capsys, store), 30
+    )
+    assert _stored_runs(capsys, store) == sorted([job.started, again.started])
+    rc, out, _ = report(capsys, "--store", store, "--pipeline", "block", "--pipelines", "--json")
+    assert rc == 0 and [p["started"] for p in json.loads(out)["pipelines"]] == [again.started]
+    rc, _, err = report(capsys, "--store", store, "--pipeline", "block#2")
+    assert rc == 3 and "did you mean 'block'?" in err, err
+
+
+def _stored_runs(capsys, store) -> list[float]:
+    """The start times of the runs named "block" that `oomguard report` reads from `store`."""
+    rc, out, err = report(capsys, "--store", store, "--pipelines", "--json")
+    assert rc == 0, err
+    return sorted(p["started"] for p in json.loads(out)["pipelines"] if p["name"] == "block")
 
 
 def inc(x):

@@ -1,6 +1,6 @@
 """The chart's monitoring as Prometheus sees it: the rendered PrometheusRule as a plain rules
 file, the Grafana dashboard's queries, what a PromQL query names, promtool, and a real
-Prometheus server (Debian's package, 2.42) on a loopback port, stopped after.
+Prometheus server (Debian's package, 2.42) on a loopback port it chose itself, stopped after.
 
 Shared by the tests in this folder; the chart is rendered by the real Helm engine
 (`chartlib`).
@@ -23,7 +23,7 @@ import yaml
 
 from capabilities import require
 from chartlib import manifests, render
-from labs import free_port, stop_process
+from labs import listening_ports, stop_process
 
 #: The rules and the dashboard with every other monitoring value at its default.
 MONITORING_ON: dict[str, Any] = {
@@ -156,7 +156,8 @@ def epoch(rfc3339: str) -> float:
 
 
 class Prometheus:
-    """A real Prometheus on 127.0.0.1 (a free port, its storage in `directory`), scraping
+    """A real Prometheus on 127.0.0.1 (port 0: the port it got is read back from the kernel
+    once it runs, so no other process can have taken it; its storage in `directory`), scraping
     `targets` ((host:port, labels)) every second and evaluating `rules` every second.
 
         with Prometheus(tmp_path, rules, [("127.0.0.1:8787", {"namespace": "data"})]) as prom:
@@ -165,8 +166,8 @@ class Prometheus:
 
     def __init__(self, directory: Path, rules: Path, targets: list[tuple[str, dict]]) -> None:
         self.directory = directory
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.port = 0
+        self.url = ""
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(rules)],
@@ -191,7 +192,7 @@ class Prometheus:
                 binary("prometheus"),
                 f"--config.file={self.config}",
                 f"--storage.tsdb.path={self.directory / 'data'}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--web.listen-address=127.0.0.1:0",
             ],
             stdout=subprocess.DEVNULL,
             stderr=open(self.log, "w"),
@@ -200,12 +201,19 @@ class Prometheus:
         deadline = time.monotonic() + 60
         while True:
             assert self.proc.poll() is None, f"prometheus exited: {self.text()}"
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                pass
+            if not self.port:  # the port it got, once it listens
+                ports = listening_ports(self.proc.pid)
+                assert len(ports) <= 1, f"prometheus listens on {ports}"
+                if ports:
+                    self.port = ports.pop()
+                    self.url = f"http://127.0.0.1:{self.port}"
+            if self.url:
+                try:
+                    with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as r:
+                        if r.status == 200:
+                            return self
+                except OSError:
+                    pass
             assert time.monotonic() < deadline, f"prometheus not ready in 60 s: {self.text()}"
             time.sleep(0.1)
 

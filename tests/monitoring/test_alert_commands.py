@@ -107,7 +107,7 @@ def test_no_text_names_an_oomguard_subcommand_outside_backquotes(texts):
         ("oomguard pipelines", "invalid choice: 'pipelines'"),
         ("oomguard signatures", "invalid choice: 'signatures'"),
         ("oomguard report --pipeline-list", "unrecognized arguments: --pipeline-list"),
-        ("oomguard report --killer earlyom", "invalid choice: 'earlyom'"),
+        ("oomguard report --killer earlyom", "'earlyom' is not a killer"),
         ("oomguard report --eve", "--eve: not a flag of `oomguard report`"),
     ],
 )

@@ -15,6 +15,7 @@ import json
 import os
 import pathlib
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -26,6 +27,7 @@ import zipfile
 import pytest
 import yaml
 
+from _cli_run import suggested_commands
 from capabilities import require
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -272,3 +274,10 @@ def test_oomguard_demo_oom_kills_a_worker_and_aborts_the_pipeline(work, venv):
     ), out
     assert "Pipeline 'demo': aborted" in out, out
     assert "What the client got (oomguard.PipelineAborted):" in out, out
+    # What it suggests works once it has ended: the abort message's command, and its own.
+    commands = suggested_commands(out)
+    assert len(commands) == 2, commands
+    for command in commands:
+        proc = _run([venv / "bin" / "oomguard", *shlex.split(command)[1:]], work, 120, venv)
+        _check(proc, command)
+        assert "EVENTS: 2, oldest first" in proc.stdout and "('demo', 7)" in proc.stdout

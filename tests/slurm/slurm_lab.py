@@ -11,7 +11,8 @@ What runs (root only: slurmd must start jobs as their users, and the cgroup plug
 
 - `munged -F` with a fresh 1 KiB key and its own socket (`AuthInfo=socket=...`), so the
   host's munge (if any) is never touched;
-- `slurmctld -D` and `slurmd -D` on two free loopback ports, `SlurmctldHost=localhost`,
+- `slurmctld -D` and `slurmd -D` on two free loopback ports (started again on two others
+  when a process takes one first; each daemon is seen listening on its own), `SlurmctldHost=localhost`,
   one node named as this host with its real CPUs and memory (`slurmd -C`); partitions
   `lab` (the default), `low` and `high` over it, with `PreemptType=preempt/partition_prio`
   and `PreemptMode=CANCEL`: only a `low` job is preemptable, by a `high` one;
@@ -28,6 +29,7 @@ What runs (root only: slurmd must start jobs as their users, and the cgroup plug
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
@@ -37,7 +39,7 @@ import subprocess
 import tempfile
 import time
 
-from labs import Lab, free_port, stop_process
+from labs import Lab, PortTaken, listening_ports, on_free_ports, stop_process
 
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "squeue", "scancel")
 CGROUP_MEMORY = "/sys/fs/cgroup/memory"
@@ -81,21 +83,20 @@ class SlurmLab(Lab):
         self.env = {**os.environ, "SLURM_CONF": self.conf}
         for d in ("ctld", "spool", "munge", "jobs"):
             os.makedirs(os.path.join(self.root, d), exist_ok=True)
-        self._write_conf()
-
-    # --- configuration ------------------------------------------------------------------
-
-    def _write_conf(self) -> None:
-        r = self.root
-        key = os.path.join(r, "munge", "munge.key")
+        key = os.path.join(self.root, "munge", "munge.key")
         with open(key, "wb") as f:
             f.write(os.urandom(1024))
         os.chmod(key, 0o400)
+
+    # --- configuration ------------------------------------------------------------------
+
+    def _write_conf(self, ctld_port: int, slurmd_port: int) -> None:
+        r = self.root
         conf = f"""\
 ClusterName=oomguardlab
 SlurmctldHost=localhost(127.0.0.1)
-SlurmctldPort={free_port()}
-SlurmdPort={free_port()}
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -162,14 +163,39 @@ PartitionName=high Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=3 PreemptMod
              f"--pid-file={r}/munged.pid", f"--seed-file={r}/munge/seed"],
         )  # fmt: skip
         self._wait(lambda: os.path.exists(self.socket), "munged's socket", 20)
+        on_free_ports(lambda ctld, slurmd: self._start_slurm(ctld, slurmd, timeout), count=2)
+
+    def _start_slurm(self, ctld_port: int, slurmd_port: int, timeout: float) -> None:
+        """slurmctld and slurmd on these ports, each seen listening on its own; PortTaken
+        (both stopped, their logs removed) when one could not bind its port."""
+        self._write_conf(ctld_port, slurmd_port)
         self._start("slurmctld", ["slurmctld", "-D", "-c", "-i", "-f", self.conf])
         self._wait(
-            lambda: self.run(["scontrol", "ping"], check=False).returncode == 0,
+            lambda: (
+                self._listens("slurmctld", ctld_port)
+                and self.run(["scontrol", "ping"], check=False).returncode == 0
+            ),
             "slurmctld answering scontrol ping",
             timeout,
         )
         self._start("slurmd", ["slurmd", "-D", "-c", "-f", self.conf, "-N", self.node])
-        self._wait(self._idle, "the node idle in sinfo", timeout)
+        self._wait(
+            lambda: self._listens("slurmd", slurmd_port) and self._idle(),
+            "the node idle in sinfo",
+            timeout,
+        )
+
+    def _listens(self, name: str, port: int) -> bool:
+        """Whether daemon `name` listens on `port`; PortTaken when it died of a clash."""
+        proc = self.procs[name]
+        if proc.poll() is not None and "Address already in use" in self.logs():
+            for daemon in ("slurmd", "slurmctld"):
+                stop_process(self.procs.pop(daemon, None))
+            for log in ("slurmctld.log", "slurmd.log", "slurmctld.out", "slurmd.out"):
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(self.root, log))
+            raise PortTaken(f"SLURM lab: {name}'s port {port} was taken")
+        return port in listening_ports(proc.pid)
 
     def _idle(self) -> bool:
         out = self.run(["sinfo", "-h", "-N", "-o", "%T"], check=False).stdout.split()

@@ -626,7 +626,7 @@ def build_doc_store(path) -> None:
         (80, []),
         (160, []),
         (80, ["--shard", _REPART]),
-        (80, ["--shard", "('load-0a1b', 18)", "--events"]),
+        (80, ["--shard", "('load-0a1b', 17)", "--events", "--cause", "sigkill"]),
     ],
     ids=["80", "160", "shard-80", "no-events-80"],
 )
@@ -683,13 +683,19 @@ def test_a_shard_written_another_way_finds_its_events(history, capsys, shard):
 
 
 @pytest.mark.parametrize("shard", ["('load', 99)", "load-0a1b", "17", "(('x', 1), 2.5)"])
-def test_a_well_formed_shard_without_events_says_so(history, capsys, shard):
-    rc, out, err = report(capsys, "--store", history, "--shard", shard)
+def test_a_shard_the_history_does_not_have_is_named_and_exits_3(history, capsys, shard):
+    # As --pipeline does: never an empty report that exits 0 (issue 41).
+    for narrowing in ([], ["--kind", "infra"], ["--json"]):
+        rc, out, err = report(capsys, "--store", history, "--shard", shard, *narrowing)
+        assert (rc, out) == (3, ""), err
+        assert err.startswith(f"oomguard report: --shard {shard!r} names no shard in the history")
+        assert "('load', 7)" in err and err.count("\n") == 1
+
+
+def test_a_shard_with_no_events_matching_the_filters_says_so(history, capsys):
+    rc, out, err = report(capsys, "--store", history, "--shard", "('load', 3)", "--kind", "user")
     assert rc == 0 and err == ""
-    assert f"no events for shard {shard}" in out
-    assert "none" not in out
-    rc, out, _ = report(capsys, "--store", history, "--shard", shard, "--kind", "infra")
-    assert rc == 0 and f"no events for shard {shard}" in out
+    assert "with these filters, no events for shard ('load', 3)" in out
 
 
 # -- filters and the JSON round trip -----------------------------------------------------------
@@ -808,7 +814,10 @@ def test_since_accepts_iso_and_relative_times():
     [
         (["--limit", "-1"], 2, "--limit"),
         (["--limit", "many"], 2, "--limit"),
-        (["--cause", "oom"], 2, "--cause"),
+        (["--cause", "oom"], 2, "--cause: 'oom' is not a cause; expected one of oom_kill,"),
+        (["--cause", "oom"], 2, "(did you mean 'oom_kill'?)"),
+        (["--killer", "earlyom"], 2, "(did you mean 'earlyoom'?)"),
+        (["--kind", "Infra"], 2, "(did you mean 'infra'?)"),
         (["--kind", "both"], 2, "--kind"),
         (["--since", "yesterday"], 2, "--since"),
         (["--since", "2026-13-45"], 2, "--since"),
@@ -823,17 +832,13 @@ def test_bad_arguments_are_one_line_and_exit_2(history, capsys, argv, code, word
     assert err.count("\n") == 1 and err.startswith("oomguard report: ") and words in err
 
 
-def test_neither_source_is_a_usage_error(capsys, monkeypatch):
-    import dask
-
-    monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
-    with dask.config.set({"scheduler-address": None}):
-        rc, out, err = report(capsys, "--events")
+@pytest.mark.parametrize("url", ["mysql://u:secret@db/x", "sqlite:///tmp/x.sqlite3"])
+def test_a_store_of_an_unknown_scheme_names_the_schemes_there_are(capsys, url):
+    rc, out, err = report(capsys, "--store", url)
     assert (rc, out) == (2, "")
-    assert err == (
-        "oomguard report: give --scheduler ADDRESS or --store PATH "
-        "(or set DASK_SCHEDULER_ADDRESS)\n"
-    )
+    assert err.count("\n") == 1 and "which oomguard does not know" in err
+    assert "a path to a SQLite file or a PostgreSQL URL, postgresql:// or postgres://" in err
+    assert "secret" not in err and "does not exist" not in err
 
 
 def test_scheduler_address_setting_is_the_default(capsys):

@@ -1,4 +1,5 @@
 import copy
+import logging
 
 import dask
 import pytest
@@ -93,3 +94,70 @@ def test_check_keys_warns_once_per_key_and_strict_config_makes_it_an_error(caplo
         with dask.config.set({"oomguard.strict-config": True}):
             with pytest.raises(ConfigError, match="did you mean oomguard.worker.sample-interval"):
                 _config.check_keys(log)
+
+
+@pytest.mark.parametrize(
+    "env, key, closest",
+    [
+        (
+            "DASK_OOMGAURD__WORKER__SAMPLE_INTERVAL",
+            "oomgaurd.worker.sample-interval",
+            "oomguard.worker.sample-interval",
+        ),
+        (
+            "DASK_OOM_GUARD__SCHEDULER__STORE",
+            "oom-guard.scheduler.store",
+            "oomguard.scheduler.store",
+        ),
+        ("DASK_OOMGARD__STRICT_CONFIG", "oomgard.strict-config", "oomguard.strict-config"),
+    ],
+)
+def test_a_misspelt_top_level_oomguard_is_named_with_oomguard(monkeypatch, env, key, closest):
+    # Issue 41: `oomgaurd:` at the top of a Dask config file was ignored silently.
+    with dask.config.set(dask.config.collect_env({env: "1s"})):
+        found = _config.unknown_keys()
+        assert [(u.key, u.closest, u.env) for u in found] == [(key, closest, "")]
+        monkeypatch.setenv(env, "1s")
+        message = _config.unknown_keys()[0].message()
+    assert message == (
+        f"{key} (set by {env}) is not an oomguard setting and is ignored; did you mean "
+        f"{closest}? (oomguard.strict-config: true makes this an error)"
+    )
+
+
+def test_top_level_keys_far_from_oomguard_are_left_alone():
+    with dask.config.set({"guard.x": 1, "memguard.y": 2, "distributed.scheduler.foo": 3}):
+        assert _config.unknown_keys() == []
+
+
+def test_a_misspelt_section_in_a_config_file_fails_under_strict_config(tmp_path):
+    (tmp_path / "dask.yaml").write_text(
+        "oomgaurd:\n  scheduler:\n    max-shard-infra-failures: 5\n"
+    )
+    with dask.config.set(dask.config.collect(paths=[str(tmp_path)], env={})):
+        with dask.config.set({"oomguard.strict-config": True}):
+            with pytest.raises(ConfigError) as e:
+                _config.check_keys(logging.getLogger("oomguard.test"))
+    assert "oomgaurd.scheduler.max-shard-infra-failures" in str(e.value)
+    assert "did you mean oomguard.scheduler.max-shard-infra-failures?" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "value, word",
+    [("no", "false"), ("No", "false"), ("off", "false"), ("0", "false"), (False, "false"),
+     ("yes", "true"), ("on", "true"), ("1", "true"), (True, "true"), ("auto", "auto")],
+)  # fmt: skip
+def test_cgroup_limit_takes_the_boolean_words(value, word):
+    # Issue 41: `cgroup-limit: "no"` was refused though the docs say booleans take yes/no.
+    with dask.config.set({"oomguard.worker.cgroup-limit": value}):
+        assert _config.get_choice("worker.cgroup-limit", ("auto", "true", "false")) == word
+
+
+def test_a_wrong_choice_names_the_closest():
+    with dask.config.set({"oomguard.worker.cgroup-limit": "atuo"}):
+        with pytest.raises(ConfigError) as e:
+            _config.get_choice("worker.cgroup-limit", ("auto", "true", "false"))
+    assert str(e.value) == (
+        "oomguard.worker.cgroup-limit is 'atuo'; expected one of auto, true, false "
+        "(did you mean auto?)."
+    )

@@ -64,3 +64,31 @@ def test_each_key_names_its_default_and_env_var(key):
     collected = dask.config.collect_env({env.group(1): "x"})
     assert dask.config.get(key, config=collected) == "x"
     assert len(body.split()) >= 25, f"{key}: say what it means"
+
+
+def _boolean_words() -> tuple[list[str], list[str]]:
+    """The (true, false) words docs/configuration.md says booleans take: its "booleans
+    `true`/`false`, `yes`/`no`, ..." sentence."""
+    text = " ".join(DOC.read_text().split())
+    sentence = re.search(r"booleans (`[^`]+`/`[^`]+`(?:,? (?:or )?`[^`]+`/`[^`]+`)*)", text)
+    assert sentence, "docs/configuration.md: no sentence says what booleans take"
+    pairs = re.findall(r"`([^`]+)`/`([^`]+)`", sentence.group(1))
+    return [t for t, _ in pairs], [f for _, f in pairs]
+
+
+def test_booleans_take_exactly_the_words_the_docs_name():
+    from oomguard import _config
+
+    true, false = _boolean_words()
+    assert (tuple(true), tuple(false)) == (_config.TRUE_WORDS, _config.FALSE_WORDS)
+    booleans = [k for k, v in KEYS.items() if isinstance(v, bool)]
+    assert "oomguard.worker.signal-senders" in booleans
+    for words, value in ((true, True), (false, False)):
+        for word in words + [w.upper() for w in words]:
+            for key in booleans:
+                with dask.config.set({key: word}):
+                    assert _config.get_bool(key.removeprefix("oomguard.")) is value, (key, word)
+            # cgroup-limit (auto, true, false) takes them too, as the docs say.
+            with dask.config.set({"oomguard.worker.cgroup-limit": word}):
+                got = _config.get_choice("worker.cgroup-limit", ("auto", "true", "false"))
+                assert got == str(value).lower(), word

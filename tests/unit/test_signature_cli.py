@@ -7,6 +7,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 from oomguard._cli import main
 
 EXAMPLES = sorted((pathlib.Path(__file__).resolve().parents[2] / "docs" / "examples").iterdir())
@@ -61,13 +63,17 @@ def test_missing_file_named_others_still_printed(tmp_path):
     assert proc.stderr.strip() == f"oomguard: {missing}: No such file or directory"
 
 
-def test_not_a_trace_is_printed_and_fails(tmp_path, capsys):
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_not_a_trace_gets_no_id_and_fails(tmp_path, capsys, json_flag):
+    # One thing said of a file with no trace: no id (which would pass for a crash's), one
+    # line on stderr, exit 1; the other files are still printed.
     notes = tmp_path / "notes.txt"
     notes.write_text("shopping list: eggs, milk\n")
-    assert main(["fingerprint", str(notes), str(EXAMPLES[0])]) == 1
+    assert main(["fingerprint", *json_flag, str(notes), str(EXAMPLES[0])]) == 1
     out, err = capsys.readouterr()
-    assert len(out.splitlines()) == 2
-    assert err.startswith(f"oomguard: {notes}: not a trace: ")
+    assert len(out.splitlines()) == 1 and str(notes) not in out
+    assert str(EXAMPLES[0]) in out
+    assert err.startswith(f"oomguard: {notes}: not a trace: ") and len(err.splitlines()) == 1
 
 
 def test_help_documents_exit_status(capsys):

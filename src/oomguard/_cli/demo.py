@@ -70,7 +70,7 @@ def render_text(r: DemoResult) -> str:
             f"  {_when(e.time, t0):>7}  {e.kind:5}  {e.cause:16}  {e.shard:14}  "
             f"{e.worker:22}  {e.evidence.get('summary') or e.evidence.get('exception', '')}"
         )
-    out.append(f"\nSignatures, deduplicated across workers ({len(r.signatures)}):")
+    out.append(f"\nSignatures of this run, deduplicated across workers ({len(r.signatures)}):")
     out.append(f"  {'id':16}  {'count':>5}  {'workers':>7}  title")
     for s in r.signatures:
         out.append(f"  {s.id:16}  {s.count:>5}  {len(s.workers):>7}  {s.title}")
@@ -82,8 +82,22 @@ def render_text(r: DemoResult) -> str:
     if r.aborted is not None:
         out.append("\nWhat the client got (oomguard.PipelineAborted):")
         out.append(textwrap.fill(str(r.aborted), 96, initial_indent="  ", subsequent_indent="  "))
+    if r.store:
+        out.append(
+            f"\nThe history (this run, and every demo run before it) is kept in {r.store}; "
+            "read it again with:"
+        )
+        out.append(f"  {again(r.store)}")
     out.append(f"\nDone in {r.seconds:.0f} s.")
     return "\n".join(out)
+
+
+def again(store: str) -> str:
+    """The command that shows the crasher's failures again, after the demo has ended."""
+    from .._words.causes import shell_arg
+
+    shard = str(("demo", CRASHER))
+    return f"oomguard report --store {shell_arg(store)} --shard {shell_arg(shard)}"
 
 
 def _svg_bars(counts: Counter) -> str:

@@ -1,26 +1,39 @@
 """`oomguard demo`: a real OOM kill, a real segfault and a user error on a local cluster.
 
 Two workers, 320 MiB and 480 MiB. The pipeline "demo" has `shards` shards: one needs
-more memory than either worker has (oomguard retries it on the larger one, then aborts), one segfaults on its first attempt, one raises a user error on its first attempt
-(and has `retries=1`), the rest sleep briefly. oomguard classifies every failure, groups
-the two OOM kills of the crasher into one signature, and aborts the pipeline.
+more memory than either worker has (oomguard retries it on the larger one, then aborts),
+one segfaults on its first attempt, one raises a user error on its first attempt (and has
+`retries=1`), the rest sleep briefly. oomguard classifies every failure, groups the two OOM
+kills of the crasher into one signature, and aborts the pipeline.
+
+The cluster is named `oomguard-demo` and keeps the default history (no `store` setting:
+`oomguard._store.home`), so `oomguard report` reads it after the demo ends, and each demo
+run adds to it; what the demo prints is this run's.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import os
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
+
+from .._protocol import SCHEDULER_PLUGIN
 
 #: The two workers' memory limits; the crasher needs 1 GiB, more than either.
 SMALL, BIG = 320 * 2**20, 480 * 2**20
 NEED = 2**30
 CRASHER, SEGFAULTER, FLAKY = 7, 13, 21
+#: The demo cluster's name in the failure history: one file for every demo run.
+CLUSTER = "oomguard-demo"
+#: How a shard of the demo ended, as the progress line counts them.
+OUTCOMES = ("finished", "failed", "aborted")
 
 
 def load_shard(i: int, need: int) -> int:
@@ -69,6 +82,7 @@ class DemoResult:
     status: Any = None
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    store: str = ""  # the history file the run was recorded in
 
 
 def run_demo(shards: int = 30, progress=None) -> DemoResult:
@@ -88,10 +102,14 @@ def run_demo(shards: int = 30, progress=None) -> DemoResult:
         memory_cause="oom_kill" if kernel_oom else "memory_terminate", kernel_oom=kernel_oom
     )
     marker_dir = tempfile.mkdtemp(prefix="oomguard-demo-")
+    since = time.time()
     config = {
         "oomguard.worker.cgroup-limit": "true" if kernel_oom else "false",
         "oomguard.worker.sample-interval": "200ms",
-        "oomguard.scheduler.store": os.path.join(marker_dir, "failures.sqlite3"),
+        # The default history, whatever this host's config names: `oomguard report` then
+        # reads it with no flag (oomguard._cli.report_default).
+        "oomguard.scheduler.store": None,
+        "oomguard.scheduler.cluster-name": CLUSTER,
         # With a per-worker cgroup the kernel stops the crasher; without one, the nanny.
         "distributed.worker.memory.terminate": False if kernel_oom else 0.95,
         "distributed.worker.memory.pause": False,
@@ -131,14 +149,25 @@ def run_demo(shards: int = 30, progress=None) -> DemoResult:
                         )
                     elif i != CRASHER:
                         futures.append(client.submit(shard, i, key=key))
-                done = 0
+                tally = dict.fromkeys(OUTCOMES, 0)
                 pending = distributed.as_completed(futures)
                 del futures
                 for fut in pending:
-                    done += 1
+                    try:
+                        fut.result()
+                        # Like a pipeline writing each shard's output away: a worker's
+                        # death then loses only what it was running.
+                        fut.release()
+                        tally["finished"] += 1
+                    except oomguard.PipelineAborted as e:
+                        result.aborted = result.aborted or e
+                        tally["aborted"] += 1
+                    except Exception as e:  # pragma: no cover - reported as a problem
+                        result.problems.append(f"shard {fut.key} raised {e!r}")
+                        tally["failed"] += 1
                     if progress is not None:
-                        progress(done, shards)
-                    if done == shards // 2:
+                        progress(tally, shards)
+                    if sum(tally.values()) == shards // 2:
                         # The crasher starts half way, on the small worker first, so the
                         # other failures are seen before the abort.
                         small = _worker_with_limit(client, SMALL)
@@ -152,22 +181,30 @@ def run_demo(shards: int = 30, progress=None) -> DemoResult:
                                 allow_other_workers=True,
                             )
                         )
-                    try:
-                        fut.result()
-                        # Like a pipeline writing each shard's output away: a worker's
-                        # death then loses only what it was running.
-                        fut.release()
-                    except oomguard.PipelineAborted as e:
-                        result.aborted = result.aborted or e
-                    except Exception as e:  # pragma: no cover - reported as a problem
-                        result.problems.append(f"shard {fut.key} raised {e!r}")
             failures = oomguard.Failures(client)
-            result.events = sorted(failures.events(pipeline="demo"), key=lambda e: e.time)
-            result.signatures = failures.signatures(pipeline="demo")
+            result.events = sorted(
+                failures.events(pipeline="demo", since=since), key=lambda e: e.time
+            )
+            result.signatures = _this_run(failures.signatures(pipeline="demo"), result.events)
             result.status = failures.pipeline("demo")
+            result.store = cluster.scheduler.plugins[SCHEDULER_PLUGIN].store.path
     result.seconds = time.monotonic() - start
     result.problems += _check(result)
     return result
+
+
+def _this_run(signatures: list, events: list) -> list:
+    """The signatures of this run's events, counted in this run: the history holds every
+    demo run before it too."""
+    counts = Counter(e.signature_id for e in events)
+    workers: dict[str, set] = {}
+    for e in events:
+        workers.setdefault(e.signature_id, set()).add(e.worker)
+    return [
+        dataclasses.replace(s, count=counts[s.id], workers=sorted(workers[s.id]))
+        for s in signatures
+        if s.id in counts
+    ]
 
 
 def _worker_with_limit(client, limit: int) -> list[str]:
@@ -197,20 +234,23 @@ def _check(r: DemoResult) -> list[str]:
     return problems
 
 
-def progress_bar(done: int, total: int, stream=None) -> None:
-    """A bar redrawn in place on a terminal; elsewhere (a log, a pipe) a plain line at
+def progress_bar(tally: dict[str, int], total: int, stream=None) -> None:
+    """How many shards ended, and how (`OUTCOMES`: finished, failed, aborted, each counted
+    apart): a bar redrawn in place on a terminal; elsewhere (a log, a pipe) a plain line at
     each quarter, since \r would glue every redraw into one long line."""
     stream = sys.stderr if stream is None else stream
     try:
         terminal = stream.isatty()
     except (AttributeError, ValueError):
         terminal = False
+    done = sum(tally.values())
+    how = ", ".join(f"{tally.get(o, 0)} {o}" for o in OUTCOMES)
     if terminal:
         width = 40
         filled = int(width * done / total)
-        stream.write(f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{total} shards")
+        stream.write(f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{total} shards: {how}")
         if done == total:
             stream.write("\n")
     elif done == total or done * 4 // total != (done - 1) * 4 // total:
-        stream.write(f"  {done}/{total} shards done\n")
+        stream.write(f"  {done}/{total} shards ended: {how}\n")
     stream.flush()

@@ -12,14 +12,16 @@ log block, or a JSON object with the scheduler's exception_text and traceback_te
 written, or as a log delivers it: journald or syslog headers, `kubectl logs --timestamps`,
 CRI log files and Loki's times, Dask's own log prefix, ANSI colours and CRLF line ends are
 taken off, and frames pasted without their indentation are read. The same crash gets the
-same id in every one of these forms; a FILE with no trace gets an id of its own text.
+same id in every one of these forms.
 
-Output: one line per FILE, in order: "<id>\\t<path>" (with --json: one JSON object per line
-with id, title, input_kind, error, message, frames, grouping_version, reason and path).
+Output: one line per FILE that holds a trace, in order: "<id>\\t<path>" (with --json: one
+JSON object per line with id, title, input_kind, error, message, frames, grouping_version,
+reason and path).
 
-Exit status: 0 when every FILE was read and held a trace; 1 when a FILE could not be read
-(it gets "oomguard: <path>: <reason>" on stderr and no output line) or held no trace (its
-line is still printed, input_kind "unparsed", and stderr says "not a trace: <reason>").
+A FILE that could not be read, or that holds no trace, gets no output line and one line on
+stderr saying why: "oomguard: <path>: <reason>", "oomguard: <path>: not a trace: <reason>".
+
+Exit status: 0 when every FILE was read and held a trace; 1 otherwise.
 """
 
 
@@ -50,12 +52,12 @@ def run(args) -> int:
             status = 1
             continue
         sig = fingerprint(data)
-        if args.json:
+        if sig.input_kind == "unparsed":  # an id of its own text would pass for a crash's
+            echo(f"oomguard: {path}: not a trace: {sig.reason}", file=sys.stderr)
+            status = 1
+        elif args.json:
             print(json.dumps({**sig.to_dict(), "path": path}))
         else:
             echo(f"{sig.id}\t{path}")
-        if sig.input_kind == "unparsed":
-            echo(f"oomguard: {path}: not a trace: {sig.reason}", file=sys.stderr)
-            status = 1
         sys.stdout.flush()
     return status

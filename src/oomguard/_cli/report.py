@@ -13,7 +13,7 @@ what `oomguard.Failures` returns.
 
 Errors are one line on stderr, ``oomguard report: ...``; exit 2 for bad arguments, 1 for a
 scheduler that cannot be reached or a store or ledger file that cannot be read, 3 for a
---pipeline or --signature that names nothing in the history.
+--cluster, --pipeline, --signature or --shard that names nothing in the history.
 
 This module is the command (its arguments, and `run`); the history is read in
 `report_source` (which opens a store file read-only) and printed by `report_tables`; the
@@ -31,12 +31,12 @@ import sys
 from typing import Any
 
 from .._admission import peaks as _peaks
-from .._causes import Cause, Killer, Kind
 from .._client import filters as _filters
 from .._config import CLUSTER_NAME_MAX
 from .._display import one_line
 from .._exceptions import ReportFailed
 from .layout import key_line, output_width
+from .report_default import store_to_read
 from .report_peaks import peaks_from_file, peaks_from_workers, render_peaks
 from .report_source import (
     connected,
@@ -55,6 +55,7 @@ SECTIONS = (*HISTORY, "peaks")
 
 _EPILOG = """\
 examples:
+  oomguard report
   oomguard report --scheduler tcp://scheduler:8786
   oomguard report --store /var/lib/dask/oomguard.sqlite3 --cause oom_kill --since 1h
   oomguard report --scheduler tcp://scheduler:8786 --shard "('load-0a1b', 17)"
@@ -70,6 +71,13 @@ and the signatures and pipelines to those the shown events name. --shard alone p
 shard's whole history oldest first, with evidence; with other filters or --limit, its
 newest events. --limit applies to each section (defaults: 1000 events, 100 signatures,
 100 pipelines). Times are local unless an ISO time carries an offset.
+
+With neither --scheduler nor --store, the report reads a running scheduler when Dask's
+scheduler-address setting names one (DASK_SCHEDULER_ADDRESS); else the store that
+oomguard.scheduler.store names on this host; else this host's default history: a scheduler
+with no store setting keeps one file per cluster name in $XDG_STATE_HOME/oomguard
+(~/.local/state/oomguard), and the report reads the one written last, or --cluster NAME's;
+a line on stderr says which, and names the others.
 
 A store may hold the history of many clusters, one after another (each named by its
 oomguard.scheduler.cluster-name). The report reads the whole history, from a store or a
@@ -96,8 +104,8 @@ peaks.
 PipelineStatus.to_dict() and {"prefix", "peak" (bytes), "hosts", "suggested"}.
 
 exit status: 0 success; 1 the scheduler, the store or the ledger could not be read; 2 bad
-arguments; 3 --cluster, --pipeline or --signature names nothing in the history (no event,
-run or signature has it: the known names and the closest one are printed).
+arguments; 3 --cluster, --pipeline, --signature or --shard names nothing in the history (no
+event, run or signature has it: the known names and the closest one are printed).
 """
 
 
@@ -177,6 +185,16 @@ def _cluster(text: str) -> str:
     return name
 
 
+def _store(text: str) -> str:
+    """`--store`: a path, or a URL of a scheme oomguard reads (never a file named "mysql:")."""
+    from .._urls import check
+
+    try:
+        return check(text, "it")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _usage_error(message: str) -> None:
     echo(f"{PROG}: {' '.join(str(message).split())}", file=sys.stderr)
     sys.exit(2)
@@ -202,6 +220,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     src.add_argument(
         "--store",
+        type=_store,
         metavar="PATH",
         help="a failure store file, or a postgresql:// history of many clusters (read only)",
     )
@@ -225,15 +244,21 @@ def add_parser(sub) -> argparse.ArgumentParser:
         metavar="PATH",
         help="read the peaks from this memory ledger file (read only; implies --peaks)",
     )
-    p.add_argument("--kind", choices=[k.value for k in Kind], help="infra or user")
-    causes = [c.value for c in Cause]
-    p.add_argument("--cause", choices=causes, metavar="CAUSE", help=", ".join(causes))
-    killers = [k.value for k in Killer]
+    # Checked as oomguard.Failures checks them: a wrong word gets "did you mean".
+    p.add_argument(
+        "--kind", type=_filters.for_argparse(_filters.kind), metavar="KIND", help="infra or user"
+    )
+    p.add_argument(
+        "--cause",
+        type=_filters.for_argparse(_filters.cause),
+        metavar="CAUSE",
+        help=", ".join(_filters.CAUSES),
+    )
     p.add_argument(
         "--killer",
-        choices=killers,
+        type=_filters.for_argparse(_filters.killer),
         metavar="KILLER",
-        help="who ended the worker: " + ", ".join(killers),
+        help="who ended the worker: " + ", ".join(_filters.KILLERS),
     )
     p.add_argument("--pipeline", metavar="NAME")
     p.add_argument(
@@ -300,17 +325,18 @@ def run(args: argparse.Namespace) -> int:
     history = tuple(s for s in sections if s != "peaks")
     # Where the peaks come from: the --ledger file, the scheduler's workers, or this host.
     workers = "peaks" in sections and args.ledger is None
-    if args.scheduler is None and args.store is None and (history or workers):
+    store = args.store
+    if args.scheduler is None and store is None and (history or workers):
         import dask
 
         args.scheduler = dask.config.get("scheduler-address", None) or None
-        if args.scheduler is None and history:
-            echo(
-                f"{PROG}: give --scheduler ADDRESS or --store PATH (or set "
-                "DASK_SCHEDULER_ADDRESS)",
-                file=sys.stderr,
-            )
-            return 2
+        if args.scheduler is None and history:  # this host's history (report_default)
+            try:
+                store, note = store_to_read(args.cluster)
+            except (ReportFailed, LookupError) as e:  # no history; none of --cluster
+                echo(f"{PROG}: {one_line(e)}", file=sys.stderr)
+                return 3 if isinstance(e, LookupError) else 1
+            echo(f"{PROG}: {note}", file=sys.stderr)
     ledger = args.ledger
     if workers and args.scheduler is None:
         if args.store is not None:
@@ -337,7 +363,8 @@ def run(args: argparse.Namespace) -> int:
                 if workers:
                     data["peaks"] = peaks_from_workers(client, args.scheduler, args.timeout)
         elif history:
-            with store_source(args.store, args.cluster) as source:
+            args.store = store
+            with store_source(store, args.cluster) as source:
                 data = read_history(source, args, history)
         if ledger is not None:
             data["peaks"] = peaks_from_file(ledger)

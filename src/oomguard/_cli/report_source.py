@@ -348,12 +348,16 @@ def collect(source: Any, args: argparse.Namespace, sections: tuple[str, ...]) ->
 
 
 def unknown_names(source: Any, args: argparse.Namespace) -> list[str]:
-    """For --cluster, --pipeline and --signature that name nothing in the history (no
-    event, run or signature): one sentence each, with the names there are and the closest
-    one."""
+    """For --cluster, --pipeline, --signature and --shard that name nothing in the history
+    (no event, run or signature): one sentence each, with the names there are (for a shard:
+    those of the latest events) and the closest one."""
     from .._client.filters import unknown_name
 
     out = []
+    if args.shard is not None and not source.events(shard=args.shard, limit=1):
+        shards = [e.shard for e in source.events(limit=DEFAULT_LIMITS["events"])]
+        line = unknown_name("--shard", args.shard, "shard", list(dict.fromkeys(shards)))
+        out.append(line.replace("=", " ", 1))
     for field, value, what in (
         ("cluster", args.cluster, "cluster"),
         ("pipeline", args.pipeline, "pipeline"),

@@ -13,7 +13,8 @@ A *run* (a *job*: what the user wrapped) is one execution of a pipeline, judged 
 one per `.compute()` and per eager step such as `set_index`'s divisions):
 - under a span, everything submitted in one ``with span(...)`` block (Dask gives each block
   its own span id; nested spans: the innermost block is the job, named "outer/inner"), so a
-  second block with the same name is a second run ("etl#2");
+  second block with the same name is a second run (labelled "etl#2" here; stored under the
+  name "etl" with its start time, as every run is);
 - under the annotation without a span, everything its client submits with that name (the
   scheduler never sees the ``with`` end); with a span too, the span's block delimits it;
 - otherwise, consecutive submissions with the same name join the live run of that name

@@ -167,7 +167,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             abort_on_repeat_signature=settings["abort-on-repeat-signature"],
             larger_only=settings["memory-retry-larger-only"],
         )
-        self.store = await _setup.open_store(scheduler, settings, self.metrics, self.cluster)
+        self.store = await _setup.open_store(settings, self.metrics, self.cluster)
         self.desk.start(self.core.pairing, self._decide_report, asyncio.get_running_loop())
         self.scheduler = scheduler
         self._undo_stop = _setup.on_stop(scheduler, self._stopped)

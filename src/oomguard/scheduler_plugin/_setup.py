@@ -127,18 +127,19 @@ def pod_lookup(settings: dict[str, Any], guard: Guard):
 
 
 async def open_store(
-    scheduler: Scheduler, settings: dict[str, Any], metrics: OomguardMetrics, cluster: str
+    settings: dict[str, Any], metrics: OomguardMetrics, cluster: str
 ) -> FailureStore:
-    """The started failure store: `settings["store"]`, or oomguard.sqlite3 in the
-    scheduler's local directory. One that cannot be opened gives way to a fresh one (see
+    """The started failure store: `settings["store"]`, or this cluster's default history
+    (`default_path`). One that cannot be opened gives way to a fresh one (see
     `oomguard._store.recover`), with one WARNING and a count in oomguard_store_errors_total,
     unless `store-errors` is "fail": then its error stops the start, as it always did."""
     from .._store.recover import open_store
     from .._urls import is_postgres
 
     url = settings["store"] if is_postgres(settings["store"]) else None
-    default = os.path.join(scheduler.local_directory or ".", "oomguard.sqlite3")
-    path = (settings["spool"] if url else settings["store"]) or default
+    path = settings["spool"] if url else settings["store"]
+    if not path:
+        path = await asyncio.to_thread(default_path, cluster, spool=url is not None)
     store, problem = await asyncio.to_thread(
         open_store,
         path,
@@ -153,6 +154,26 @@ async def open_store(
     if url is not None:
         attach_history(store, url, cluster, settings, metrics)
     return store
+
+
+def default_path(cluster: str, spool: bool) -> str:
+    """This cluster's default history file (with a PostgreSQL store: its spool), one per
+    cluster name in this user's state directory, so a scheduler restarted with the same
+    name continues it (`oomguard._store.home`); elsewhere, with one WARNING, where that
+    directory cannot be written."""
+    from .._store import home
+
+    directory, why_not = home.writable_dir()
+    if why_not is not None:
+        logger.warning(
+            "oomguard: the failure history cannot be kept in %s, so it is kept in %s, "
+            "which a reboot or a cleaned temporary directory removes; set "
+            "oomguard.scheduler.store (a file on a volume that lasts, or a postgresql:// "
+            "history), or XDG_STATE_HOME, to keep it",
+            why_not,
+            directory,
+        )
+    return (home.spool_path if spool else home.history_path)(directory, cluster)
 
 
 def attach_history(

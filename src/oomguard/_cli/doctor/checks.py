@@ -157,6 +157,7 @@ def diagnose(
     from ..._exceptions import ConfigError
     from ..._host.paths import default_crash_dir
     from .cgroup import check_cgroup, host_path
+    from .history import check_history
     from .killers import check_killer_evidence, check_oom_killers
 
     info = _cgroup.detect(root=root)
@@ -168,6 +169,7 @@ def diagnose(
     layout, checks = check_cgroup(root, info=info, probe=probe, setting=setting, slurm_job_id=job)
     checks += [check_kernel_log(root), *check_oom_killers(root)]
     checks += check_killer_evidence(root, info.path)
+    checks.append(check_history())
     try:
         configured = crash_dir or _config.get_optional_path("worker.crash-dir")
         checks.append(check_crash_dir(configured or default_crash_dir(), bool(configured)))

@@ -7,7 +7,8 @@ import json
 
 _EPILOG = """\
 Run it where the nanny runs (same host or container, same user): it probes for real, creating
-and removing a throwaway child memory cgroup and a file in the crash directory.
+and removing a throwaway child memory cgroup and a file in the crash directory, and making
+the directory of the default failure history where it is missing, as a scheduler would.
 
 Each line is one check: "ok" (oomguard collects this evidence), "warn" (it does, with a
 caveat, or something else may kill workers), "no" (it cannot); "warn" and "no" lines are

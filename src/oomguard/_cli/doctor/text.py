@@ -63,6 +63,9 @@ FIX = {
     "kmsg-denied": "Give the nanny CAP_SYSLOG (run it as root, `docker run --cap-add SYSLOG`, "
     "or `securityContext.capabilities.add: [SYSLOG]`), or let every user read the kernel log: "
     "`sysctl -w kernel.dmesg_restrict=0`.",
+    "history": "Set oomguard.scheduler.store to a file on a disk that outlives a restart "
+    "(or a postgresql:// history), or XDG_STATE_HOME to a directory this user can write.",
+    "history-setting": "Fix oomguard.scheduler.store where this host's Dask config sets it.",
     "crash-dir": "Set oomguard.worker.crash-dir (DASK_OOMGUARD__WORKER__CRASH_DIR) to a local "
     "directory the nanny's user can write, outside the worker's local directory (the nanny "
     "deletes that before it reads the crash file).",
