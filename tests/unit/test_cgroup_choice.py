@@ -75,10 +75,10 @@ def test_nanny_in_a_slurm_job_makes_no_group_and_says_why(tmp_path, monkeypatch,
     monkeypatch.setattr(_placement, "_SAID", set())
     plugin = OomguardNannyPlugin(crash_dir=str(tmp_path), cgroup_limit="auto")
     with caplog.at_level(logging.INFO, logger="oomguard.nanny"):
-        plugin._decide_cgroups()
+        plugin.placement.decide()
         # Set up again (the preload, then the scheduler's push): said once.
-        OomguardNannyPlugin(crash_dir=str(tmp_path), cgroup_limit="auto")._decide_cgroups()
-    assert plugin._use_cgroups is False
+        OomguardNannyPlugin(crash_dir=str(tmp_path), cgroup_limit="auto").placement.decide()
+    assert plugin.placement.use_cgroups is False
     (record,) = [r for r in caplog.records if "per-worker" in r.getMessage()]
     assert record.levelno == logging.INFO
     assert record.getMessage().startswith(
@@ -92,8 +92,8 @@ def test_nanny_in_a_slurm_job_keeps_an_explicit_true(tmp_path, monkeypatch):
     monkeypatch.setattr(_cgroup, "can_create_child", lambda info=None: (True, ""))
     monkeypatch.setattr(_cgroup, "cleanup_stale", lambda *a, **k: 0)
     plugin = OomguardNannyPlugin(crash_dir=str(tmp_path), cgroup_limit="true")
-    plugin._decide_cgroups()
-    assert plugin._use_cgroups is True
+    plugin.placement.decide()
+    assert plugin.placement.use_cgroups is True
 
 
 def test_nanny_outside_slurm_keeps_per_worker_groups_by_default(tmp_path, monkeypatch):
@@ -102,8 +102,8 @@ def test_nanny_outside_slurm_keeps_per_worker_groups_by_default(tmp_path, monkey
     monkeypatch.setattr(_cgroup, "can_create_child", lambda info=None: (True, ""))
     monkeypatch.setattr(_cgroup, "cleanup_stale", lambda *a, **k: 0)
     plugin = OomguardNannyPlugin(crash_dir=str(tmp_path), cgroup_limit="auto")
-    plugin._decide_cgroups()
-    assert plugin._use_cgroups is True
+    plugin.placement.decide()
+    assert plugin.placement.use_cgroups is True
 
 
 def _slurm_tree(tmp_path) -> tuple[str, CgroupInfo]:

@@ -47,6 +47,7 @@ def _worker(env: dict | None = None) -> subprocess.Popen:
 def _plugin(tmp_path) -> OomguardNannyPlugin:
     plugin = OomguardNannyPlugin(crash_dir=str(tmp_path), cgroup_limit="false")
     plugin._resolve_config()
+    plugin.reporter.crash_dir = plugin.crash_dir  # as setup() makes it
     return plugin
 
 
@@ -65,9 +66,9 @@ def test_host_reading_killers_and_environment_reach_the_build(tmp_path, built):
         worker.wait()
         with HostMeter() as meter:
             take_readings(life, meter)  # the worker is gone: the last reading stays
-        plugin = _plugin(tmp_path)
-        plugin._killers = [{"name": "earlyoom", "pid": 999_999_999, "cmdline": "earlyoom"}]
-        plugin._build(worker.pid, -9, False, "tcp://w:1", life, 2.0)
+        reporter = _plugin(tmp_path).reporter
+        reporter.killers = [{"name": "earlyoom", "pid": 999_999_999, "cmdline": "earlyoom"}]
+        reporter.build(worker.pid, -9, False, "tcp://w:1", life, 2.0)
     finally:
         worker.kill()
         worker.wait()
@@ -110,7 +111,7 @@ def test_oomd_xattrs_that_move_between_the_reading_and_the_death(tmp_path, built
         os.setxattr(group.path, OOMD_KILL, b"1")
         worker.send_signal(signal.SIGKILL)
         worker.wait()
-        _plugin(tmp_path)._build(worker.pid, -9, False, "tcp://w:1", life, 2.0)
+        _plugin(tmp_path).reporter.build(worker.pid, -9, False, "tcp://w:1", life, 2.0)
     finally:
         worker.kill()
         worker.wait()

@@ -1,6 +1,6 @@
 """The nanny's report builder with evidence missing or broken (issue 3).
 
-`OomguardNannyPlugin._build` is the part of the nanny that reads files and counters after
+`Reporter.build` is the part of the nanny that reads files and counters after
 a death; it runs here without a cluster, on files we break on purpose.
 """
 
@@ -13,11 +13,18 @@ import pytest
 
 from oomguard import CgroupError
 from oomguard._death import wire as _wire
+from oomguard._guard import Guard
 from oomguard._host import cgroup as _cgroup
 from oomguard._host.flight import FlightRecorder
 from oomguard._host.paths import crash_path, flight_path
 from oomguard.worker_plugin._life import _Life
 from oomguard.worker_plugin._nanny import OomguardNannyPlugin
+from oomguard.worker_plugin._placement import Placement
+from oomguard.worker_plugin._reporting import Reporter
+
+
+def _placement() -> Placement:
+    return Placement("auto", Guard(None, logging.getLogger("test")), lambda: False)
 
 
 def _plugin(tmp_path) -> OomguardNannyPlugin:
@@ -26,13 +33,17 @@ def _plugin(tmp_path) -> OomguardNannyPlugin:
     return plugin
 
 
+def _reporter(tmp_path) -> Reporter:
+    return Reporter(None, str(tmp_path), None, Guard(None, logging.getLogger("test")))
+
+
 def _life(pid, **kw) -> _Life:
     return _Life(pid=pid, started=1.0, address="tcp://w:1", name="w", memory_limit=2**30, **kw)
 
 
 def test_missing_crash_file_and_flight_record_are_named(tmp_path):
     report = _wire.to_wire(
-        _plugin(tmp_path)._build(4321, -9, False, "tcp://w:1", _life(4321), 2.0)
+        _reporter(tmp_path).build(4321, -9, False, "tcp://w:1", _life(4321), 2.0)
     )
     assert report["cause"] == "sigkill"
     missing = " | ".join(report["missing"])
@@ -51,7 +62,7 @@ def test_corrupt_files_and_unreadable_cgroup_still_give_a_report(tmp_path):
         f.write(b"OOMGFLT1" + b"\x00" * 10)  # right magic, truncated header
     gone = tmp_path / "no-such-cgroup"
     life = _life(pid, cgroup_path=str(gone), cgroup_version=1)
-    report = _wire.to_wire(_plugin(tmp_path)._build(pid, -11, False, "tcp://w:1", life, 2.0))
+    report = _wire.to_wire(_reporter(tmp_path).build(pid, -11, False, "tcp://w:1", life, 2.0))
     assert report["cause"] == "native_crash"
     missing = " | ".join(report["missing"])
     assert "flight record" in missing
@@ -65,7 +76,9 @@ def test_unknown_exit_code_is_exit_with_what_was_known(tmp_path):
     rec = FlightRecorder.create(flight_path(str(tmp_path), pid))
     rec.task_started("('load', 3)", start=1.5)
     rec.close()
-    report = _wire.to_wire(_plugin(tmp_path)._build(pid, 255, False, "tcp://w:1", _life(pid), 2.0))
+    report = _wire.to_wire(
+        _reporter(tmp_path).build(pid, 255, False, "tcp://w:1", _life(pid), 2.0)
+    )
     assert report["cause"] == "exit"
     assert report["exitcode"] == 255
     assert [e["key"] for e in report["executing"]] == ["('load', 3)"]
@@ -78,7 +91,7 @@ def test_unknown_exit_code_is_exit_with_what_was_known(tmp_path):
 
 def test_requested_close_is_not_a_failure(tmp_path):
     report = _wire.to_wire(
-        _plugin(tmp_path)._build(4324, -15, True, "tcp://w:1", _life(4324), 2.0)
+        _reporter(tmp_path).build(4324, -15, True, "tcp://w:1", _life(4324), 2.0)
     )
     assert report["cause"] == ""
 
@@ -87,15 +100,15 @@ def test_cgroup_limit_true_where_impossible_is_a_startup_error(tmp_path, monkeyp
     monkeypatch.setattr(_cgroup, "can_create_child", lambda info=None: (False, "read-only fs"))
     plugin = OomguardNannyPlugin(crash_dir=str(tmp_path), cgroup_limit="true")
     with pytest.raises(CgroupError, match="cgroup-limit is true.*read-only fs"):
-        plugin._decide_cgroups()
+        plugin.placement.decide()
 
 
 def test_cgroup_limit_auto_where_impossible_logs_and_goes_on(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(_cgroup, "can_create_child", lambda info=None: (False, "read-only fs"))
     plugin = OomguardNannyPlugin(crash_dir=str(tmp_path), cgroup_limit="auto")
     with caplog.at_level(logging.INFO, logger="oomguard.nanny"):
-        plugin._decide_cgroups()
-    assert plugin._use_cgroups is False
+        plugin.placement.decide()
+    assert plugin.placement.use_cgroups is False
     assert "no per-worker memory cgroups (read-only fs)" in caplog.text
 
 
@@ -194,7 +207,7 @@ def test_the_worker_is_moved_with_its_charge_where_the_kernel_can(
     tmp_path, monkeypatch, kernel, moved, note
 ):
     made = _fake_groups(monkeypatch, **kernel)
-    placed = _plugin(tmp_path)._place(77, 600 * MiB)
+    placed = _placement().place(77, 600 * MiB)
     (group,) = made
     assert placed.group is group and group.pids == [77] and group.limit == 600 * MiB
     assert group.calls[0] == "move_charge=True"  # set before the PID moves
@@ -214,7 +227,7 @@ def test_a_group_that_cannot_take_the_worker_is_removed_and_named(tmp_path, monk
     def never(pid):
         raise CgroupError(f"Cannot move pid {pid} into /cg/x: No such process")
 
-    placed = _plugin(tmp_path)._place
+    placed = _placement().place
     monkeypatch.setattr(_FakeGroup, "add_pid", lambda self, pid: never(pid))
     result = placed(78, None)
     assert result.group is None and made[0].removed
@@ -230,7 +243,7 @@ def test_the_report_says_what_the_groups_peak_covers(tmp_path):
         "note": "memory.move_charge_at_immigrate refused (EINVAL)",
     }
     life = _life(4330, cgroup_path=str(tmp_path / "gone"), cgroup_version=1, placement=placement)
-    report = _wire.to_wire(_plugin(tmp_path)._build(4330, -9, False, "tcp://w:1", life, 2.0))
+    report = _wire.to_wire(_reporter(tmp_path).build(4330, -9, False, "tcp://w:1", life, 2.0))
     ev = report["evidence"]
     assert (ev["peak_scope"], ev["charge_moved"], ev["rss_at_move_bytes"]) == (
         "worker",
@@ -252,9 +265,9 @@ def test_a_worker_that_dies_before_it_is_up_is_reported_from_its_group(tmp_path,
     async def report(pid, exitcode, requested, address, life, death_time):
         lives.append(life)
 
-    monkeypatch.setattr(plugin, "_report", report)
+    monkeypatch.setattr(plugin.reporter, "report", report)
     group = _FakeGroup("oomguard-worker-91", 150 * MiB)
-    plugin._placed = _Placement(
+    plugin.placement.placed = _Placement(
         91, group=group, charge_moved=False, rss_at_move=5 * MiB, before={"oom_kill": 0}
     )
 
@@ -264,7 +277,7 @@ def test_a_worker_that_dies_before_it_is_up_is_reported_from_its_group(tmp_path,
 
     asyncio.run(die())
     (life,) = lives
-    assert plugin._placed is None
+    assert plugin.placement.placed is None
     assert (life.pid, life.cgroup_path, life.cgroup_before) == (91, group.path, {"oom_kill": 0})
     assert life.placement == {
         "own_group": True,

@@ -4,11 +4,13 @@ with bounded backoff, without blocking its event loop."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from oomguard._death import wire
 from oomguard._death.build import EXAMPLE, build
-from oomguard.worker_plugin import OomguardNannyPlugin
+from oomguard._guard import Guard
+from oomguard.worker_plugin._reporting import Reporter
 from oomguard.worker_plugin._send import send_with_retry
 
 
@@ -38,9 +40,8 @@ def test_the_nanny_sends_again_after_overflow_and_the_loop_keeps_running():
 
         async with Scheduler(dashboard_address=":0", host="127.0.0.1") as s:
             s.handlers["oomguard_death_report"] = busy_then_queued
-            plugin = OomguardNannyPlugin()
-            plugin._nanny = _Nanny(rpc(s.address))
-            plugin.reports_sent = 0
+            nanny = _Nanny(rpc(s.address))
+            plugin = Reporter(nanny, "", None, Guard(None, logging.getLogger("test")))
             ticks = 0
 
             async def ticker():
@@ -51,13 +52,13 @@ def test_the_nanny_sends_again_after_overflow_and_the_loop_keeps_running():
 
             t = asyncio.create_task(ticker())
             try:
-                await plugin._send(build(EXAMPLE))
+                await plugin.send(build(EXAMPLE))
             finally:
                 t.cancel()
-                await plugin._nanny.scheduler.close_rpc()
+                await nanny.scheduler.close_rpc()
         assert len(got) == 5  # four overflows, then taken
         assert wire.decode(got[-1]).worker == EXAMPLE.worker
-        assert plugin._nanny.events == []  # taken by the scheduler, no fallback event
+        assert nanny.events == []  # taken by the scheduler, no fallback event
         assert plugin.reports_sent == 1
         assert ticks > 5  # the nanny's loop ran meanwhile
 

@@ -14,9 +14,9 @@ has no worker-exit hook (dask/distributed#5465). So, on this nanny instance only
 
 Each wrap checks for the attribute first and says in the log when it is missing.
 
-This module is the hooks; the plugin's other two halves are mixed in: `_placement` (each
-worker's memory cgroup) and `_reporting` (the evidence after an exit, and the report).
-What it knows of the running worker process is a `_life._Life`.
+This module is the hooks; the plugin holds a `_placement.Placement` (each worker's memory
+cgroup) and a `_reporting.Reporter` (the evidence after an exit, and the report). What it
+knows of the running worker process is a `_life._Life`.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from .._host.readings import HostMeter, OomdXattrs, slurm_environment
 from .._log import follow_dask_logging
 from .._protocol import NANNY_PLUGIN, STARTUP_TOPIC
 from ._life import _Life, take_readings
-from ._placement import PlacementMixin, _Placement
-from ._reporting import ReportingMixin, remove_files, stopped_by
+from ._placement import Placement
+from ._reporting import Reporter, remove_files, stopped_by
 from ._signals import can_block_spawn, prepare_spawn, spawning_blocked
 from ._worker import OomguardWorkerPlugin
 
@@ -58,7 +58,7 @@ KILLERS_REFRESH = 60.0  # seconds between two scans of /proc for userspace kille
 _CLOSING = (Status.closing, Status.closed, Status.closing_gracefully, Status.failed)
 
 
-class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
+class OomguardNannyPlugin(NannyPlugin):
     """Turns every worker-process death into one death report sent to the scheduler.
 
     Load with ``dask worker --preload-nanny oomguard.worker_plugin``, or at runtime with
@@ -94,12 +94,6 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
     def _reset(self) -> None:
         self._nanny: Nanny | None = None
         self._life: _Life | None = None
-        self._placed: _Placement | None = None  # moved at spawn, not yet up
-        self._memory_kills: dict[int, dict] = {}
-        self._use_cgroups = False
-        self._connecting = 0  # Dask's waits for a spawned worker still running
-        self._start_kills = 0  # workers OOM-killed by their own group's limit while starting
-        self._unlimited = False  # set by the first of those: no group limit from then on
         self._closing = False
         self._close_reason = ""  # Nanny.close's reason, e.g. "signal-15"
         self._block_signals = False  # spawn each worker with the catchable signals blocked
@@ -108,10 +102,14 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
         self._delegate: OomguardNannyPlugin | None = None
         self._startup: StartupReservations | None = None
         self._meter: HostMeter | None = None  # the host's memory, read at each reading
-        self._killers: list[dict] | None = None  # find_killers() at the last scan
-        self._killers_at = float("-inf")  # time.monotonic() of that scan
-        self.reports_sent = 0
+        self._killers_at = float("-inf")  # time.monotonic() of the last scan for killers
         self.guard = Guard(None, logger)  # never take the nanny down
+        # Set up in setup(), once the configuration is read.
+        self.placement = Placement(self.cgroup_limit, self.guard, lambda: self._closing)
+        self.reporter = Reporter(None, "", self.max_report_size, self.guard, self._stopping)
+
+    def _stopping(self) -> bool:
+        return self._closing
 
     def __getstate__(self):
         return {
@@ -152,7 +150,8 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
                     os.path.expanduser(value) if isinstance(value, str) and value else None
                 )
         self._resolve_config()
-        self._decide_cgroups()
+        self.placement = Placement(self.cgroup_limit, self.guard, self._stopping)
+        self.placement.decide()
         assert self.crash_dir is not None
         self._private_crash_dir(nanny)
         admission = AdmissionConfig.from_dask(self.crash_dir)  # ConfigError names a bad key
@@ -166,6 +165,9 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
             return
         nanny._oomguard_nanny_plugin = self
         self._nanny = nanny
+        self.reporter = Reporter(
+            nanny, self.crash_dir, self.max_report_size, self.guard, self._stopping
+        )
         self._meter = HostMeter()
         if admission.enabled and admission.startup:
             self._startup = StartupReservations(admission, f"{os.getpid()}-{id(self):x}")
@@ -182,8 +184,8 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
         original_log_event = nanny.log_event
 
         async def instantiate(*args, **kwargs):
-            await self._after_the_previous_start()
-            if self._guard(self._killed_while_starting, "instantiate", nanny):
+            await self.placement.after_the_previous_start()
+            if self._guard(self.placement.killed_while_starting, "instantiate", nanny):
                 # Dask's _on_worker_exit logs this ("Failed to restart worker"), and the
                 # nanny's start fails as on distributed 2026.7.0 and later.
                 raise RuntimeError(
@@ -199,7 +201,7 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
 
         def log_event(topic, msg):
             if topic == "worker-restart-memory" and isinstance(msg, dict):
-                self._guard(self._on_memory_kill, "log_event", msg)
+                self._guard(self.reporter.memory_kill, "log_event", msg)
             return original_log_event(topic, msg)
 
         original_close = nanny.close
@@ -215,7 +217,7 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
         nanny.log_event = log_event  # type: ignore[method-assign]
         nanny.close = close  # type: ignore[method-assign]
         if nanny.process is not None:
-            self._guard(self._wrap_wait_until_connected, "setup", nanny.process)
+            self._guard(self.placement.wrap_wait_until_connected, "setup", nanny.process, nanny)
         if nanny.process is not None and nanny.process.pid is not None:
             # Installed at runtime: the current worker process is already running.
             self._guard(self._on_started, "setup")
@@ -237,7 +239,7 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
             if time.monotonic() - self._killers_at >= KILLERS_REFRESH:
                 with self.guard("killers"):
                     self._killers_at = time.monotonic()
-                    self._killers = await asyncio.to_thread(self._find_killers)
+                    self.reporter.killers = await asyncio.to_thread(self._find_killers)
             await asyncio.sleep(self.sample_interval or 0.5)
             life = self._life
             if life is not None:
@@ -263,16 +265,18 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
                 starting.cancel()
                 raise
         if nanny.process is not None:
-            self._guard(self._wrap_wait_until_connected, "instantiate", nanny.process)
+            self._guard(
+                self.placement.wrap_wait_until_connected, "instantiate", nanny.process, nanny
+            )
         try:
             result = await starting
         except BaseException:
-            self._guard(self._on_failed_start, "instantiate")
+            self._guard(self.placement.failed_start, "instantiate", nanny)
             raise
         self._guard(self._on_started, "instantiate")
-        if self._placed is not None:
+        if self.placement.placed is not None:
             # Moved at its spawn but never up: Dask returns a status here, not an error.
-            self._guard(self._on_failed_start, "instantiate")
+            self._guard(self.placement.failed_start, "instantiate", nanny)
         return result
 
     def _private_crash_dir(self, nanny: Nanny) -> None:
@@ -303,7 +307,7 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
             process = getattr(nanny.process, "process", None)
             pid = getattr(process, "pid", None)
             stopped = self._guard(stopped_by, "teardown", self._close_reason, self.crash_dir, pid)
-            await self._send_clean_exit(nanny.process.worker_address, True, pid, stopped)
+            await self.reporter.send_clean_exit(nanny.process.worker_address, True, pid, stopped)
         if getattr(nanny, "_oomguard_nanny_plugin", None) is self:
             # Back to Dask's own methods (the wraps live on the instance only).
             for attr in ("instantiate", "log_event", "close"):
@@ -324,7 +328,7 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
         life, self._life = self._life, None
         if life is not None:
             life.close()
-        placed, self._placed = self._placed, None
+        placed = self.placement.release()
         for group in (life.group if life else None, placed.group if placed else None):
             if group is not None:
                 # The worker may still be in it; remove() moves it to the parent first.
@@ -377,15 +381,7 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
             name=str(nanny.name),
             memory_limit=nanny.memory_manager.memory_limit,
         )
-        placed, self._placed = self._placed, None
-        if placed is not None and placed.pid != pid:
-            if placed.group is not None:
-                placed.group.remove()  # a process that never came up
-            placed = None
-        if placed is None:
-            # Not seen at its spawn (installed at runtime, or a Dask without the hook):
-            # moved now, with whatever it has charged so far left outside unless it moves.
-            placed = self._place(pid, life.memory_limit) if self._use_cgroups else _Placement(pid)
+        placed = self.placement.started(pid, life.memory_limit)
         life.group = placed.group
         life.placement = placed.facts()
         life.missing.extend(placed.missing)
@@ -431,22 +427,15 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
         wp.mark_stopped = mark_stopped
         wp._oomguard_wrapped = True
 
-    def _on_memory_kill(self, msg: dict) -> None:
-        pid = msg.get("pid")
-        if isinstance(pid, int):
-            self._memory_kills[pid] = {"rss": msg.get("rss"), "time": time.time()}
-
     def _on_exit(self, pid: int, exitcode: int | None, stopping: bool, address) -> None:
         nanny = self._nanny
         life = self._life if self._life is not None and self._life.pid == pid else None
         if life is not None:
             self._life = None
             life.close()
-        if self._placed is not None and self._placed.pid == pid:
+        placed = self.placement.exited(pid)
+        if placed is not None:
             # Died before it was up: the report reads its group's counters all the same.
-            placed, self._placed = self._placed, None
-            if placed.group is not None:
-                self._guard(self._killed_by_its_limit, "exit", placed)
             if life is None and placed.group is not None:
                 life = _Life(
                     pid=pid,
@@ -465,12 +454,12 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
         requested = stopping or self._closing or (nanny is not None and nanny.status in _CLOSING)
         death_time = time.time()
         if requested or exitcode == 0:
-            coro = self._send_clean_exit(address, requested, pid)
+            coro = self.reporter.send_clean_exit(address, requested, pid)
             if life is not None and life.group is not None:
                 life.group.remove()
             remove_files(self.crash_dir, pid)
         else:
-            coro = self._report(pid, exitcode, requested, address, life, death_time)
+            coro = self.reporter.report(pid, exitcode, requested, address, life, death_time)
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

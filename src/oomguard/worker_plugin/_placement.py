@@ -3,7 +3,8 @@
 
 The group's limit is Dask's memory_limit. Groups left by a nanny that died with its workers
 are swept at setup; a restart of a worker that its own limit killed while the nanny starts
-is refused, and the next workers start without that limit.
+is refused, and the next workers start without that limit. The nanny plugin holds one
+`Placement`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +27,8 @@ from .._units import format_bytes
 
 if TYPE_CHECKING:
     from distributed import Nanny
+
+    from .._guard import Guard
 
 logger = logging.getLogger("oomguard.nanny")
 _SAID: set[str] = set()  # why no per-worker groups, logged once a process
@@ -53,23 +57,35 @@ class _Placement:
         }
 
 
-class PlacementMixin:
-    """`OomguardNannyPlugin`'s placement half: its methods run on the plugin and share its
-    state (set in `OomguardNannyPlugin._reset`, configuration in `__init__`)."""
+class Placement:
+    """Where a nanny's worker processes go: each into a memory group of its own when the
+    setting and the host allow it (`use_cgroups`, decided by `decide`), from its spawn on.
+    `placed` is the latest spawn, placed and not yet up."""
 
-    cgroup_limit: str | None
-    _nanny: Nanny | None
-    _closing: bool
-    _use_cgroups: bool
-    _placed: _Placement | None
-    _connecting: int
-    _start_kills: int
-    _unlimited: bool
-    _guard: Any  # OomguardNannyPlugin._guard(fn, where, *args)
+    cgroup_limit: str
+    use_cgroups: bool
+    placed: _Placement | None  # moved at spawn, not yet up
+    _connecting: int  # Dask's waits for a spawned worker still running
+    _start_kills: int  # workers OOM-killed by their own group's limit while starting
+    _unlimited: bool  # set by the first of those: no group limit from then on
 
-    def _decide_cgroups(self) -> None:
+    def __init__(
+        self, cgroup_limit: str | None, guard: Guard, closing: Callable[[], bool]
+    ) -> None:
+        self.cgroup_limit = cgroup_limit or "auto"
+        self.guard = guard
+        self.closing = closing  # the nanny is closing: place nothing more
+        self.use_cgroups = False
+        self.placed = None
+        self._connecting = 0
+        self._start_kills = 0
+        self._unlimited = False
+
+    def decide(self) -> None:
+        """Whether workers get groups of their own here (`use_cgroups`); raises
+        CgroupError when the setting requires them and none can be made."""
         choice, why = _cgroup.per_worker_choice(
-            self.cgroup_limit or "auto", os.environ.get("SLURM_JOB_ID"), _cgroup.detect().path
+            self.cgroup_limit, os.environ.get("SLURM_JOB_ID"), _cgroup.detect().path
         )
         if choice == "off":
             if self.cgroup_limit != "false" and why not in _SAID:  # oomguard chose it
@@ -78,7 +94,7 @@ class PlacementMixin:
             return
         ok, reason = _cgroup.can_create_child()
         if ok:
-            self._use_cgroups = True
+            self.use_cgroups = True
             # Groups of workers whose nanny died with them (SIGKILL of the whole host
             # process tree) cannot be removed by that nanny: sweep them here.
             _cgroup.cleanup_stale(f"{WORKER_GROUP_PREFIX}", stale=_dead_worker_group)
@@ -90,10 +106,40 @@ class PlacementMixin:
         else:
             logger.info("oomguard: no per-worker memory cgroups (%s)", reason)
 
-    def _wrap_wait_until_connected(self, wp: Any) -> None:
+    def started(self, pid: int, limit: int | None) -> _Placement:
+        """The worker process `pid` is up: its placement, made now where it was not seen
+        at its spawn (installed at runtime, or a Dask without the hook: what it charged so
+        far stays outside its group unless it moves)."""
+        placed, self.placed = self.placed, None
+        if placed is not None and placed.pid != pid:
+            if placed.group is not None:
+                placed.group.remove()  # a process that never came up
+            placed = None
+        if placed is None:
+            placed = self.place(pid, limit) if self.use_cgroups else _Placement(pid)
+        return placed
+
+    def exited(self, pid: int) -> _Placement | None:
+        """The worker process `pid` ended: its placement when it died before it was up
+        (the report reads its group's counters all the same), saying so when its own
+        group's limit killed it."""
+        if self.placed is None or self.placed.pid != pid:
+            return None
+        placed, self.placed = self.placed, None
+        if placed.group is not None:
+            with self.guard("exit"):
+                self._killed_by_its_limit(placed)
+        return placed
+
+    def release(self) -> _Placement | None:
+        """The nanny is closing: the placement of a spawn not yet up, whose group goes."""
+        placed, self.placed = self.placed, None
+        return placed
+
+    def wrap_wait_until_connected(self, wp: Any, nanny: Nanny) -> None:
         """Move each new worker process into its group as soon as it exists: Dask's
         `WorkerProcess.start` awaits `_wait_until_connected` right after the spawn."""
-        if not self._use_cgroups or getattr(wp, "_oomguard_placing", False):
+        if not self.use_cgroups or getattr(wp, "_oomguard_placing", False):
             return
         if not hasattr(wp, "_wait_until_connected"):  # logged at setup by _compat.check
             wp._oomguard_placing = True
@@ -103,8 +149,9 @@ class PlacementMixin:
         async def _wait_until_connected(*args, **kwargs):
             process = getattr(wp, "process", None)
             pid = getattr(process, "pid", None)
-            if isinstance(pid, int) and not self._closing:
-                self._guard(self._place_at_spawn, "spawn", pid)
+            if isinstance(pid, int) and not self.closing():
+                with self.guard("spawn"):
+                    self._place_at_spawn(pid, nanny.memory_manager.memory_limit)
             self._connecting += 1
             try:
                 return await original(*args, **kwargs)
@@ -114,17 +161,16 @@ class PlacementMixin:
         wp._wait_until_connected = _wait_until_connected
         wp._oomguard_placing = True
 
-    def _place_at_spawn(self, pid: int) -> None:
-        nanny = self._nanny
-        if nanny is None or (self._placed is not None and self._placed.pid == pid):
+    def _place_at_spawn(self, pid: int, limit: int | None) -> None:
+        if self.placed is not None and self.placed.pid == pid:
             return
-        if self._placed is not None:
+        if self.placed is not None:
             # The previous spawn never came up, and Dask spawns again (distributed before
             # 2026.7.0 restarts a worker that dies while its nanny starts).
-            self._discard(self._placed)
-        self._placed = self._place(pid, nanny.memory_manager.memory_limit)
+            self._discard(self.placed)
+        self.placed = self.place(pid, limit)
 
-    def _place(self, pid: int, limit: int | None) -> _Placement:
+    def place(self, pid: int, limit: int | None) -> _Placement:
         """Make the worker's own group and move it in, its charges too where the kernel can."""
         placed = _Placement(pid)
         group = None
@@ -155,7 +201,7 @@ class PlacementMixin:
         placed.before = group.counters()
         return placed
 
-    async def _after_the_previous_start(self, timeout: float = 10.0) -> None:
+    async def after_the_previous_start(self, timeout: float = 10.0) -> None:
         """A restart waits until the previous start stopped waiting for its worker.
 
         Dask restarts a worker that died while starting from its exit callback, at once.
@@ -168,26 +214,26 @@ class PlacementMixin:
         while self._connecting and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
 
-    def _killed_while_starting(self, nanny: Nanny) -> bool:
+    def killed_while_starting(self, nanny: Nanny) -> bool:
         """Is this a restart of a worker that its own group's limit killed while the nanny
         was starting? distributed before 2026.7.0 restarts it there, and that restart races
         the first start's wait for its worker (which can then wait forever); 2026.7.0 and
         later fail the nanny's start instead, which is what oomguard makes of it here."""
         if nanny.status not in (Status.init, Status.starting):
             return False
-        if self._placed is not None:  # not yet seen by _on_exit
-            placed, self._placed = self._placed, None
+        if self.placed is not None:  # not yet seen by the nanny's exit hook
+            placed, self.placed = self.placed, None
             self._discard(placed)
         return self._start_kills > 0
 
-    def _on_failed_start(self) -> None:
+    def failed_start(self, nanny: Nanny) -> None:
         """The worker process died or hung before it was up: say so when its own group's
         limit killed it (the limit now holds its start-up memory too), and remove the group."""
-        placed = self._placed
-        process = self._nanny.process if self._nanny is not None else None
+        placed = self.placed
+        process = nanny.process
         if placed is None or (process is not None and process.pid == placed.pid):
             return  # nothing placed, or it is alive after all: its group stays
-        self._placed = None
+        self.placed = None
         self._discard(placed)
 
     def _discard(self, placed: _Placement) -> None:

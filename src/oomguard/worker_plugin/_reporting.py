@@ -1,8 +1,9 @@
 """The death report: after a worker process's exit, gather the evidence and send it.
 
 Reads the worker's crash file and flight record, its group's counters and the kernel log,
-builds one report and sends it to the scheduler's oomguard (an event in its log where there
-is none); a clean or requested exit sends the clean-exit notice instead.
+builds one `Death` and sends it to the scheduler's oomguard (an event in its log where
+there is none); a clean or requested exit sends the clean-exit notice instead. The nanny
+plugin holds one `Reporter`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import logging
 import os
 import signal
 import socket
-from typing import TYPE_CHECKING, Any
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .._death import wire as _wire
 from .._death.build import build
@@ -31,37 +34,60 @@ from ._send import send_with_retry
 if TYPE_CHECKING:
     from distributed import Nanny
 
+    from .._guard import Guard
+
 logger = logging.getLogger("oomguard.nanny")
 
 
-class ReportingMixin:
-    """`OomguardNannyPlugin`'s reporting half: its methods run on the plugin and share its
-    state (set in `OomguardNannyPlugin._reset`, configuration in `__init__`)."""
+class Reporter:
+    """What a nanny tells the scheduler of its worker processes' ends: one death report
+    per death (`report`), or a clean-exit notice (`send_clean_exit`). It keeps what the
+    report needs beyond the worker's own files: the nanny's own memory kills (`memory_kill`)
+    and the userspace killers found at the nanny's last scan (`killers`)."""
 
-    crash_dir: str | None
+    crash_dir: str
     max_report_size: int | None
-    _nanny: Nanny | None
-    _memory_kills: dict[int, dict]  # the nanny's own memory kills, by PID, until reported
-    _killers: list[dict] | None  # the userspace killers at the nanny's last scan
+    memory_kills: dict[int, dict]  # the nanny's own memory kills, by PID, until reported
+    killers: list[dict] | None  # the userspace killers at the nanny's last scan
     reports_sent: int
-    _internal_error: Any  # OomguardNannyPlugin._internal_error(where)
 
-    async def _report(self, pid, exitcode, requested, address, life, death_time) -> None:
-        try:
+    def __init__(
+        self,
+        nanny: Nanny | None,
+        crash_dir: str,
+        max_report_size: int | None,
+        guard: Guard,
+        closing: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.nanny = nanny
+        self.crash_dir = crash_dir
+        self.max_report_size = max_report_size
+        self.guard = guard
+        self.closing = closing  # the nanny is closing: stop asking a busy scheduler again
+        self.memory_kills = {}
+        self.killers = None
+        self.reports_sent = 0
+
+    def memory_kill(self, msg: dict) -> None:
+        """The nanny's own `worker-restart-memory` event: it is killing the worker for
+        memory (the one way to tell that from any other SIGTERM)."""
+        pid = msg.get("pid")
+        if isinstance(pid, int):
+            self.memory_kills[pid] = {"rss": msg.get("rss"), "time": time.time()}
+
+    async def report(self, pid, exitcode, requested, address, life, death_time) -> None:
+        with self.guard("report"):
             death = await asyncio.to_thread(
-                self._build, pid, exitcode, requested, address, life, death_time
+                self.build, pid, exitcode, requested, address, life, death_time
             )
-            if death is not None and death.cause:
-                await self._send(death)
+            if death.cause:
+                await self.send(death)
             else:
-                await self._send_clean_exit(address, requested, pid)
-        except Exception:
-            self._internal_error("report")
+                await self.send_clean_exit(address, requested, pid)
 
-    def _build(self, pid, exitcode, requested, address, life, death_time) -> Death:
+    def build(self, pid, exitcode, requested, address, life, death_time) -> Death:
         """Gather the evidence (files, counters, kernel log) and build the death."""
-        assert self.crash_dir is not None
-        nanny = self._nanny
+        nanny = self.nanny
         missing: list[str] = list(life.missing) if life else ["worker start not observed"]
         crash_text = _read_text(crash_path(self.crash_dir, pid), missing)
         flight = read_flight_record(flight_path(self.crash_dir, pid))
@@ -81,10 +107,10 @@ class ReportingMixin:
             log = _cgroup.read_kernel_log(since_monotonic=since, timeout=2.0)
             kernel_victim = _cgroup.kernel_oom_victims(log).get(pid)
         reading = life.reading.facts(death_time) if life and life.reading else None
-        memory_kill = self._memory_kills.pop(pid, None)
+        memory_kill = self.memory_kills.pop(pid, None)
         host_memory = _cgroup.host_memory()
         # Killers now, and those of the last scan that are gone since (stopped after a kill).
-        killers = merge_killers(self._killers, find_killers(host_memory.get("total")))
+        killers = merge_killers(self.killers, find_killers(host_memory.get("total")))
         environment = life.environment if life else None
         if environment and valid_job_id(environment.get("slurm_job_id")):
             # What SLURM says of the job now (its state, its --mem): bounded subprocesses.
@@ -133,16 +159,14 @@ class ReportingMixin:
             life.group.remove()
         return death
 
-    async def _send(self, death: Death) -> None:
-        nanny = self._nanny
+    async def send(self, death: Death) -> None:
+        nanny = self.nanny
         if nanny is None:
             return
         data = _wire.encode(death)
         try:
             call = getattr(nanny.scheduler, REPORT_HANDLER)
-            reply, overflows = await send_with_retry(
-                lambda: call(report=data), stop=lambda: bool(getattr(self, "_closing", False))
-            )
+            reply, overflows = await send_with_retry(lambda: call(report=data), stop=self.closing)
             self.reports_sent += 1
             if overflows:
                 status = reply.get("status") if isinstance(reply, dict) else reply
@@ -166,13 +190,13 @@ class ReportingMixin:
         nanny.log_event(DEATH_TOPIC, {"report": data})
         self.reports_sent += 1
 
-    async def _send_clean_exit(
+    async def send_clean_exit(
         self, address: str | None, requested: bool, pid: int | None, stopped: dict | None = None
     ) -> None:
         """No report: the worker (process `pid`) ended with status 0 or its stop was
         `requested` (the scheduler decides its removal at once, not after the grace
         timeout). `stopped`: the nanny itself was stopped by a signal (`stopped_by`)."""
-        nanny = self._nanny
+        nanny = self.nanny
         if nanny is None or not address:
             return
         extra = {} if stopped is None else {"stopped_by": stopped}
