@@ -25,7 +25,7 @@ Invariants (tests/unit/test_decide_model.py checks them over random interleaving
 from __future__ import annotations
 
 import time as _time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Container, Iterable, Mapping
 from typing import Any
 
@@ -37,7 +37,7 @@ from .budget import DeathBudget
 from .deaths import Death, DeathPairing, Removal
 from .decisions import Decision, Forgive, Hold, Release, Stop
 from .evidence import DeathEvidence, death_cause, task_record
-from .isolation import Isolation
+from .isolation import RUN_ALONE_TIMEOUT, Isolation
 from .policy import AbortDecision, FailurePolicy
 from .resize import LargerRetry, Resized
 from .runs import Run, RunLabel, Runs, ShardKey, collection_name
@@ -68,6 +68,7 @@ class DecisionCore:
         abort_on_repeat_signature: bool = True,
         larger_only: bool = True,
         max_reports: int = 1_000,
+        run_alone_timeout: float = RUN_ALONE_TIMEOUT,
     ) -> None:
         self.runs = Runs()
         self.pairing = DeathPairing(grace, max_reports=max_reports)
@@ -80,8 +81,10 @@ class DecisionCore:
         self.workers: dict[str, int | None] = {}  # address -> memory limit
         self.held: set = set()
         self.stopped: dict[Any, Stop] = {}  # key -> the Stop that erred it
-        self.isolation = Isolation(self.held, self.stopped, self.budget)
         self.larger = LargerRetry(self.policy, self.runs)  # retries on a larger worker
+        self.isolation = Isolation(
+            self.held, self.stopped, self.budget, self.workers, self.resized, run_alone_timeout
+        )
         self._now = 0.0
         self.gone: list[RunLabel] = []  # runs that ended (`Runs.ended`): persist, drop
         self._ended: set = set()  # keys that reached memory or erred
@@ -97,11 +100,14 @@ class DecisionCore:
         max_shard_infra_failures: int,
         abort_on_repeat_signature: bool,
         larger_only: bool | None = None,
+        run_alone_timeout: float | None = None,
     ) -> None:
         """Settings changed while running (`oomguard.install`), each applied by its owner
-        (`larger_only` None: as it is)."""
+        (`larger_only`, `run_alone_timeout` None: as it is)."""
         if larger_only is not None:
             self.larger_only = larger_only
+        if run_alone_timeout is not None:
+            self.isolation.seconds = run_alone_timeout
         self.pairing.grace = report_grace
         self.policy.configure(
             max_shard_infra_failures=max_shard_infra_failures,
@@ -112,16 +118,6 @@ class DecisionCore:
     def resized(self) -> dict[Any, Resized]:
         """Keys retried on larger workers (`LargerRetry`)."""
         return self.larger.resized
-
-    @property
-    def suspects(self) -> deque:
-        """Keys held after a shared memory kill, to run alone one at a time (`Isolation`)."""
-        return self.isolation.suspects
-
-    @property
-    def isolating(self) -> Any:
-        """The suspect running alone, or None (`Isolation`)."""
-        return self.isolation.isolating
 
     # --- graphs and task states (hot path: O(1)) -------------------------------------
 
@@ -150,7 +146,7 @@ class DecisionCore:
                     self.policy.shard_done(run.label, key)
                 else:
                     self.policy.shard_erred(run.label, key, aborted=key in self.stopped)
-            return self.isolation.done(key)
+            return self.isolation.done(key, self._now)
         if finish == "forgotten":
             return self.forget(key)
         if key in self.stopped and finish in ("processing", "no-worker", "queued"):
@@ -178,7 +174,7 @@ class DecisionCore:
         self.budget.forget(key)
         self.stopped.pop(key, None)
         self.larger.forget(key)
-        out = self.isolation.done(key)
+        out = self.isolation.done(key, self._now)
         if key in self.held:  # so the plugin forgets what it saved for the key too
             self.held.discard(key)
             out.append(Release((key,)))
@@ -213,6 +209,7 @@ class DecisionCore:
         if keys:
             self.held.update(keys)
             out.append(Hold(tuple(keys)))
+        out += self.isolation.worker_gone(removal.worker, set(removal.processing.values()), now)
         death = self.pairing.removed(removal, now)
         if death is not None:
             out += self._decide(death)
@@ -243,7 +240,7 @@ class DecisionCore:
     def tick(self, now: float, limit: int | None = None) -> list[Decision]:
         """Decide deaths whose grace ran out, at most `limit` (more on the next call)."""
         self._now = now
-        out: list[Decision] = []
+        out = self.isolation.tick(now)
         for key, d in self.larger.timed_out(now, self.stopped):
             out += self._abort(d, key)  # no larger worker came back in time
         for death in self.pairing.expired(now, limit):
@@ -257,7 +254,7 @@ class DecisionCore:
             out += self._decide(death)
         held = tuple(k for k in self.held if k not in self.stopped)
         self.held.clear()
-        self.isolation.clear()
+        out += self.isolation.clear()
         if held:
             out.append(Release(held))
         return [d for d in out if not isinstance(d, Hold)]
@@ -275,7 +272,7 @@ class DecisionCore:
         b = blame(death, self._forgotten)
         out: list[Decision] = []
         forgiven = self._displace(b.displaced, None, b.neighbours)
-        self.isolation.displaced(forgiven)  # one running alone beside a crash goes first again
+        out += self.isolation.displaced(forgiven)  # waited at its gate, or beside a crash
         if forgiven:
             out.append(Forgive(tuple(forgiven)))
         keys = {s: (k if k is not None else self.runs.key(s)) for s, k in b.executing.items()}
@@ -289,6 +286,8 @@ class DecisionCore:
                 self.budget.charge([key])
                 self.budget.settle(key, blamed=True)
         told = DeathEvidence.of(death, cause, b, keys)
+        if told.shared:  # and one of them was to run alone: why it did not
+            self.isolation.explain(told.evidence, keys.values())
         decisions: list[tuple[AbortDecision, Any]] = []
         named = {} if told.suspects else keys or {"": None}  # the shards with events
         if told.suspects:
@@ -325,12 +324,14 @@ class DecisionCore:
                 decisions.append((self._over_budget(key, run, event), key))
         for d, key in decisions:
             out += self._abort(d, key)
-        self.isolation.died(charged, keys.values())
-        if told.shared:
-            # The likely culprit runs alone first: its verdict comes soonest.
-            self._isolate(keys.values(), keys.get(told.likely.shard) if told.likely else None)
+        out += self.isolation.died(charged, keys.values())
+        if told.shared:  # each runs alone, the likely culprit first: its verdict comes soonest
+            first = keys.get(told.likely.shard) if told.likely else None
+            for key in self.isolation.queue(keys.values(), first):
+                if (run := self.runs.of(key)) is not None:
+                    self.policy.isolated(run.label)
         out += self._release_decided(removal)
-        return out + self.isolation.next()
+        return out + self.isolation.next(self._now)
 
     def _suspected(self, told: DeathEvidence, keys: Mapping[ShardKey, Any]) -> FailureEvent:
         """The one event of a death that names none of its suspects: each suspect's run
@@ -366,9 +367,9 @@ class DecisionCore:
         forgiven = self._displace(
             {s: k for s, k in removal.processing.items() if k not in self.stopped}, executing
         )
-        self.isolation.displaced(forgiven)
-        out: list[Decision] = [Forgive(tuple(forgiven))] if forgiven else []
-        return out + self._release_decided(removal) + self.isolation.next()
+        out = self.isolation.displaced(forgiven)
+        out += [Forgive(tuple(forgiven))] if forgiven else []
+        return out + self._release_decided(removal) + self.isolation.next(self._now)
 
     def _displace(
         self,
@@ -414,13 +415,6 @@ class DecisionCore:
             out.append(told.record(told.event(s, self._pipeline(s, run), attempt)))
         return out
 
-    # --- memory: isolation -----------------------------------------------------------
-
-    def _isolate(self, keys: Iterable, first: Any) -> None:
-        for key in self.isolation.queue(keys, first):
-            if (run := self.runs.of(key)) is not None:
-                self.policy.isolated(run.label)
-
     # --- stopping --------------------------------------------------------------------
 
     def _over_budget(self, key: Any, run: Run | None, event: FailureEvent) -> AbortDecision:
@@ -447,7 +441,7 @@ class DecisionCore:
             self.stopped[key] = stop
             self.held.discard(key)
             self.isolation.discard(key)
-        return [stop, *self.isolation.after_stop()]
+        return [stop, *self.isolation.after_stop(self._now)]
 
     # --- memory admission ------------------------------------------------------------
 

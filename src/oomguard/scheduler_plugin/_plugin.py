@@ -25,7 +25,7 @@ from .._exceptions import ConfigError
 from .._guard import Guard
 from .._log import follow_dask_logging
 from .._metrics import OomguardMetrics
-from .._protocol import ADMISSION_TOPIC, HOST_TOPIC, SCHEDULER_PLUGIN
+from .._protocol import ADMISSION_TOPIC, HOST_TOPIC, RUNS_ALONE_FIELD, SCHEDULER_PLUGIN
 from .._store import FailureStore
 from .._urls import is_postgres, redact
 from . import _cluster_name, _removals, _setup
@@ -161,6 +161,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             max_shard_infra_failures=self.settings["max-shard-infra-failures"],
             abort_on_repeat_signature=self.settings["abort-on-repeat-signature"],
             larger_only=self.settings["memory-retry-larger-only"],
+            run_alone_timeout=self.settings["run-alone-timeout"],
         )
         _setup.configure_store(self.store, self.settings)
         if changed:
@@ -189,6 +190,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             max_shard_infra_failures=settings["max-shard-infra-failures"],
             abort_on_repeat_signature=settings["abort-on-repeat-signature"],
             larger_only=settings["memory-retry-larger-only"],
+            run_alone_timeout=settings["run-alone-timeout"],
         )
         self.store = await _setup.open_store(scheduler, settings, self.metrics, self.cluster)
         self.intake = ReportIntake(
@@ -262,8 +264,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
                 await self.close()
                 return
             with self.guard("expire"):
-                # In slices, yielding between them: a storm of expired reports must not
-                # stall the event loop.
+                # In slices, yielding between them: a storm of expired reports never stalls.
                 while out := self.core.tick(time.monotonic(), limit=16):
                     self.apply(out)
                     await asyncio.sleep(0)
@@ -380,11 +381,14 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
                 self.core.memory_waited(key, float(waited))
 
     def _host_event(self, msg) -> None:
-        """A worker's hostname, from its worker plugin's setup. Dask sets `worker` to the
-        sender's address for a worker's event; a label only, it decides nothing."""
+        """A worker's hostname (a label), and whether it can run a task alone, from its worker
+        plugin's setup. Dask sets `worker` to the sender's address for a worker's event."""
         if self.core is None or not isinstance(msg, dict):
             return
         worker, host = msg.get("worker"), msg.get("host")
+        if msg.get(RUNS_ALONE_FIELD) is True and isinstance(worker, str):
+            out = self.core.isolation.worker_able(worker, time.monotonic())
+            asyncio.get_running_loop().call_soon(self._apply_guarded, out)  # after this hook
         if (
             isinstance(worker, str)
             and worker in self._workers

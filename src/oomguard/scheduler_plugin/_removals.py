@@ -43,11 +43,12 @@ def on_event(plugin: OomguardSchedulerPlugin, msg: Any) -> None:
         ws = plugin._workers.pop(worker)
         name = plugin._hostnames.pop(worker, None) or plugin.host_name(worker)
         plugin.handlers.nannies.removed(worker, ws)
-        if msg.get("expected") or plugin.core is None:
-            return  # a stop, or an event after close()
-        if scheduler.status in _setup.SHUTTING_DOWN:
-            return  # the cluster is closing: its workers leave, they do not die
-        out = plugin.core.removed(removal(scheduler, msg, ws, name), time.monotonic())
+        if plugin.core is None or scheduler.status in _setup.SHUTTING_DOWN:
+            return  # an event after close(), or the cluster is closing: no death
+        if msg.get("expected"):  # retired: no death, but a suspect placed there moves
+            out = plugin.core.isolation.worker_gone(worker, (), time.monotonic())
+        else:
+            out = plugin.core.removed(removal(scheduler, msg, ws, name), time.monotonic())
         now = [d for d in out if isinstance(d, Hold)]
         later = [d for d in out if not isinstance(d, Hold)]
         plugin.apply(now)
