@@ -11,7 +11,7 @@ worker starts no other task while the suspect runs, and the suspect starts only 
 tasks already running there have ended (`worker_plugin/_alone.py`). The hold is bounded by
 `seconds`: when it runs out, the worker starts other tasks beside the suspect again, the
 next suspect is placed, and a death shared with that suspect says so in its evidence
-(`note`). When no worker can hold (no worker plugin could run there), a suspect runs where
+(`explain`). When no worker can hold (no worker plugin could run there), a suspect runs where
 Dask places it, as before; when able workers exist but none is here (restarting), it waits
 for one, up to `seconds` too.
 """

@@ -23,8 +23,9 @@ slots) are called only around the real run, so a death while it waits shows it q
 never executing. The suspect itself is first in the worker's queue, so it is the next task
 to take a slot; the tasks that take the other slots after it wait here.
 
-Hot path: a task with no hold in force costs one dict lookup and a set insertion; nothing
-waits and no I/O happens unless a suspect holds this worker.
+Hot path: a task with no hold in force costs two dict lookups, a set insertion and its
+flight slot (which the transition hook used to open); nothing waits and no I/O happens
+unless a suspect holds this worker.
 """
 
 from __future__ import annotations
