@@ -18,6 +18,9 @@ Invariants (tests/unit/test_decide_model.py checks them over random interleaving
 - a key that may have killed a worker is held until that death is decided, so an abort
   decided from it comes before the key can run again;
 - a stopped key never runs again; a run is stopped at most once;
+- one suspect runs alone at a time (so at most one per worker), on an able worker when one
+  is here, and its worker is given back when it ends, dies, is stopped or forgotten, or
+  its hold runs out; a suspect that then dies alone is judged, never queued again;
 - once every key is forgotten and every death decided, nothing is left but the span and
   annotation runs kept for more work in their block (`runs.IDLE_RUNS` at most, no keys).
 """
