@@ -16,7 +16,10 @@
 2. The sampler thread's CPU: the "oomguard-sampler" thread's run time from
    /proc/<pid>/task/<tid>/schedstat (ns) over a window, idle and with a task executing;
    and the worker process's CPU (psutil) over the same window with and without the plugin.
-3. The transition hook per call, in this process, on a flight recorder in a temp dir.
+3. The transition hook per call, in this process, on a flight recorder in a temp dir; and
+   with the run-alone gate (`worker_plugin/_alone.py`), which then opens and closes each
+   task's flight slot around `Worker.execute` instead: the hook per call, and the gate per
+   task over a bare `execute` coroutine (no hold in force, as on every task but a suspect).
 
 Targets (goals, not tests; the script exits 0): throughput ratio <= 1.03.
 """
@@ -24,6 +27,7 @@ Targets (goals, not tests; the script exits 0): throughput ratio <= 1.03.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import shutil
 import statistics
@@ -31,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+from types import SimpleNamespace
 
 import dask
 import psutil
@@ -38,6 +43,7 @@ from distributed import Client, LocalCluster
 
 from oomguard._host.flight import FlightRecorder
 from oomguard.worker_plugin import OomguardWorkerPlugin
+from oomguard.worker_plugin._alone import AloneGate
 
 TARGET_RATIO = 1.03
 PLUGIN = OomguardWorkerPlugin.name
@@ -294,10 +300,54 @@ def transition_cost(n: int) -> list[tuple[str, str]]:
         for name, v in res.items():
             rows.append((f"transition hook, {name} (us per call, over a no-op)", f"{v * 1e6:.2f}"))
         rows.append(("no-op plugin call itself (us)", f"{base_pair * 1e6:.2f}"))
+        rows += gate_cost(plugin, str_keys, tup_keys, pair, noop)
         plugin._recorder.close()
         return rows
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def gate_cost(plugin, str_keys, tup_keys, pair, noop) -> list[tuple[str, str]]:
+    """With the run-alone gate: the hook per call (it returns at once), and the gate's
+    `execute` per task (annotation lookup, flight slot opened and closed) over a bare one."""
+    worker = SimpleNamespace(state=SimpleNamespace(tasks={}))
+    worker.state.tasks = {k: SimpleNamespace(annotations={}) for k in str_keys + tup_keys}
+
+    async def execute(key, *, stimulus_id):  # Dask's, reduced to nothing
+        return key
+
+    worker.execute = execute
+    gate = AloneGate(plugin._task_started, plugin._task_ended, lambda where: None)
+    gate.install(worker)
+
+    async def per_task(fn, keys) -> float:
+        t = time.perf_counter()
+        for k in keys:
+            await fn(k, stimulus_id="s")
+        return (time.perf_counter() - t) / len(keys)
+
+    rows = []
+    plugin._gate = gate
+    try:
+        for _ in range(2):  # the second pass is reported
+            base = pair(noop, str_keys)
+            hook = pair(plugin, str_keys) - base
+            res = {
+                "str key": asyncio.run(per_task(gate.execute, str_keys))
+                - asyncio.run(per_task(execute, str_keys)),
+                "tuple key": asyncio.run(per_task(gate.execute, tup_keys))
+                - asyncio.run(per_task(execute, tup_keys)),
+            }
+    finally:
+        plugin._gate = None
+    rows.append(
+        ("with the gate: transition hook into/out of executing (us per call)", f"{hook * 1e6:.2f}")
+    )
+    for name, v in res.items():
+        rows.append(
+            (f"with the gate: gate per task, {name} (us, over a bare execute)", f"{v * 1e6:.2f}")
+        )
+    return rows
 
 
 # --- report ------------------------------------------------------------------------------

@@ -94,6 +94,17 @@ NANNY = (
 )
 
 
+#: Checked on the worker (an instance) when the worker plugin starts.
+WORKER = (
+    Internal(
+        "Worker.execute, .state.tasks",
+        lambda w: callable(getattr(w, "execute", None)) and hasattr(w.state, "tasks"),
+        "no suspect runs alone on this worker: the scheduler places none here, and the "
+        "flight record says which tasks ran from Dask's task states",
+    ),
+)
+
+
 def _task_state() -> type:
     from distributed.scheduler import TaskState
 

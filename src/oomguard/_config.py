@@ -209,6 +209,7 @@ LIVE_SCHEDULER_KEYS = frozenset(
         "max-shard-infra-failures",
         "abort-on-repeat-signature",
         "memory-retry-larger-only",
+        "run-alone-timeout",
         "max-events",
         "max-signatures",
     }
@@ -219,6 +220,7 @@ _SCHEDULER_GETTERS: dict[str, tuple[Any, tuple]] = {
     "max-shard-infra-failures": (get_int, (1,)),
     "abort-on-repeat-signature": (get_bool, ()),
     "memory-retry-larger-only": (get_bool, ()),
+    "run-alone-timeout": (get_seconds, ()),
     "store": (get_store, ()),
     "spool": (get_optional_path, ()),
     "max-age": (get_optional_seconds, ()),

@@ -29,6 +29,9 @@ ADMISSION_TOPIC = "oomguard-admission"
 STARTUP_TOPIC = "oomguard-startup"
 #: A worker's hostname, sent once by its worker plugin: one name per machine in events.
 HOST_TOPIC = "oomguard-host"
+#: The HOST_TOPIC field by which a worker plugin says it can run a task alone
+#: (`RUN_ALONE_ANNOTATION`): its worker may then be chosen for a suspect's retry.
+RUNS_ALONE_FIELD = "runs-alone"
 #: The activity name of an admission wait on Dask's Fine Performance Metrics page.
 ADMISSION_WAIT_METRIC = "oomguard-admission-wait"
 
@@ -37,6 +40,10 @@ ADMISSION_WAIT_METRIC = "oomguard-admission-wait"
 PIPELINE_ANNOTATION = "oomguard_pipeline"
 #: ``dask.annotate(oomguard_memory=<bytes>)``, as `oomguard.memory(...)` sets it.
 MEMORY_ANNOTATION = "oomguard_memory"
+#: Set by the scheduler plugin on a suspect retried alone after a shared memory kill (the
+#: compute-task message carries it): its worker starts it once the tasks running there have
+#: ended, and no other task until it ends, for at most this many seconds.
+RUN_ALONE_ANNOTATION = "oomguard_alone"
 
 # ----------------------------------------------------------------------------- cgroups
 #: The prefix of oomguard's own per-worker memory groups.

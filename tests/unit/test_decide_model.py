@@ -6,7 +6,9 @@ The model plays Dask and the nannies: workers run and queue keys, die with or wi
 report (early, late, duplicated, never), forged reports arrive, keys finish, err, are
 forgotten and resubmitted, oomguard is "installed" after some keys already run. It applies
 the core's decisions the way the scheduler plugin does: a held or stopped key is never
-started on a worker.
+started on a worker; a suspect placed to run alone starts only on its worker, and there its
+worker's gate (when the worker can hold) lets it begin only once nothing else executes, and
+nothing else begin until it ends or the hold runs out.
 """
 
 from __future__ import annotations
@@ -28,18 +30,21 @@ from oomguard._death.record import BLAMED, Attribution, Death, Task
 from oomguard._decide import (
     IDLE_RUNS,
     DecisionCore,
+    EndAlone,
     Forgive,
     Hold,
     Record,
     Release,
     Removal,
     Restrict,
+    RunAlone,
     Stop,
     Widen,
 )
 
 ALLOWED = 2
 GRACE = 5.0
+HOLD = 8.0  # run-alone-timeout: a few ticks
 KEYS = [f"k-{i}" for i in range(4)] + ["pre-0"]  # pre-*: submitted before install
 WORKERS = [f"tcp://w{i}:1" for i in range(3)]
 CAUSES = ["sigkill", "oom_kill", "native_crash", "memory_terminate", "sigterm"]
@@ -62,9 +67,12 @@ class CoreModel(RuleBasedStateMachine):
     @initialize(
         larger_only=st.booleans(),
         limits=st.lists(st.sampled_from([0, 2**30, 2**31]), min_size=3, max_size=3),
+        able=st.sets(st.sampled_from(WORKERS)),
     )
-    def setup(self, larger_only, limits):
-        self.core = DecisionCore(allowed_failures=ALLOWED, grace=GRACE, larger_only=larger_only)
+    def setup(self, larger_only, limits, able):
+        self.core = DecisionCore(
+            allowed_failures=ALLOWED, grace=GRACE, larger_only=larger_only, run_alone_timeout=HOLD
+        )
         self.now = 0.0
         self.limits = dict(zip(WORKERS, limits))
         self.alive = set(WORKERS)
@@ -89,8 +97,16 @@ class CoreModel(RuleBasedStateMachine):
         self.saw_death: set = set()  # runs a death was recorded for
         # (worker, time) -> (the task whose thread crashed, the tasks executing beside it)
         self.thread_crashes: dict = {}
+        self.able = able  # workers whose plugin can hold (they say so once started)
+        self.alone: dict = {}  # key -> (its worker or None, when placed): RunAlone..EndAlone
+        self.hold: dict = {}  # worker -> (the suspect its gate holds for, until when)
         for w in WORKERS:
-            self.apply(self.core.worker_added(w, self.limits[w]))
+            self.add_worker(w)
+
+    def add_worker(self, w):
+        self.apply(self.core.worker_added(w, self.limits[w]))
+        if w in self.able:
+            self.apply(self.core.isolation.worker_able(w, self.now))
 
     # --- applying decisions, as the scheduler plugin does ---------------------------
 
@@ -112,6 +128,15 @@ class CoreModel(RuleBasedStateMachine):
                 for w in WORKERS:  # released on its worker: Dask no longer has it there
                     for k in d.keys:
                         self.running[w].pop(k, None)
+                        self.left(w, k)
+            elif isinstance(d, RunAlone):
+                assert d.key not in self.stopped, "a stopped key was let run alone"
+                assert not self.alone, f"{d.key} placed while {self.alone} runs alone"
+                self.check_choice(d)
+                self.held.discard(d.key)
+                self.alone[d.key] = (d.worker, self.now)
+            elif isinstance(d, EndAlone):
+                self.alone.pop(d.key, None)
             elif isinstance(d, Record):
                 death = d.death
                 if death is not None:
@@ -156,6 +181,21 @@ class CoreModel(RuleBasedStateMachine):
             if d.amends is None:
                 assert beside <= forgiven, f"{beside - forgiven} not displaced"
 
+    def check_choice(self, d):
+        """The largest able worker here (no limit: the largest), above the limit the key
+        died under when it is retried on larger workers; None only when there is none."""
+        resized = self.core.larger.resized.get(d.key)
+        floor = resized.limit if resized else 0
+        fits = {
+            w: (not self.limits[w], self.limits[w])
+            for w in self.able & self.alive
+            if not self.limits[w] or self.limits[w] > floor
+        }
+        if d.worker is None:
+            assert not fits, fits
+        else:
+            assert d.worker in fits and fits[d.worker] == max(fits.values()), (d, fits)
+
     def no_report_event(self, e):
         """A death no report described is one event: it names a shard only when that shard
         was the only task there or the only one the last heartbeat saw executing; else it
@@ -174,6 +214,20 @@ class CoreModel(RuleBasedStateMachine):
 
     def on_worker(self, key):
         return next((w for w in WORKERS if key in self.running[w]), None)
+
+    def left(self, worker, key):
+        """`key` no longer runs on `worker`: a hold for it there ends."""
+        if self.hold.get(worker, (None,))[0] == key:
+            del self.hold[worker]
+
+    def may_begin(self, key, worker) -> bool:
+        """The worker's gate: nothing begins beside the suspect it holds for, and that
+        suspect begins only once nothing else executes there."""
+        holder = self.hold.get(worker, (None,))[0]
+        if holder is None:
+            return True
+        others = [k for k, ex in self.running[worker].items() if ex and k != key]
+        return key == holder and not others
 
     # --- the world ------------------------------------------------------------------
 
@@ -204,8 +258,20 @@ class CoreModel(RuleBasedStateMachine):
             return
         if worker not in self.alive or self.on_worker(key) is not None:
             return
-        self.running[worker][key] = executing
+        placed, _ = self.alone.get(key, (None, None))
+        if placed is not None and worker != placed:
+            return  # restricted to the worker it runs alone on
+        if key in self.alone and worker in self.able and worker not in self.hold:
+            self.hold[worker] = (key, self.now + HOLD)  # its annotation: the gate holds
+        self.running[worker][key] = executing and self.may_begin(key, worker)
         self.apply(self.core.transition(key, "waiting", "processing"))
+
+    @rule(key=st.sampled_from(KEYS))
+    def begin(self, key):
+        """A key queued on its worker (or waiting at its gate) begins, when the gate lets it."""
+        w = self.on_worker(key)
+        if w is not None and not self.running[w][key] and self.may_begin(key, w):
+            self.running[w][key] = True
 
     @rule(key=st.sampled_from(KEYS), erred=st.booleans())
     def finish(self, key, erred):
@@ -213,6 +279,7 @@ class CoreModel(RuleBasedStateMachine):
         if w is None or not self.running[w][key]:
             return
         del self.running[w][key]
+        self.left(w, key)
         self.done.add(key)
         if erred:
             out, _ = self.core.task_erred(key, "ValueError: no", "", w, "h", 0, self.now)
@@ -224,6 +291,7 @@ class CoreModel(RuleBasedStateMachine):
         if self.on_worker(key) is not None:
             return
         self.apply(self.core.transition(key, "released", "forgotten"))
+        assert key not in self.alone, f"{key} forgotten, its worker still held"
         self.submitted.discard(key)
         self.held.discard(key)
         self.stopped.discard(key)
@@ -335,12 +403,10 @@ class CoreModel(RuleBasedStateMachine):
         self.on_dead[(worker, self.now)] = (dict(tasks), removal.executing_guess)
         if report == "before":
             self.apply(self.core.reported(rep, self.now))
+        self.alive.discard(worker)  # until its nanny restarts it
         self.apply(self.core.removed(removal, self.now))
         self.removals += 1
-        self.running[worker] = {}
-        self.pid[worker] += 1
-        # The nanny restarts it under the same address.
-        self.apply(self.core.worker_added(worker, self.limits[worker]))
+        self.restart(worker)
         return [rep, False] if report == "after" else None
 
     @rule(
@@ -397,13 +463,46 @@ class CoreModel(RuleBasedStateMachine):
         pid = self.pid[worker]
         if notice == "before":
             self.apply(self.core.clean_exit(worker, self.now, requested, pid))
+        self.alive.discard(worker)
         self.apply(self.core.removed(removal, self.now))
         if notice == "after":
             self.now += 0.1
             self.apply(self.core.clean_exit(worker, self.now, requested, pid))
+        self.restart(worker)
+
+    def restart(self, worker):
+        """The nanny restarts a dead worker under the same address: a new process, whose
+        plugin says again that it can hold (if it can)."""
         self.running[worker] = {}
+        self.hold.pop(worker, None)
         self.pid[worker] += 1
-        self.apply(self.core.worker_added(worker, self.limits[worker]))
+        self.alive.add(worker)
+        self.add_worker(worker)
+
+    @rule(report=st.sampled_from(["before", "after"]))
+    def suspect_dies_alone(self, report):
+        """The suspect placed to run alone reaches its worker, starts once the tasks running
+        there have ended, and still runs out of memory: it is judged on that death (a larger
+        worker, an abort, or a plain retry), never queued to run alone again."""
+        key = self.core.isolation.isolating
+        worker = self.alone.get(key, (None,))[0]
+        if worker is None or worker not in self.able:
+            return
+        self.start(key, worker, True)
+        for k, ex in list(self.running[worker].items()):
+            if ex and k != key:
+                self.finish(k, False)  # what the gate waits for
+        self.begin(key)
+        if not self.running[worker].get(key):
+            return  # not there (held, on its way): nothing to see yet
+        assert [k for k, ex in self.running[worker].items() if ex] == [key], "not alone"
+        rep = self.kill(worker, "oom_kill", report, False)
+        if report == "after":  # the same, once its report arrives
+            self.now += 0.001
+            rep[1] = True
+            self.apply(self.core.reported(rep[0], self.now))
+        assert key not in self.core.isolation.suspects, "queued to run alone again"
+        assert key != self.core.isolation.isolating, "placed to run alone again"
 
     @rule(rep=pending, delay=st.sampled_from([0.0, 1.0, 30.0]), copies=st.integers(1, 2))
     def deliver(self, rep, delay, copies):
@@ -437,6 +536,9 @@ class CoreModel(RuleBasedStateMachine):
     @rule(dt=st.sampled_from([0.1, 1.0, 6.0]))
     def tick(self, dt):
         self.now += dt
+        for w, (_, until) in list(self.hold.items()):
+            if self.now >= until:  # the worker's own bound: others begin beside it again
+                del self.hold[w]
         self.apply(self.core.tick(self.now))
 
     # --- the promises ----------------------------------------------------------------
@@ -449,16 +551,26 @@ class CoreModel(RuleBasedStateMachine):
     @invariant()
     def a_held_key_waits_for_a_reason(self):
         core = self.core
+        iso = core.isolation
         for k in core.held:
-            assert (
-                core.budget.undecided(k) > 0
-                or k in core.isolation.suspects
-                or k == core.isolation.isolating
-            ), f"{k} held with nothing to wait for"
+            assert core.budget.undecided(k) > 0 or iso.waits(k), (
+                f"{k} held with nothing to wait for"
+            )
         assert not core.held & set(core.stopped)
-        if core.isolation.isolating is None and core.isolation.suspects:
-            # Isolation only waits for a death still to be decided, never for nothing.
-            assert core.budget.undecided(core.isolation.suspects[0]) > 0, "isolation stalled"
+        if iso.isolating is None and iso.suspects:
+            # Isolation only waits for a death still to be decided, or (bounded) for a
+            # worker that can hold, never for nothing.
+            assert core.budget.undecided(iso.suspects[0]) > 0 or iso.waiting, "isolation stalled"
+
+    @invariant()
+    def a_worker_is_held_for_one_suspect_only_while_it_needs_it(self):
+        # One suspect runs alone at a time (so at most one per worker), and its worker is
+        # given back when it ends, is stopped or forgotten, or the bound runs out (when it
+        # dies: once that death is decided, checked in `suspect_dies_alone`).
+        assert set(self.alone) <= {self.core.isolation.isolating}, self.alone
+        for key, (_, since) in self.alone.items():
+            assert key not in self.stopped and key not in self.done, key
+            assert self.now - since < HOLD + 0.5, f"{key} held its worker past the bound"
 
     @invariant()
     def no_key_runs_while_its_death_is_undecided(self):
@@ -493,7 +605,8 @@ class CoreModel(RuleBasedStateMachine):
         self.apply(self.core.close())
         core = self.core
         assert not core.held and not core.stopped and not core.isolation.suspects
-        assert core.isolation.isolating is None and len(core.budget) == 0 and len(core.runs) == 0
+        assert core.isolation.isolating is None and not core.isolation.overran and not self.alone
+        assert len(core.budget) == 0 and len(core.runs) == 0
         assert len(core.pairing) == 0 and not core.larger.resized
         # Left: the jobs kept for more work in their blocks, at most IDLE_RUNS, no keys.
         kept = {run.label for run in core.runs.idle()}

@@ -365,7 +365,7 @@ def test_a_userspace_oom_kill_of_the_largest_is_a_shared_memory_kill(memory):
     """earlyoom SIGTERMed a worker running two tasks: when the worker held most of the
     host's memory, its tasks are suspects as for memory_terminate (each retried alone);
     when others held it, the death is external (no isolation)."""
-    from oomguard._decide import DecisionCore, Record, Release
+    from oomguard._decide import DecisionCore, Record, RunAlone
 
     c = DecisionCore(allowed_failures=3, grace=5.0)
     c.submitted(["a-1", "b-2"], ["a-1", "b-2"], {}, now=0.0)
@@ -373,8 +373,8 @@ def test_a_userspace_oom_kill_of_the_largest_is_a_shared_memory_kill(memory):
     [record] = [d for d in out if isinstance(d, Record)]
     assert {e.killer for e in record.events} == {"earlyoom"}
     assert record.death.killer.summary == "SIGTERM from earlyoom (pid 812, uid 0)"
-    released = [d.keys for d in out if isinstance(d, Release)]
-    assert (len(released) == 1 and len(released[0]) == 1) is memory  # one runs alone
+    alone = [d.key for d in out if isinstance(d, RunAlone)]
+    assert (len(alone) == 1) is memory  # one runs alone
 
 
 @pytest.mark.parametrize(

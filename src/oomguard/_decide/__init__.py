@@ -2,13 +2,24 @@
 
 `DecisionCore` takes plain events (graphs submitted, task transitions, workers added and
 removed, death reports, task exceptions, clock ticks) and returns plain decisions
-(`Hold`, `Release`, `Restrict`, `Widen`, `Stop`, `Forgive`, `Record`) that the scheduler
-plugin applies to Dask.
+(`Hold`, `Release`, `RunAlone`, `EndAlone`, `Restrict`, `Widen`, `Stop`, `Forgive`,
+`Record`) that the scheduler plugin applies to Dask.
 """
 
 from .accounts import nanny_stop_record
 from .core import DecisionCore
-from .decisions import Decision, Forgive, Hold, Record, Release, Restrict, Stop, Widen
+from .decisions import (
+    Decision,
+    EndAlone,
+    Forgive,
+    Hold,
+    Record,
+    Release,
+    Restrict,
+    RunAlone,
+    Stop,
+    Widen,
+)
 from .pairing import Case, DeathPairing, Removal
 from .runs import ANNOTATION, IDLE_RUNS, Run, Runs
 
@@ -18,6 +29,7 @@ __all__ = [
     "DeathPairing",
     "Decision",
     "DecisionCore",
+    "EndAlone",
     "Forgive",
     "Hold",
     "IDLE_RUNS",
@@ -25,6 +37,7 @@ __all__ = [
     "Release",
     "Removal",
     "Restrict",
+    "RunAlone",
     "Run",
     "Runs",
     "Stop",

@@ -110,10 +110,11 @@ def decided(
     keys: Mapping[ShardKey, Any],
     name_of: Callable[[ShardKey], str],
     attempts: Mapping[ShardKey, int],
+    alone: str = "",
 ) -> Account:
     """The death of `case`, decided now, and its events: `keys` is {str: key} of what `b`
     blames (None: unknown); `name_of` names a task's pipeline; `attempts` the number each
-    blamed shard's failure gets."""
+    blamed shard's failure gets; `alone`, why a suspect placed to run alone did not."""
     report, removal, cause = case.report, case.removal, case.cause
     killer = case.report.killer if report is not None and report.killer else for_cause(cause)
     suspects = tuple(sorted(keys)) if b.suspected else ()
@@ -138,6 +139,9 @@ def decided(
             likely_culprit_share=round(likely.share, 2),
         )
         evidence["summary"] = f"{evidence.get('summary') or cause.value}; {likely.describe()}"
+    if alone:
+        evidence["run_alone"] = alone
+        evidence["summary"] = f"{evidence.get('summary') or ''}; {alone}".lstrip("; ")
     entries = {t.key: t for t in report.tasks} if report is not None else {}
     # One death, one crash, one signature: from the culprit's stack when there is one,
     # else from the first suspect's; several suspects with no report, their functions.

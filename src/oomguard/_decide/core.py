@@ -19,6 +19,9 @@ Invariants (tests/unit/test_decide_model.py checks them over random interleaving
 - a key that may have killed a worker is held until that death is decided, so an abort
   decided from it comes before the key can run again;
 - a stopped key never runs again; a run is stopped at most once;
+- one suspect runs alone at a time (so at most one per worker), on an able worker when one
+  is here, and its worker is given back when it ends, dies, is stopped or forgotten, or
+  its hold runs out; a suspect that then dies alone is judged, never queued again;
 - once every key is forgotten and every death decided, nothing is left but the span and
   annotation runs kept for more work in their block (`runs.IDLE_RUNS` at most, no keys).
 """
@@ -36,7 +39,7 @@ from .accounts import task_record
 from .blame import blame, blamed, memory_kill
 from .budget import DeathBudget
 from .decisions import Decision, Forgive, Hold, Release, Stop
-from .isolation import Isolation
+from .isolation import RUN_ALONE_TIMEOUT, Isolation
 from .pairing import Case, DeathPairing, Removal
 from .policy import FailurePolicy
 from .resize import LargerRetry
@@ -66,6 +69,7 @@ class DecisionCore:
         abort_on_repeat_signature: bool = True,
         larger_only: bool = True,
         max_reports: int = 1_000,
+        run_alone_timeout: float = RUN_ALONE_TIMEOUT,
     ) -> None:
         self.runs = Runs()
         self.pairing = DeathPairing(grace, max_reports=max_reports)
@@ -78,8 +82,15 @@ class DecisionCore:
         self.workers: dict[str, int | None] = {}  # address -> memory limit
         self.held: set = set()
         self.stopped: dict[Any, Stop] = {}  # key -> the Stop that erred it
-        self.isolation = Isolation(self.held, self.stopped, self.budget)
         self.larger = LargerRetry(self.policy, self.runs)  # retries on a larger worker
+        self.isolation = Isolation(
+            self.held,
+            self.stopped,
+            self.budget,
+            self.workers,
+            self.larger.resized,
+            run_alone_timeout,
+        )
         self._now = 0.0
         self.gone: list[RunLabel] = []  # runs that ended (`Runs.ended`): persist, drop
         self._written: dict[RunLabel, PipelineStatus] = {}  # run -> last status written
@@ -95,11 +106,14 @@ class DecisionCore:
         max_shard_infra_failures: int,
         abort_on_repeat_signature: bool,
         larger_only: bool | None = None,
+        run_alone_timeout: float | None = None,
     ) -> None:
         """Settings changed while running (`oomguard.install`), each applied by its owner
-        (`larger_only` None: as it is)."""
+        (`larger_only`, `run_alone_timeout` None: as it is)."""
         if larger_only is not None:
             self.larger_only = larger_only
+        if run_alone_timeout is not None:
+            self.isolation.seconds = run_alone_timeout
         self.pairing.grace = report_grace
         self.policy.configure(
             max_shard_infra_failures=max_shard_infra_failures,
@@ -133,7 +147,7 @@ class DecisionCore:
                     self.policy.shard_done(run.label, key)
                 else:
                     self.policy.shard_erred(run.label, key, aborted=key in self.stopped)
-            return self.isolation.done(key)
+            return self.isolation.done(key, self._now)
         if finish == "forgotten":
             return self.forget(key)
         if key in self.stopped and finish in ("processing", "no-worker", "queued"):
@@ -156,7 +170,7 @@ class DecisionCore:
         self.budget.forget(key)
         self.stopped.pop(key, None)
         self.larger.forget(key)
-        out = self.isolation.done(key)
+        out = self.isolation.done(key, self._now)
         if key in self.held:  # so the plugin forgets what it saved for the key too
             self.held.discard(key)
             out.append(Release((key,)))
@@ -211,6 +225,7 @@ class DecisionCore:
         if keys:
             self.held.update(keys)
             out.append(Hold(tuple(keys)))
+        out += self.isolation.worker_gone(removal.worker, set(removal.processing.values()), now)
         death = self.pairing.removed(removal, now)
         if death is not None:
             out += self._decide(death)
@@ -241,7 +256,7 @@ class DecisionCore:
     def tick(self, now: float, limit: int | None = None) -> list[Decision]:
         """Decide deaths whose grace ran out, at most `limit` (more on the next call)."""
         self._now = now
-        out: list[Decision] = []
+        out = self.isolation.tick(now)
         for key, d in self.larger.timed_out(now, self.stopped):
             out += self._abort(d, key)  # no larger worker came back in time
         for death in self.pairing.expired(now, limit):
@@ -255,7 +270,7 @@ class DecisionCore:
             out += self._decide(death)
         held = tuple(k for k in self.held if k not in self.stopped)
         self.held.clear()
-        self.isolation.clear()
+        out += self.isolation.clear()
         if held:
             out.append(Release(held))
         return [d for d in out if not isinstance(d, Hold)]
@@ -275,7 +290,7 @@ class DecisionCore:
         by = next(iter(culprits)) if len(culprits) == 1 else ""  # whose death took the work
         forgiven = self._displace(b.displaced, None, b.neighbours, by=by)
         self._displace(b.beside, dict.fromkeys(b.beside, True), by=by)  # still charged
-        self.isolation.displaced(forgiven)  # one running alone beside a crash goes first again
+        out += self.isolation.displaced(forgiven)  # waited at its gate, or beside a crash
         if forgiven:
             out.append(Forgive(tuple(forgiven)))
         keys = {s: (k if k is not None else self.runs.key(s)) for s, k in b.executing.items()}
@@ -287,7 +302,9 @@ class DecisionCore:
         )
         named = {} if b.suspected else keys or {"": None}  # the shards with events
         attempts = {s: self.policy.attempt(s) for s in named if s}
-        account = accounts.decided(case, b, keys, self.runs.name_of, attempts)
+        # A shared memory death, and one of them was to run alone: why it did not.
+        alone = self.isolation.why(keys.values()) if b.shared else ""
+        account = accounts.decided(case, b, keys, self.runs.name_of, attempts, alone)
         out.append(account.record)
         decisions: list[tuple[AbortDecision, Any]] = []
         if b.suspected:
@@ -322,12 +339,14 @@ class DecisionCore:
                 decisions.append((self._over_budget(key, run, event), key))
         for d, key in decisions:
             out += self._abort(d, key)
-        self.isolation.died(charged, keys.values())
-        if b.shared:
-            # The culprit, or each suspect, runs alone: its verdict comes soonest.
-            self._isolate(keys.values(), keys.get(b.likely.shard) if b.likely else None)
+        out += self.isolation.died(charged, keys.values())
+        if b.shared:  # the culprit, or each suspect, runs alone: its verdict comes soonest
+            first = keys.get(b.likely.shard) if b.likely else None
+            for key in self.isolation.queue(keys.values(), first):
+                if (run := self.runs.of(key)) is not None:
+                    self.policy.isolated(run.label)
         out += self._release_decided(removal)
-        return out + self.isolation.next()
+        return out + self.isolation.next(self._now)
 
     def _not_a_death(self, death: Case) -> list[Decision]:
         """A removal that was a requested stop: its tasks were only displaced.
@@ -347,9 +366,9 @@ class DecisionCore:
             {s: k for s, k in removal.processing.items() if k not in self.stopped}, executing
         )
         self.budget.decided((), forgiven)
-        self.isolation.displaced(forgiven)
-        out: list[Decision] = [Forgive(tuple(forgiven))] if forgiven else []
-        return out + self._release_decided(removal) + self.isolation.next()
+        out = self.isolation.displaced(forgiven)
+        out += [Forgive(tuple(forgiven))] if forgiven else []
+        return out + self._release_decided(removal) + self.isolation.next(self._now)
 
     def _displace(
         self,
@@ -393,13 +412,6 @@ class DecisionCore:
         attempts = {t.key: max(1, self.policy.attempt(t.key) - 1) for t in blamed(case)[0]}
         return [accounts.late(case, self.runs.name_of, attempts).record]
 
-    # --- memory: isolation -----------------------------------------------------------
-
-    def _isolate(self, keys: Iterable, first: Any) -> None:
-        for key in self.isolation.queue(keys, first):
-            if (run := self.runs.of(key)) is not None:
-                self.policy.isolated(run.label)
-
     # --- stopping --------------------------------------------------------------------
 
     def _over_budget(self, key: Any, run: Run | None, event: FailureEvent) -> AbortDecision:
@@ -422,7 +434,7 @@ class DecisionCore:
             self.stopped[key] = stop
             self.held.discard(key)
             self.isolation.discard(key)
-        return [stop, *self.isolation.after_stop()]
+        return [stop, *self.isolation.after_stop(self._now)]
 
     # --- memory admission ------------------------------------------------------------
 

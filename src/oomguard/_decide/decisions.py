@@ -27,6 +27,26 @@ class Release:
 
 
 @dataclass(frozen=True)
+class RunAlone:
+    """Let held `key` run alone on `worker`: only there, and there it starts once the tasks
+    already running have ended, and no other task starts until it ends or `seconds` have
+    passed (its worker's plugin holds them back). `worker` None: no worker here can hold;
+    it runs where Dask places it."""
+
+    key: Any
+    worker: str | None
+    seconds: float
+
+
+@dataclass(frozen=True)
+class EndAlone:
+    """`key`'s run alone is over (it ended, died, was stopped or forgotten, or its hold ran
+    out): what `RunAlone` changed is given back."""
+
+    key: Any
+
+
+@dataclass(frozen=True)
 class Restrict:
     """Run `key` only on `workers` (a shard killed for memory, retried on larger workers)."""
 
@@ -73,4 +93,4 @@ class Record:
     amends: float | None = None  # a late report: replaces the worker_lost death of that time
 
 
-Decision = Hold | Release | Restrict | Widen | Stop | Forgive | Record
+Decision = Hold | Release | RunAlone | EndAlone | Restrict | Widen | Stop | Forgive | Record

@@ -5,12 +5,25 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import pickle
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .._decide import Forgive, Hold, Record, Release, Restrict, Stop, Widen, nanny_stop_record
+from .._decide import (
+    EndAlone,
+    Forgive,
+    Hold,
+    Record,
+    Release,
+    Restrict,
+    RunAlone,
+    Stop,
+    Widen,
+    nanny_stop_record,
+)
+from .._protocol import RUN_ALONE_ANNOTATION
 from .._words import death_line
 from ._setup import address_host
 from ._slurm_jobs import SlurmJobs
@@ -55,6 +68,8 @@ class DaskActions:
         self.slurm_jobs = SlurmJobs()  # workers' SLURM jobs, asked about when one is lost
         self._lookups: set[asyncio.Task] = set()
         self._saved: dict[Any, tuple] = {}  # held key -> its own restrictions, to restore
+        # key running alone -> its own restrictions, priority and annotations, to restore
+        self._alone: dict[Any, tuple] = {}
         self._logged_aborts = Bounded(LOGGED_ABORTS)  # runs whose abort was announced
 
     def apply(self, decisions: list) -> None:
@@ -66,6 +81,10 @@ class DaskActions:
                 self._hold(d.keys)
             elif isinstance(d, Release):
                 self._release(d.keys)
+            elif isinstance(d, RunAlone):
+                self._run_alone(d)
+            elif isinstance(d, EndAlone):
+                self._end_alone(d.key)
             elif isinstance(d, Forgive):
                 self.metrics.displaced(len(d.keys))
                 for key in d.keys:
@@ -174,6 +193,7 @@ class DaskActions:
             ts = tasks.get(key)
             if ts is None or key in self._saved:
                 continue
+            self._restore_alone(key, ts)  # it ran alone on the dead worker: that is over
             own = set(ts.worker_restrictions) if ts.worker_restrictions else None
             self._saved[key] = (own, ts.loose_restrictions)
             ts.worker_restrictions = {HOLD}
@@ -191,6 +211,58 @@ class DaskActions:
                 recs[key] = "waiting"
         if recs:
             self.scheduler.transitions(recs, stimulus_id=f"oomguard-release-{time.time()}")
+
+    def _run_alone(self, d: RunAlone) -> None:
+        """Restrict the held suspect to its worker, tell that worker's plugin to run it
+        alone there (an annotation, which the compute-task message carries), and put it
+        first in that worker's queue (so no other task takes the thread it waits for)."""
+        ts = self.scheduler.tasks.get(d.key)
+        if ts is None or d.key in self._alone:
+            return
+        own = self._saved.pop(d.key, None)
+        if own is None:  # not held: as it stands
+            own = (
+                set(ts.worker_restrictions) if ts.worker_restrictions else None,
+                ts.loose_restrictions,
+            )
+        restrictions, loose = own
+        self._alone[d.key] = (restrictions, loose, ts.priority, ts.annotations)
+        if d.worker is not None and (not restrictions or loose or d.worker in restrictions):
+            ts.worker_restrictions, ts.loose_restrictions = {d.worker}, False
+            if ts.priority:  # (-user priority, generation, order): first in its queue there
+                ts.priority = (-math.inf, *ts.priority[1:])
+        else:  # no able worker, or one its own restrictions exclude: within them
+            ts.worker_restrictions, ts.loose_restrictions = restrictions, loose
+        # A copy: several tasks may share one annotations dict. Where it runs, a worker
+        # plugin that can hold holds for it.
+        ts.annotations = {**(ts.annotations or {}), RUN_ALONE_ANNOTATION: d.seconds}
+        self.scheduler.log_event(
+            "oomguard",
+            {"action": "run-alone", "shard": str(d.key), "worker": d.worker, "hold": d.seconds},
+        )
+        if ts.state == "no-worker":
+            self.scheduler.transitions(
+                {d.key: "waiting"}, stimulus_id=f"oomguard-run-alone-{time.time()}"
+            )
+
+    def _restore_alone(self, key, ts) -> bool:
+        """Give back what `_run_alone` changed; False when it changed nothing."""
+        saved = self._alone.pop(key, None)
+        if saved is None:
+            return False
+        # The priority first: restricted to one worker, the task is in no queue keyed by it.
+        restrictions, loose, ts.priority, ts.annotations = saved
+        ts.worker_restrictions, ts.loose_restrictions = restrictions, loose
+        return True
+
+    def _end_alone(self, key) -> None:
+        ts = self.scheduler.tasks.get(key)
+        if ts is None:
+            self._alone.pop(key, None)
+        elif self._restore_alone(key, ts) and ts.state == "no-worker":
+            self.scheduler.transitions(
+                {key: "waiting"}, stimulus_id=f"oomguard-alone-{time.time()}"
+            )
 
     def _restrict(self, d: Restrict) -> None:
         self.scheduler.log_event(
@@ -229,8 +301,8 @@ class DaskActions:
         worker can run."""
         tasks = self.scheduler.tasks
         for key in d.keys:
-            saved = self._saved.get(key)
-            if saved is not None:  # held: the restriction applies when it is released
+            saved = self._saved.get(key) or self._alone.get(key)
+            if saved is not None:  # held or alone: the restriction applies after that
                 restrictions = saved[0]
             else:
                 ts = tasks.get(key)
@@ -255,6 +327,8 @@ class DaskActions:
         for key in d.keys:
             self._saved.pop(key, None)  # never restored: it must not run again
             ts = scheduler.tasks.get(key)
+            if ts is not None:
+                self._restore_alone(key, ts)
             if ts is None or ts.state in ("memory", "erred", "forgotten"):
                 continue
             ts.worker_restrictions = {HOLD}

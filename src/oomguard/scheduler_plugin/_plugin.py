@@ -30,6 +30,7 @@ from .._protocol import (
     HOST_TOPIC,
     QUERY_HANDLER,
     REPORT_HANDLER,
+    RUNS_ALONE_FIELD,
     SCHEDULER_PLUGIN,
     UNGUARDED_HANDLER,
 )
@@ -134,10 +135,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         self.settings.update({k: v for k, (_, v) in changed.items()})
         self.config.update({k: v for k, v in config.items() if k in changed})
         self.core.configure(
-            report_grace=self.settings["report-grace-timeout"],
-            max_shard_infra_failures=self.settings["max-shard-infra-failures"],
-            abort_on_repeat_signature=self.settings["abort-on-repeat-signature"],
-            larger_only=self.settings["memory-retry-larger-only"],
+            report_grace=self.settings["report-grace-timeout"], **_setup.core(self.settings)
         )
         _setup.configure_store(self.store, self.settings)
         if changed:
@@ -160,13 +158,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         self.cluster, named_by = _cluster_name.resolve(settings["cluster-name"], scheduler)
         grace = settings["report-grace-timeout"]
         allowed = scheduler.allowed_failures
-        self.core = DecisionCore(
-            allowed_failures=allowed,
-            grace=grace,
-            max_shard_infra_failures=settings["max-shard-infra-failures"],
-            abort_on_repeat_signature=settings["abort-on-repeat-signature"],
-            larger_only=settings["memory-retry-larger-only"],
-        )
+        self.core = DecisionCore(allowed_failures=allowed, grace=grace, **_setup.core(settings))
         self.store = await _setup.open_store(settings, self.metrics, self.cluster)
         self.desk.start(self.core.pairing, self._decide_report, asyncio.get_running_loop())
         self.scheduler = scheduler
@@ -241,8 +233,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
                 await self.close()
                 return
             with self.guard("expire"):
-                # In slices, yielding between them: a storm of expired reports must not
-                # stall the event loop.
+                # In slices, yielding between them: a storm of expired reports never stalls.
                 while out := self.core.tick(time.monotonic(), limit=16):
                     self.apply(out)
                     await asyncio.sleep(0)
@@ -336,10 +327,14 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             if waited is not None and self.core is not None:
                 with self.guard("admission"):
                     self.core.memory_waited(*waited)
-        elif topic == HOST_TOPIC:
-            if self.core is not None and isinstance(msg, dict) and self.workers.host_event(msg):
-                if self.actions is not None:  # its SLURM job, if any (_slurm_jobs.py)
-                    self.actions.slurm_jobs.note(msg["worker"], msg)
+        elif topic == HOST_TOPIC and self.core is not None and isinstance(msg, dict):
+            # A worker's hostname (a label), its SLURM job, and whether it can run a task
+            # alone, from its worker plugin's setup.
+            if msg.get(RUNS_ALONE_FIELD) is True and isinstance(msg.get("worker"), str):
+                out = self.core.isolation.worker_able(msg["worker"], time.monotonic())
+                asyncio.get_running_loop().call_soon(self._apply_guarded, out)  # after the hook
+            if self.workers.host_event(msg) and self.actions is not None:
+                self.actions.slurm_jobs.note(msg["worker"], msg)
         elif topic == "all" and isinstance(msg, dict) and msg.get("action") == "remove-worker":
             with self.guard("log_event"):
                 self._removed(msg)
@@ -363,11 +358,12 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             )
             return
         ws, host = taken
-        if msg.get("expected") or self.core is None:
-            return  # a stop, or an event after close()
-        if scheduler.status in _setup.SHUTTING_DOWN:
-            return  # the cluster is closing: its workers leave, they do not die
-        out = self.core.removed(removal(scheduler, msg, ws, host), time.monotonic())
+        if self.core is None or scheduler.status in _setup.SHUTTING_DOWN:
+            return  # an event after close(), or the cluster is closing: no death
+        if msg.get("expected"):  # retired: no death, but a suspect placed there moves
+            out = self.core.isolation.worker_gone(msg["worker"], (), time.monotonic())
+        else:
+            out = self.core.removed(removal(scheduler, msg, ws, host), time.monotonic())
         self.apply([d for d in out if isinstance(d, Hold)])
         later = [d for d in out if not isinstance(d, Hold)]
         if later:

@@ -216,6 +216,16 @@ def attach_history(
     )
 
 
+def core(settings: dict[str, Any]) -> dict[str, Any]:
+    """The decision core's settings that `install(client, ...)` may change while running."""
+    return {
+        "max_shard_infra_failures": settings["max-shard-infra-failures"],
+        "abort_on_repeat_signature": settings["abort-on-repeat-signature"],
+        "larger_only": settings["memory-retry-larger-only"],
+        "run_alone_timeout": settings["run-alone-timeout"],
+    }
+
+
 def configure_store(store: FailureStore, settings: dict[str, Any]) -> None:
     """Take the store's live settings (`install(client, max_events=...)` while running)."""
     store.max_events = settings["max-events"]

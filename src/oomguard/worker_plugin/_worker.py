@@ -1,4 +1,5 @@
-"""The worker-process side: faulthandler to a crash file, and the flight recorder."""
+"""The worker-process side: faulthandler to a crash file, the flight recorder, and the gate
+that runs a suspect alone."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from .. import _config
+from .. import _compat, _config
 from .._guard import Guard
 from .._host import cgroup as _cgroup
 from .._host.flight import (
@@ -27,9 +28,10 @@ from .._host.growth import GrowthSplit, thread_system_time
 from .._host.paths import configured_crash_dir, crash_path, flight_path
 from .._log import follow_dask_logging
 from .._private import create, private_dir
-from .._protocol import HOST_TOPIC, WORKER_PLUGIN
+from .._protocol import HOST_TOPIC, RUNS_ALONE_FIELD, WORKER_PLUGIN
 from . import _signals
 from ._admission import install_admission
+from ._alone import AloneGate
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -49,7 +51,8 @@ class OomguardWorkerPlugin(WorkerPlugin):
     SIGTERM, and keeps a flight record of the executing tasks and their last sampled stacks,
     which the nanny reads when the process dies (even by SIGKILL, when nothing can run).
     Where its nanny started it with the catchable signals blocked, records who sent each one
-    (`_signals.SignalWaiter`).
+    (`_signals.SignalWaiter`). Runs a suspect alone when the scheduler asks (`_alone.py`):
+    the flight record's slots then open and close around each task's real run.
 
     `crash_dir` and `sample_interval` left None are read in `setup`, from the worker's own
     config (`oomguard.worker.crash-dir`, `.sample-interval`), as its nanny reads them: so the
@@ -89,6 +92,8 @@ class OomguardWorkerPlugin(WorkerPlugin):
         self.guard = Guard(None, logger)  # never take the worker down
         self._admission = None  # host-wide memory admission
         self._wrap_threads = False  # Worker.active_threads still to be wrapped (_ThreadsSeen)
+        self._gate: AloneGate | None = None  # the run-alone gate, where Worker.execute is
+        self._early: set = set()  # keys executing when the gate came: ended by transition
 
     def __getstate__(self):
         return {
@@ -120,9 +125,13 @@ class OomguardWorkerPlugin(WorkerPlugin):
             self._admission = install_admission(worker, self.crash_dir)
         except Exception:
             self._internal_error("admission")
+        self._install_gate(worker)  # after admission: a task waits here before its lease
         # Tasks already executing when the plugin arrives at runtime.
         for ts in list(worker.state.executing):
-            self._slots[ts.key] = self._recorder.task_started(str(ts.key))
+            self._task_started(ts.key)
+            if self._gate is not None:
+                self._gate.running.add(ts.key)
+                self._early.add(ts.key)
         self._watch_threads(worker)
         self._stop.clear()
         self._thread = threading.Thread(
@@ -133,10 +142,36 @@ class OomguardWorkerPlugin(WorkerPlugin):
             # The name its nanny's death reports give this host, so that the scheduler
             # names the host of an exception, or of a death without a report, the same.
             # Its SLURM job too, for the scheduler to ask SLURM when the worker is lost.
+            # And whether it can run a task alone (the scheduler places suspects so).
             job = {k: os.environ[v] for k, v in _SLURM_VARS if os.environ.get(v)}
-            worker.log_event(HOST_TOPIC, {"host": socket.gethostname(), **job})
+            alone = {RUNS_ALONE_FIELD: True} if self._gate is not None else {}
+            worker.log_event(HOST_TOPIC, {"host": socket.gethostname(), **job, **alone})
         except Exception:
             self._internal_error("setup")
+
+    def _install_gate(self, worker: Worker) -> None:
+        """The run-alone gate around `Worker.execute`; without that internal (said once),
+        none, and the scheduler places no suspect here."""
+        gone = _compat.missing(_compat.WORKER, worker)
+        if gone:
+            logger.warning("oomguard: %s", "; ".join(f"no {i.name}, so {i.without}" for i in gone))
+            return
+        try:
+            self._gate = AloneGate(self._task_started, self._task_ended, self._internal_error)
+            self._gate.install(worker)
+        except Exception:
+            self._gate = None
+            self._internal_error("alone_gate")
+
+    def _task_started(self, key) -> None:
+        # The task's code may start now: its flight slot opens (event loop, O(1)).
+        if key not in self._slots and self._recorder is not None:
+            self._slots[key] = self._recorder.task_started(str(key))
+
+    def _task_ended(self, key) -> None:
+        slot = self._slots.pop(key, None)
+        if slot is not None and self._recorder is not None:
+            self._recorder.task_finished(slot)
 
     def _watch_threads(self, worker: Worker) -> None:
         """Have each task's thread recorded in its flight slot as the thread starts it: a
@@ -204,6 +239,9 @@ class OomguardWorkerPlugin(WorkerPlugin):
         self._stop.set()
         if isinstance(threads := getattr(worker, "active_threads", None), _ThreadsSeen):
             threads.plugin = None
+        if self._gate is not None:  # before admission: it wraps admission's execute
+            self._gate.uninstall(worker)
+            self._gate = None
         if self._admission is not None:  # host-wide memory admission
             self._admission.uninstall(worker)
             self._admission = None
@@ -231,16 +269,18 @@ class OomguardWorkerPlugin(WorkerPlugin):
         try:
             if self._wrap_threads and start in ("executing", "long-running"):
                 self._wrap_when_idle()  # O(1): two set sizes, most times
+            gate = self._gate
+            if gate is not None and key not in self._early:
+                return  # the gate opens and closes the slots, around the real run
             if finish == "executing":
-                rec = self._recorder
-                if rec is not None:
-                    self._slots[key] = rec.task_started(str(key))
+                self._task_started(key)
             elif finish != "long-running" and start in ("executing", "long-running"):
                 # A task that seceded (executing -> long-running) still runs and can still
                 # kill its worker: its slot stays until it really ends.
-                slot = self._slots.pop(key, None)
-                if slot is not None and self._recorder is not None:
-                    self._recorder.task_finished(slot)
+                self._task_ended(key)
+                if gate is not None:
+                    self._early.discard(key)
+                    gate.left(key)
         except Exception:
             self._internal_error("transition")
 
