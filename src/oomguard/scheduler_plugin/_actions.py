@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._decide import Forgive, Hold, Record, Release, Restrict, Stop, Widen, nanny_stop_record
+from .._safe_text import safe_name, safe_text
 from .._words import death_line
 from ._slurm_jobs import SlurmJobs
 from ._trust import LOGGED_ABORTS, Bounded
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from .._store import FailureStore
 
 logger = logging.getLogger("oomguard.scheduler")
+#: A death's line in the log at most (bytes): one printable line, its key escaped.
+LINE_BYTES = 4096
 
 #: No worker has this address: a task restricted to it waits in "no-worker".
 HOLD = "oomguard://held"
@@ -94,7 +97,7 @@ class DaskActions:
         if d.death:
             self.metrics.deaths(event.cause, event.killer)
             if d.amends is None:
-                logger.info("oomguard: %s", death_line(event))
+                logger.info("oomguard: %s", safe_name(death_line(event), LINE_BYTES))
             if event.cause == "worker_lost":
                 self.slurm_jobs.lost(self.store, self.guard, event)
             if event.cause == "worker_lost" and self._pods is not None:
@@ -278,7 +281,8 @@ class DaskActions:
         if d.run and d.run not in self._logged_aborts:
             self._logged_aborts.add(d.run)
             self.metrics.pipeline_aborted()
-            logger.warning("%s", d.exception.message)  # it starts "oomguard aborted|stopped"
+            # It starts "oomguard aborted|stopped"; task keys in it are a client's words.
+            logger.warning("%s", safe_text(d.exception.message))
             scheduler.log_event(
                 "oomguard",
                 {
