@@ -33,7 +33,8 @@ from .._protocol import (
     WORKER_GROUP_PREFIX,
     WRONG_NANNY,
 )
-from ._query_bounds import bounded
+from .._safe_text import safe_name
+from ._query_bounds import bounded, capped, pipelines_reply, safe_filters
 from ._trust import CGROUP_NANNIES, Bounded, NannyBook
 
 if TYPE_CHECKING:
@@ -42,6 +43,12 @@ if TYPE_CHECKING:
     from ._plugin import OomguardSchedulerPlugin
 
 logger = logging.getLogger("oomguard.scheduler")
+
+#: Nannies kept as running their worker without oomguard (pruned to the live ones on
+#: each tick); the least recently told go first.
+UNGUARDED_KEPT = 4096
+#: Bytes of a nanny's reason kept, as one printable line.
+REASON_BYTES = 512
 
 
 def sender_matches(peer: str | None, worker: str, nanny: str | None, local: str = "") -> bool:
@@ -90,7 +97,7 @@ class Handlers:
 
     They keep what they count and what nannies tell them, and reach the plugin only through
     its public surface: what it holds (`scheduler`, `core`, `intake`, `store`, `policy`,
-    `guard`, `metrics`) and what it does (`apply`, `persist_pipelines`, `worker_state`,
+    `guard`, `metrics`) and what it does (`apply`, `worker_state`,
     `metrics_snapshot`).
     """
 
@@ -212,7 +219,7 @@ class Handlers:
             )
             return {"status": "rejected"}
         with self.plugin.guard("unguarded"):
-            self.unguarded_nanny(nanny, str(reason)[:512])
+            self.unguarded_nanny(nanny, safe_name(reason, REASON_BYTES))
         return {"status": "ok"}
 
     def on_reports(self, results: list) -> None:
@@ -245,12 +252,21 @@ class Handlers:
                 plugin.apply(out)
 
     def unguarded_nanny(self, nanny: str, reason: str) -> None:
-        if nanny not in self.unguarded_nannies:
-            logger.warning(
-                "oomguard: the nanny %s runs its worker WITHOUT oomguard: %s", nanny, reason
+        """Any connection from the nanny's host can say so: one printable line each, at
+        most `Guard.limited`'s lines a minute, and at most UNGUARDED_KEPT nannies kept."""
+        nannies = self.unguarded_nannies
+        if nanny not in nannies:
+            self.plugin.guard.limited(
+                "unguarded",
+                "oomguard: the nanny %s runs its worker WITHOUT oomguard: %s",
+                safe_name(nanny),
+                reason,
             )
-        self.unguarded_nannies[nanny] = reason
-        self.plugin.metrics.set_unguarded_nannies(len(self.unguarded_nannies))
+        nannies.pop(nanny, None)
+        nannies[nanny] = reason
+        while len(nannies) > UNGUARDED_KEPT:
+            del nannies[next(iter(nannies))]  # the least recently told
+        self.plugin.metrics.set_unguarded_nannies(len(nannies))
 
     def prune_unguarded(self) -> None:
         """Nannies are counted as unguarded while a worker of theirs is here."""
@@ -306,6 +322,7 @@ class Handlers:
         shard histories, signatures and pipelines of this cluster only, unless `fleet`
         is true (every cluster in the store) or `cluster` names one (`query_scope`)."""
         plugin = self.plugin
+        filters = safe_filters(filters)  # names as the store keeps them
         cluster = query_scope(plugin.cluster, filters)
         if what == "cluster":
             return plugin.cluster
@@ -324,12 +341,12 @@ class Handlers:
             await asyncio.to_thread(self._flush)
             row = await asyncio.to_thread(store.pipeline, name, cluster)
             return row.to_dict() if row else None
-        if what == "pipelines":
+        if what == "pipelines":  # read only: the runs in memory beside the stored ones
+            live = self._live() if cluster in (None, plugin.cluster) else []
+            limit = filters.get("limit", 100)
             await asyncio.to_thread(self._flush)
-            plugin.persist_pipelines(final=True)
-            await asyncio.to_thread(self._flush)
-            rows = await asyncio.to_thread(store.pipelines, filters.get("limit", 100), cluster)
-            return [r.to_dict() for r in rows]
+            rows = await asyncio.to_thread(store.pipelines, capped(limit) + len(live), cluster)
+            return pipelines_reply(live, rows, limit)
         if what == "stats":
             return plugin.metrics_snapshot()
         if what == "known":

@@ -25,7 +25,7 @@ from .._exceptions import ConfigError
 from .._guard import Guard
 from .._log import follow_dask_logging
 from .._metrics import OomguardMetrics
-from .._protocol import ADMISSION_TOPIC, HOST_TOPIC, SCHEDULER_PLUGIN
+from .._protocol import ADMISSION_TOPIC, SCHEDULER_PLUGIN
 from .._store import FailureStore
 from .._urls import is_postgres, redact
 from . import _cluster_name, _removals, _setup
@@ -33,6 +33,7 @@ from ._actions import DaskActions, address_host
 from ._handlers import Handlers
 from ._intake import ReportIntake
 from ._trust import Bounded
+from ._worker_events import WorkerEvents
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -76,6 +77,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
     _saved_allowed_failures: int | None  # Dask's count before start, given back at close
     _started: bool  # start() ran to its end: the tick loop may check for removal
     _original_task_erred: Callable[..., Any] | None  # Dask's "task-erred" handler, wrapped
+    _worker_events: WorkerEvents  # Dask's "log-event" handler, wrapped: workers' own events
     _workers: dict[str, WorkerState]  # address -> WorkerState, to read after removal
     _hostnames: dict[str, str]  # address -> the hostname its worker plugin sent
     _machines: Bounded  # IP -> the hostname a worker plugin there sent (see host_name)
@@ -105,6 +107,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         self._saved_allowed_failures = None
         self._started = False
         self._original_task_erred = None
+        self._worker_events = WorkerEvents(self._worker_event)
         self._workers = {}
         self._hostnames = {}
         self._machines = Bounded(MACHINES_KEPT)
@@ -215,6 +218,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         if original is not None:  # else logged by _compat.check
             self._original_task_erred = original
             scheduler.stream_handlers["task-erred"] = self._task_erred
+        self._worker_events.install(scheduler)
         for addr, ws in scheduler.workers.items():
             self._workers[addr] = ws
             self.core.worker_added(addr, ws.memory_limit)
@@ -318,6 +322,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         self.handlers.unregister(scheduler)
         if self._original_task_erred is not None:
             scheduler.stream_handlers["task-erred"] = self._original_task_erred
+        self._worker_events.uninstall(scheduler)
         if self.store is not None:
             self.persist_pipelines(final=True)
         return self.store
@@ -352,42 +357,39 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             self.apply(self.core.worker_added(worker, ws.memory_limit))
 
     def log_event(self, topic, msg):
-        if topic == ADMISSION_TOPIC:
-            self._admission_event(msg)
-            return
-        if topic == HOST_TOPIC:
-            self._host_event(msg)
-            return
+        # A worker's own topics come through `_worker_event`, never from here: any client
+        # may publish them (_worker_events.py).
         if topic == "all":
             _removals.on_event(self, msg)
 
     def remove_worker(self, scheduler, worker, *, stimulus_id=None, **kw):
         _removals.after_removal(self, worker)
 
-    def _admission_event(self, msg) -> None:
-        """A worker's task waited for host memory and then ran: its pipeline's summary
-        says how long its tasks waited. Sent by workers: checked, never trusted."""
-        if self.core is None or not isinstance(msg, dict) or msg.get("outcome") != "granted":
+    def _worker_event(self, worker: str, topic: str, msg: dict) -> None:
+        """An event of `worker` itself, from its own stream (`WorkerEvents`)."""
+        if self.core is None:
             return
-        key, waited = msg.get("key"), msg.get("waited")
-        if (
-            isinstance(key, str)
-            and isinstance(waited, (int, float))
-            and not isinstance(waited, bool)
-            and 0 <= waited < 1e7
-        ):
-            with self.guard("admission"):
-                self.core.memory_waited(key, float(waited))
+        if topic == ADMISSION_TOPIC:
+            self._admission_event(msg)
+        else:
+            with self.guard("log_event"):
+                self._host_event(worker, msg)
 
-    def _host_event(self, msg) -> None:
-        """A worker's hostname, from its worker plugin's setup. Dask sets `worker` to the
-        sender's address for a worker's event; a label only, it decides nothing."""
-        if self.core is None or not isinstance(msg, dict):
-            return
-        worker, host = msg.get("worker"), msg.get("host")
+    def _admission_event(self, msg: dict) -> None:
+        """A worker's task waited for host memory and then ran: its pipeline's summary
+        says how long its tasks waited. Checked, never trusted."""
+        key, waited = msg.get("key"), msg.get("waited")
+        if msg.get("outcome") == "granted" and isinstance(key, str):
+            if type(waited) in (int, float) and 0 <= waited < 1e7:
+                with self.guard("admission"):
+                    self.core.memory_waited(key, float(waited))
+
+    def _host_event(self, worker: str, msg: dict) -> None:
+        """A worker's hostname (and SLURM job), from its worker plugin's setup: a label
+        only, it decides nothing."""
+        host = msg.get("host")
         if (
-            isinstance(worker, str)
-            and worker in self._workers
+            worker in self._workers
             and isinstance(host, str)
             and 0 < len(host) <= 255
             and host.isprintable()
