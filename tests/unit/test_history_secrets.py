@@ -2,7 +2,7 @@
 CLI output, wherever it sits in the URL (the user part, `?password=`, a misspelt or
 percent-encoded key), percent-encoded or malformed (libpq quotes the bad token back), and
 whatever the driver says. The scheduler's own warning, metrics and queries:
-tests/cluster/test_history_secrets.py."""
+tests/cluster/test_scheduler_secrets.py."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from oomguard._cli import main
 from oomguard._exceptions import StoreError
 from oomguard._store import FailureStore
 from oomguard._store.pg import PgReader, Shipper
@@ -57,7 +58,7 @@ def cli(*argv: str, cwd) -> subprocess.CompletedProcess:
     )
 
 
-def test_the_cli_never_prints_the_password(urls, tmp_path):
+def test_the_cli_never_prints_the_password(urls, tmp_path, capsys, caplog):
     pwfile = tmp_path / "pw"
     pwfile.write_text("new-role-pw\n")
     for form, url in urls.items():
@@ -67,11 +68,21 @@ def test_the_cli_never_prints_the_password(urls, tmp_path):
             ("history", "grant", "--store", url, "--role", "x", "--cluster", "c",
              "--password-file", str(pwfile)),
         ):  # fmt: skip
-            proc = cli(*argv, cwd=tmp_path)
-            said = proc.stdout + proc.stderr
+            caplog.clear()
+            with caplog.at_level(logging.DEBUG):
+                try:
+                    main(list(argv))
+                except SystemExit:
+                    pass
+            out, err = capsys.readouterr()
+            said = out + err + "\n".join(r.getMessage() for r in caplog.records)
             assert clean(said), (form, argv[0], said)
             assert "***" in said, (form, argv[0], said)  # where the password was: said so
-            assert "Traceback" not in said, (form, argv[0], said)
+    # And as a user runs it, in a process of its own: the case the issue measured.
+    proc = cli("report", "--store", urls["query, malformed"], cwd=tmp_path)
+    assert proc.returncode == 1 and clean(proc.stdout + proc.stderr), proc.stderr
+    assert 'invalid percent-encoded token: "***"' in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_the_shipper_and_the_reader_never_log_or_raise_the_password(urls, tmp_path, caplog):
