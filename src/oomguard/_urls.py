@@ -1,7 +1,7 @@
 """What `oomguard.scheduler.store` names: a SQLite file (a path) or a PostgreSQL database (a
 `postgresql://` URL, libpq's syntax). A value with another scheme is refused, never taken
-for a path; a URL's password never leaves this module unredacted (`redact`), and a driver's message
-that may quote it passes through `scrub` (`error_line`)."""
+for a path; a URL's password never leaves this module unredacted (`redact`), and a
+driver's message that may quote it passes through `scrub` (`error_line`)."""
 
 from __future__ import annotations
 

@@ -204,15 +204,16 @@ def history_source(url: str) -> Iterator[Any]:
     missing = driver_missing()
     if missing is not None:
         raise ReportFailed(missing)
+    failed = None
     try:
         with pg_connect(url) as conn:
             version = check_version(conn, url, len(MIGRATIONS))
     except StoreError as e:
-        raise ReportFailed(error_line(e, url)) from None
-    except Exception as e:  # never chained: a driver's message may quote the URL
-        raise ReportFailed(
-            f"cannot read the history {redact(url)}: {error_line(e, url)}"
-        ) from None
+        failed = error_line(e, url)
+    except Exception as e:
+        failed = f"cannot read the history {redact(url)}: {error_line(e, url)}"
+    if failed is not None:  # raised here: a driver's error (it may quote the URL) not kept
+        raise ReportFailed(failed)
     if version == 0:
         raise ReportFailed(f"no failure history in {redact(url)}: no scheduler wrote to it yet")
     reader = PgReader(url)

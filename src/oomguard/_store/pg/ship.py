@@ -15,6 +15,7 @@ data is set aside, and every other row goes through (`aside.py`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 import threading
@@ -335,8 +336,9 @@ class Shipper:
                     [(self.origin, a.cluster, a.kind, a.item, a.reason, a.time) for a in aside],
                 )
         except Exception as e:  # counted and logged all the same
-            self._pg.rollback()
             self.last_error = f"recording rows set aside: {error_line(e, self.url)}"
+            with contextlib.suppress(Exception):  # a broken connection: the next round
+                self._pg.rollback()
 
     def _send(self, rows: list, deletes: list, pipelines: list, examples: dict) -> None:
         """One transaction: events (`rows`), signatures' examples, deletions, runs."""
