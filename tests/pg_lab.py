@@ -164,7 +164,7 @@ class ShippedStore:
         self.reader.start()
 
     def flush(self, timeout: float = 30.0) -> bool:
-        return self.shipper.sync(timeout)
+        return bool(self.shipper.sync(timeout))
 
     def close(self) -> None:
         self.shipper.close()

@@ -69,6 +69,11 @@ SCHEDULER = (
         lambda s: "task-erred" in getattr(s, "stream_handlers", {}),
         "task exceptions are not recorded (no USER failures, no memory errors)",
     ),
+    Internal(
+        "the scheduler's 'log-event' stream handler",
+        lambda s: "log-event" in getattr(s, "stream_handlers", {}),
+        "workers' host names, SLURM jobs and memory waits are not taken (hosts named by IP)",
+    ),
 )
 
 #: Checked on the nanny (an instance) and Dask's WorkerProcess class when the nanny plugin

@@ -31,6 +31,8 @@ oomguard_store_errors_total         counter    failure store troubles, by {kind}
 oomguard_history_up                 gauge      1 while the PostgreSQL history takes
                                                events, 0 while it is away (only with one)
 oomguard_history_spool_events       gauge      events in the spool not sent to it yet
+oomguard_history_set_aside_total    counter    rows it refused, set aside (kept in the
+                                               spool only), by {kind} (SET_ASIDE_KINDS)
 ==================================  =========  ===========================================
 """
 
@@ -44,7 +46,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
 
 from ._causes import DEATH_CAUSES, Cause, Killer, Kind, kind_of
-from ._protocol import REJECT_REASONS, SCHEDULER_GUARD_SITES
+from ._protocol import REJECT_REASONS, SCHEDULER_GUARD_SITES, SET_ASIDE_KINDS
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -222,7 +224,14 @@ class OomguardMetrics(Collector):
             "Failure events in the scheduler's spool not yet sent to the PostgreSQL history.",
             registry=None,
         )
-        self.has_history = False  # the two above are exported only with a history
+        self.history_set_aside = Counter(
+            "oomguard_history_set_aside_total",
+            "Rows the PostgreSQL history refused as data, set aside: kept in the spool, "
+            "not sent; every other row went through. `oomguard doctor --store` lists them.",
+            ["kind"],
+            registry=None,
+        )
+        self.has_history = False  # the three above are exported only with a history
         self._metrics = (
             self.failures,
             self.worker_deaths,
@@ -249,12 +258,15 @@ class OomguardMetrics(Collector):
             self.internal_errors.labels(where=where)
         for kind in STORE_ERROR_KINDS | {OTHER}:
             self.store_errors.labels(kind=kind)
+        for kind in SET_ASIDE_KINDS:
+            self.history_set_aside.labels(kind=kind)
 
     # -- the collector protocol ---------------------------------------------------------
 
     def _all(self) -> tuple:
         if self.has_history:
-            return (*self._metrics, self.history_up, self.history_spool_events)
+            history = (self.history_up, self.history_spool_events, self.history_set_aside)
+            return (*self._metrics, *history)
         return self._metrics
 
     def collect(self) -> Iterator[Metric]:
@@ -399,6 +411,17 @@ class OomguardMetrics(Collector):
         self.has_history = True
         self.history_up.set(1 if up else 0)
         self._set(self.history_spool_events, spooled)
+
+    def set_aside(self, kind: str, n: int = 1) -> None:
+        """`n` rows of `kind` (SET_ASIDE_KINDS) the history refused and the shipper set aside.
+
+        >>> metrics.set_aside("run")
+        """
+        amount = _count(n)
+        if amount is None or kind not in SET_ASIDE_KINDS:
+            self.internal_error("metrics")
+            return
+        self.history_set_aside.labels(kind=kind).inc(amount)
 
     def _set(self, gauge: Gauge, n: Any) -> None:
         value = _count(n)

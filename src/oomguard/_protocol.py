@@ -83,6 +83,11 @@ REJECT_REASONS = VALIDATION_REASONS | {
     WRONG_NANNY,
 }
 
+# -------------------------------------------------------------- the PostgreSQL history
+#: What a row the history refused and the shipper set aside was: the label set of
+#: ``oomguard_history_set_aside_total{kind}``.
+SET_ASIDE_KINDS = ("event", "run", "example", "delete")
+
 # ------------------------------------------------------------------------ guard sites
 #: Where the scheduler side catches its own errors (``guard("site")``): the label set of
 #: ``oomguard_internal_errors_total{where}``. tests/unit/test_protocol.py finds every site

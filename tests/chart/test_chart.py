@@ -333,9 +333,15 @@ def test_a_postgresql_history_with_its_password_from_a_secret():
             "persistence": {"enabled": True},
         }
     }
-    deploy = by_kind(manifests(render(values)))[("Deployment", SCHED)]
+    objs = by_kind(manifests(render(values)))
+    deploy = objs[("Deployment", SCHED)]
     env = {e["name"]: e for e in container(deploy)["env"]}
     assert env["DASK_OOMGUARD__SCHEDULER__STORE"]["value"] == url
+    # Issue 39: the writer's credentials go to the scheduler only, never to a worker,
+    # whose tasks run anyone's code.
+    worker_pod = json.dumps(objs[("Deployment", WORKER)]["spec"]["template"])
+    assert "PGPASSWORD" not in worker_pod and "oomguard-db" not in worker_pod
+    assert "SCHEDULER__STORE" not in worker_pod
     assert env["PGPASSWORD"] == {
         "name": "PGPASSWORD",
         "valueFrom": {"secretKeyRef": {"name": "oomguard-db", "key": "pw"}},

@@ -61,7 +61,7 @@ def test_every_listed_internal_is_present_in_the_installed_dask():
             "allowed_failures": 3,
             "workers": {},
             "tasks": {},
-            "stream_handlers": {"task-erred": print},
+            "stream_handlers": {"task-erred": print, "log-event": print},
         },
     )()
     assert _compat.missing(_compat.SCHEDULER, scheduler_like) == [], distributed.__version__

@@ -65,7 +65,7 @@ def test_an_outage_keeps_events_in_the_spool_and_sends_them_once(postgres, pg_ur
             for n in range(100, 250):
                 assert spool.add(ev(n))
             assert spool.flush()
-            assert shipper.sync(timeout=3) is False  # away: kept, not lost
+            assert not shipper.sync(timeout=3)  # away: kept, not lost
             assert shipper.up is False and shipper.backlog == 150
             postgres.start()
             assert shipper.sync(timeout=60)
@@ -212,7 +212,7 @@ def test_migrations_run_once_and_a_newer_schema_is_refused_untouched(pg_url, spo
     shipper.start()
     try:
         spool.add(ev(1))
-        assert shipper.sync(timeout=3) is False
+        assert not shipper.sync(timeout=3)
         assert "schema version 99" in shipper.refused
         assert f"up to {len(MIGRATIONS)}" in shipper.refused
         assert "lab-secret" not in shipper.refused
@@ -252,10 +252,11 @@ def test_a_url_is_never_taken_for_a_path(tmp_path):
     assert not list(tmp_path.iterdir())  # no directory named after the URL
 
 
-def test_a_row_the_database_refuses_is_skipped_and_said_the_rest_arrive(pg_url, spool, caplog):
+def test_a_row_the_database_refuses_is_set_aside_and_said_the_rest_arrive(pg_url, spool, caplog):
+    """More in tests/unit/test_history_trust.py (issue 39)."""
     spool.add(ev(1))
     spool.add(ev(2, attempt=2**40))  # fits SQLite's integer, not PostgreSQL's
-    spool.add(ev(3, shard="nul\x00in key"))  # PostgreSQL's text holds no NUL
+    spool.add(ev(3, shard="nul\x00in key"))  # made safe at the store's door
     spool.add(ev(4))
     shipper = Shipper(spool, pg_url, "a")
     shipper.start()
@@ -267,9 +268,9 @@ def test_a_row_the_database_refuses_is_skipped_and_said_the_rest_arrive(pg_url, 
     with pg_connect(pg_url) as conn:
         shards = [r[0] for r in conn.execute("SELECT shard FROM events ORDER BY local_id")]
     assert shards == ["s1", "nul\\x00in key", "s4"]
-    assert shipper.skipped == 1 and shipper.up is True
+    assert shipper.aside.counts["event"] == 1 and shipper.up is True
     (line,) = [r.getMessage() for r in caplog.records if "refused event" in r.getMessage()]
-    assert "event 2 of the spool" in line and "out of range" in line
+    assert "refused event 2: " in line and "out of range" in line and "set aside" in line
     assert one(pg_url, "SELECT sum(count) FROM signatures") == (3,)
 
 

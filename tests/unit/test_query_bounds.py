@@ -166,3 +166,26 @@ def test_the_report_reads_page_by_page_too(capsys, cluster):
     assert rc == 0, err
     got = [(e["time"], e["id"]) for e in json.loads(out)["events"]]
     assert got == [(e.time, e.id) for e in store.events(limit=1500)]
+
+
+def test_the_pipelines_query_is_capped_and_writes_nothing(cluster):
+    """Issue 39: `pipelines` took any limit with no byte cap, and re-persisted (and with a
+    PostgreSQL history re-shipped) every run in memory at each call."""
+    client, store = cluster
+    own = _rpc(client, what="cluster")
+    for i in range(1500):
+        store.upsert_pipeline(
+            oomguard.PipelineStatus(
+                f"run-{i}", "failed", 1, 1, 0, 0, 1, "s" * 16_000, started=T0 + i, cluster=own
+            )
+        )
+    assert store.flush()
+    queued = store._enqueued
+    rows = _rpc(client, what="pipelines", limit=None)
+    assert 0 < len(rows) <= QUERY_MAX_ROWS
+    assert sum(len(r["summary"]) for r in rows) <= QUERY_MAX_BYTES + 16_100
+    assert len(rows) < 1000  # the bytes ended this reply, not the rows
+    assert len(_rpc(client, what="pipelines", limit=5)) == 5
+    assert store._enqueued == queued  # nothing written by the queries
+    with pytest.raises(Exception, match="limit"):
+        _rpc(client, what="pipelines", limit="all")

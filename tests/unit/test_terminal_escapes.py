@@ -58,18 +58,24 @@ def test_the_report_shows_a_hostile_key_escaped(capsys, history):
     assert SHOWN in out and f"etl{SHOWN}" in out
 
 
-def test_json_keeps_the_key_itself(capsys, history):
+def test_json_shows_the_key_as_the_store_keeps_it(capsys, history):
+    """Since issue 39 names are made safe where they enter the store: the key is kept with
+    its control characters written as escapes, and a query by the key itself finds it."""
     rc, out, err = report(capsys, "--store", history, "--events", "--json")
     assert rc == 0, err
-    assert not RAW.search(out)
     (event,) = json.loads(out)["events"]
-    assert event["shard"] == f"('load', '{KEY}')" and event["pipeline"] == f"etl{KEY}"
+    assert event["shard"] == f"('load', '{SHOWN}')" and event["pipeline"] == f"etl{SHOWN}"
+    assert not RAW.search(event["shard"] + event["pipeline"] + event["signature_title"])
+    rc, out, err = report(  # the name as given finds it: the filter is made safe alike
+        capsys, "--store", history, "--json", "--pipeline", f"etl{KEY}", "--events"
+    )
+    assert rc == 0 and len(json.loads(out)["events"]) == 1, err
 
 
 def test_a_mistyped_name_lists_the_known_ones_escaped(capsys, history):
     rc, out, err = report(capsys, "--store", history, "--pipeline", "etl")
     assert rc == 3
-    assert not RAW.search(err) and f"etl{SHOWN}" in err, err
+    assert not RAW.search(err) and repr(f"etl{SHOWN}") in err, err
 
 
 def test_fingerprint_shows_a_hostile_path_escaped(capsys, tmp_path):

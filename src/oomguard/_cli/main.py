@@ -1,4 +1,4 @@
-"""The `oomguard` command: `demo`, `report`, `fingerprint`, `doctor`.
+"""The `oomguard` command: `demo`, `report`, `fingerprint`, `doctor`, `history`.
 
 Each subcommand lives in its own module and registers itself here with `add_parser`;
 errors print one clear line on stderr and exit non-zero.
@@ -17,13 +17,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Why your Dask workers died, and which crashes are the same crash.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    from . import demo, fingerprint, report
+    from . import demo, fingerprint, history, report
     from .doctor import command as doctor
 
     demo.add_parser(sub)
     fingerprint.add_parser(sub)
     report.add_parser(sub)
     doctor.add_parser(sub)
+    history.add_parser(sub)
     return parser
 
 

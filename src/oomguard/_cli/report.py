@@ -35,6 +35,7 @@ from .._client import filters as _filters
 from .._config import CLUSTER_NAME_MAX
 from .._display import one_line
 from .._exceptions import ReportFailed
+from .._safe_text import safe_name
 from .layout import key_line, output_width
 from .report_default import store_to_read
 from .report_peaks import peaks_from_file, peaks_from_workers, render_peaks
@@ -152,12 +153,12 @@ def parse_shard(text: str) -> str:
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             key = None
         if type(key) is tuple and _is_key(key):
-            return str(key)
+            return safe_name(str(key))  # as the store keeps it
         why = "it begins like a tuple but is not a tuple of strings and numbers"
     elif s.count("(") != s.count(")") or s.count("[") != s.count("]"):
         why = "its brackets do not pair up, as in a key copied in part"
     else:
-        return s
+        return safe_name(s)
     raise argparse.ArgumentTypeError(
         f"{text!r} is not a task key: {why}; give the key as str(key) writes it, e.g. "
         "\"('load-0a1b', 17)\" or load-0a1b"
@@ -260,7 +261,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         metavar="KILLER",
         help="who ended the worker: " + ", ".join(_filters.KILLERS),
     )
-    p.add_argument("--pipeline", metavar="NAME")
+    p.add_argument("--pipeline", type=safe_name, metavar="NAME")
     p.add_argument(
         "--cluster",
         type=_cluster,
@@ -274,7 +275,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         metavar="KEY",
         help="a task key as str(key) writes it, e.g. \"('load', 7)\" or load-0a1b",
     )
-    p.add_argument("--signature", metavar="ID")
+    p.add_argument("--signature", type=safe_name, metavar="ID")
     p.add_argument(
         "--since",
         type=parse_since,

@@ -199,19 +199,21 @@ def history_source(url: str) -> Iterator[Any]:
     """The PostgreSQL history at `url` (every cluster's), read only; ReportFailed, one line
     with the password hidden, when it cannot be read or holds no oomguard history."""
     from .._store.pg import MIGRATIONS, PgReader, check_version, pg_connect
-    from .._store.pg.ship import one_line as pg_line
-    from .._urls import driver_missing, redact
+    from .._urls import driver_missing, error_line, redact
 
     missing = driver_missing()
     if missing is not None:
         raise ReportFailed(missing)
+    failed = None
     try:
         with pg_connect(url) as conn:
             version = check_version(conn, url, len(MIGRATIONS))
     except StoreError as e:
-        raise ReportFailed(one_line(e)) from e
+        failed = error_line(e, url)
     except Exception as e:
-        raise ReportFailed(f"cannot read the history {redact(url)}: {pg_line(e, url)}") from e
+        failed = f"cannot read the history {redact(url)}: {error_line(e, url)}"
+    if failed is not None:  # raised here: a driver's error (it may quote the URL) not kept
+        raise ReportFailed(failed)
     if version == 0:
         raise ReportFailed(f"no failure history in {redact(url)}: no scheduler wrote to it yet")
     reader = PgReader(url)

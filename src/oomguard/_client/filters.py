@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .._causes import Cause, Killer, Kind
+from .._safe_text import safe_name
 
 T = TypeVar("T")
 
@@ -178,7 +179,7 @@ def text(value: Any, name: str, what: str = "a name", *, required: bool = False)
     if value is None and not required:
         return None
     if isinstance(value, str):
-        return str.__str__(value)
+        return safe_name(value)  # as the store keeps names (`_safe_text`)
     return _fail(f"{_subject(name, value)} is not {what}; expected a str")
 
 
@@ -258,8 +259,9 @@ def closest(value: str, known: list[str]) -> str | None:
 
 def shard(value: Any) -> str | None:
     """A shard as the store keeps it: the task key as `str(key)`, so ``("load", 7)`` and
-    ``"('load', 7)"`` name the same shard (None: no filter)."""
-    return value if value is None or isinstance(value, str) else str(value)
+    ``"('load', 7)"`` name the same shard (None: no filter); made safe as the store makes
+    the shards it keeps (`_safe_text.safe_name`)."""
+    return None if value is None else safe_name(value)
 
 
 def _now(now: float | None) -> float:

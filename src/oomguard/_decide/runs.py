@@ -7,6 +7,8 @@ A pipeline is named, in order of precedence, by
    from its first output key down to a root task, without Dask's own steps (`finalize`,
    the `-partial`/`-aggregate` phases of one reduction): `random_sample → mean`, or the
    function of a `client.map` (`collection_name`).
+Whoever submits chooses the name, so it is made safe once per run (`_safe_text.safe_name`:
+one printable line of at most 1 KiB; a longer one keeps its start and a hash of the whole).
 
 A *run* (a *job*: what the user wrapped) is one execution of a pipeline, judged on its own
 (its own counters and decision), however many graphs it arrives in (a dask.dataframe makes
@@ -37,6 +39,7 @@ from typing import Any, NewType
 from dask.utils import key_split
 
 from .._protocol import PIPELINE_ANNOTATION as ANNOTATION
+from .._safe_text import safe_name
 
 #: Span and annotation runs kept after their keys are all forgotten, most recent last. A run
 #: is a few hundred bytes of counters, plus a record per shard that failed.
@@ -208,6 +211,7 @@ class Runs:
         return touched
 
     def _start(self, name: str, identity: tuple, now: float) -> Run:
+        name = safe_name(name)  # a client's span or annotation: printable and bounded
         seen = self._seen
         n = seen[name] = seen.pop(name, 0 if not self._dropped else self._dropped) + 1
         if len(seen) > self._seen_names:

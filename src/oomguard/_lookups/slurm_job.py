@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import subprocess
 import threading
 import time
@@ -58,14 +59,39 @@ def _run(argv: list[str], timeout: float, cap: int = OUTPUT_MAX) -> str | None:
     return out.decode("utf-8", "replace")
 
 
-def _tail(path: str, cap: int = slurm.OUTPUT_TAIL) -> str | None:
+def _tail(path: str, cap: int = slurm.OUTPUT_TAIL, timeout: float = TIMEOUT) -> str | None:
+    """The last `cap` bytes of the job's stderr file, or None. SLURM names the path, the
+    job's user makes the file: it is opened without blocking and without following a
+    symlink, read only when it is a regular file (a FIFO there would block a thread of the
+    event loop's executor for good, a device never ends), and read on a thread of its own
+    for `timeout` seconds at most (a hung network filesystem keeps that thread, not the
+    caller)."""
+    out: list[str | None] = []
+    reader = threading.Thread(
+        target=lambda: out.append(_read_tail(path, cap)), name="oomguard-slurm-stderr", daemon=True
+    )
+    reader.start()
+    reader.join(timeout)
+    return out[0] if out else None
+
+
+def _read_tail(path: str, cap: int) -> str | None:
     try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(f.tell() - cap, 0))
-            return f.read(cap).decode("utf-8", "replace")
+        fd = os.open(
+            path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
+        )
     except OSError:
         return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        start = max(st.st_size - cap, 0)
+        return os.pread(fd, cap, start).decode("utf-8", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def query(

@@ -1,6 +1,8 @@
 """The queued form of a write: a FailureEvent or a PipelineStatus checked and encoded on
 the caller's thread (a bad field is refused there, naming it), so the writer thread only
-inserts tuples of atomics."""
+inserts tuples of atomics. Every text is made safe here, the store's one door
+(`oomguard._safe_text`): names printable and bounded, prose and evidence without control
+characters, so no row can break a batch of the spool or of the PostgreSQL history."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import json
 from typing import Any
 
 from .._models import FailureEvent, PipelineStatus
+from .._safe_text import EXAMPLE_CHARS, safe_name, safe_text, safe_value
 
 _TEXT_FIELDS = (
     "kind",
@@ -22,6 +25,8 @@ _TEXT_FIELDS = (
 #: After grouping_version, in the column order of batch._INSERT_EVENT: who ended the
 #: worker (issue 26), the cluster (issue 29; last, so CLUSTER is the row's last index).
 _LATER_FIELDS = ("killer", "killer_how", "killer_confidence", "killer_summary", "cluster")
+#: Prose, not a name: kept with its lines, and longer.
+_PROSE_FIELDS = frozenset({"killer_summary"})
 #: An events row's length; an item with an example trace has one more.
 ROW = 1 + len(_TEXT_FIELDS) + 3 + len(_LATER_FIELDS)
 #: The index of the cluster in an events row.
@@ -55,7 +60,7 @@ def event_item(e: FailureEvent, grouping_version: Any, example: Any) -> tuple:
             if not isinstance(value, str):
                 raise TypeError(f"field {name!r} must be a str, got {type(value).__name__}")
             value = str.__str__(value)  # Cause.OOM_KILL -> "oom_kill", a plain str
-        texts.append(value)
+        texts.append(safe_text(value) if name in _PROSE_FIELDS else safe_name(value))
     attempt = e.attempt
     if type(attempt) is not int:
         raise TypeError(f"field 'attempt' must be an int, got {attempt!r}")
@@ -67,12 +72,13 @@ def event_item(e: FailureEvent, grouping_version: Any, example: Any) -> tuple:
         raise TypeError(f"field 'evidence' must be a dict, got {type(e.evidence).__name__}")
     try:
         # Encoded now: a snapshot, even if the caller mutates the dict afterwards.
-        evidence = _encode_json(e.evidence)
+        # Escaped, not cut: what a death's evidence may cost is bounded before (evidence.py).
+        evidence = _encode_json(safe_value(e.evidence, None))
     except (TypeError, ValueError) as err:
         raise TypeError(f"field 'evidence' is not JSON-serialisable: {err}") from None
     n = len(_TEXT_FIELDS)
     row = (t, *texts[:n], evidence, attempt, grouping_version, *texts[n:])
-    return (*row, example) if example else row
+    return (*row, safe_text(example, EXAMPLE_CHARS)) if example else row
 
 
 _encode_json = json.JSONEncoder(separators=(",", ":")).encode
@@ -86,7 +92,8 @@ def pipeline_row(p: PipelineStatus, updated: float) -> tuple:
         value = getattr(p, name)
         if not isinstance(value, str):
             raise TypeError(f"field {name!r} must be a str, got {type(value).__name__}")
-        texts[name] = str.__str__(value)
+        value = str.__str__(value)
+        texts[name] = safe_text(value) if name in ("summary", "abort_reason") else safe_name(value)
     for name in _PIPELINE_INT_FIELDS:
         value = getattr(p, name)
         if isinstance(value, bool) or not isinstance(value, int):

@@ -24,6 +24,7 @@ from .._decide import (
     nanny_stop_record,
 )
 from .._protocol import RUN_ALONE_ANNOTATION
+from .._safe_text import safe_name, safe_text
 from .._words import death_line
 from ._setup import address_host
 from ._slurm_jobs import SlurmJobs
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
     from .._store import FailureStore
 
 logger = logging.getLogger("oomguard.scheduler")
+#: A death's line in the log at most (bytes): one printable line, its key escaped.
+LINE_BYTES = 4096
 
 #: No worker has this address: a task restricted to it waits in "no-worker".
 HOLD = "oomguard://held"
@@ -119,7 +122,7 @@ class DaskActions:
         killer = death.killer.name if death.killer is not None else ""
         self.metrics.deaths(death.cause, killer)
         if d.amends is None:
-            logger.info("oomguard: %s", death_line(events[0]))
+            logger.info("oomguard: %s", safe_name(death_line(events[0]), LINE_BYTES))
         if death.cause == "worker_lost":
             self.slurm_jobs.lost(self.store, self.guard, events[0])
             if self._pods is not None:
@@ -358,7 +361,8 @@ class DaskActions:
         if d.run and d.run not in self._logged_aborts:
             self._logged_aborts.add(d.run)
             self.metrics.pipeline_aborted()
-            logger.warning("%s", d.exception.message)  # it starts "oomguard aborted|stopped"
+            # It starts "oomguard aborted|stopped"; task keys in it are a client's words.
+            logger.warning("%s", safe_text(d.exception.message))
             scheduler.log_event(
                 "oomguard",
                 {

@@ -27,7 +27,6 @@ from .._metrics import OomguardMetrics
 from .._protocol import (
     ADMISSION_TOPIC,
     CLEAN_EXIT_HANDLER,
-    HOST_TOPIC,
     QUERY_HANDLER,
     REPORT_HANDLER,
     RUNS_ALONE_FIELD,
@@ -40,6 +39,7 @@ from ._actions import DaskActions
 from ._queries import Queries
 from ._removals import removal
 from ._reports import ReportDesk, notice
+from ._worker_events import WorkerEvents
 from ._workers import Workers, admission_wait
 
 if TYPE_CHECKING:
@@ -80,6 +80,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
     _saved_allowed_failures: int | None  # Dask's count before start, given back at close
     _started: bool  # start() ran to its end: the tick loop may check for removal
     _original_task_erred: Callable[..., Any] | None  # Dask's "task-erred" handler, wrapped
+    _worker_events: WorkerEvents  # Dask's "log-event" handler, wrapped: workers' own events
     _undo_stop: Callable[[], None]  # takes back the hook on Scheduler.stop() (_setup.on_stop)
 
     def __init__(self, **config: Any):
@@ -100,13 +101,14 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         self.dashboard_path = ""
         self.metrics = OomguardMetrics()
         self.guard = Guard(self.metrics, logger)
-        self.workers = Workers(self.metrics)
+        self.workers = Workers(self.metrics, self.guard)
         self.desk = ReportDesk(self.workers.nannies, self.metrics, self.guard)
         self.removals_refused = 0
         self._tasks = []
         self._saved_allowed_failures = None
         self._started = False
         self._original_task_erred = None
+        self._worker_events = WorkerEvents(self._worker_event)
         self._undo_stop = _nothing
 
     def __getstate__(self):
@@ -172,9 +174,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             host_name=self.workers.host_name,
             cluster=self.cluster,
         )
-        self.queries = Queries(
-            self.store, self.cluster, self.core.policy, self._persist_all, self.metrics_snapshot
-        )
+        self.queries = Queries(self.store, self.cluster, self.core.policy, self.metrics_snapshot)
         # Dask's count stays a finite backstop, one above the core's exact bound, so the
         # core (which decides with the death report in hand) always speaks first.
         self._saved_allowed_failures = allowed
@@ -185,6 +185,8 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         if original is not None:  # else logged by _compat.check
             self._original_task_erred = original
             scheduler.stream_handlers["task-erred"] = self._task_erred
+        self._worker_events.install(scheduler)
+        self._worker_events.install(scheduler)
         for addr, ws in scheduler.workers.items():
             self.workers.added(addr, ws)
             self.core.worker_added(addr, ws.memory_limit)
@@ -288,6 +290,8 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
                 del scheduler.handlers[name]
         if self._original_task_erred is not None:
             scheduler.stream_handlers["task-erred"] = self._original_task_erred
+        self._worker_events.uninstall(scheduler)
+        self._worker_events.uninstall(scheduler)
         if self.store is not None:
             self.persist_pipelines(final=True)
         return self.store
@@ -322,22 +326,29 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             self.apply(self.core.worker_added(worker, ws.memory_limit))
 
     def log_event(self, topic, msg):
-        if topic == ADMISSION_TOPIC:
-            waited = admission_wait(msg)
-            if waited is not None and self.core is not None:
-                with self.guard("admission"):
-                    self.core.memory_waited(*waited)
-        elif topic == HOST_TOPIC and self.core is not None and isinstance(msg, dict):
-            # A worker's hostname (a label), its SLURM job, and whether it can run a task
-            # alone, from its worker plugin's setup.
-            if msg.get(RUNS_ALONE_FIELD) is True and isinstance(msg.get("worker"), str):
-                out = self.core.isolation.worker_able(msg["worker"], time.monotonic())
-                asyncio.get_running_loop().call_soon(self._apply_guarded, out)  # after the hook
-            if self.workers.host_event(msg) and self.actions is not None:
-                self.actions.slurm_jobs.note(msg["worker"], msg)
-        elif topic == "all" and isinstance(msg, dict) and msg.get("action") == "remove-worker":
+        # A worker's own topics come through `_worker_event`, never from here: any client
+        # may publish them (_worker_events.py).
+        if topic == "all" and isinstance(msg, dict) and msg.get("action") == "remove-worker":
             with self.guard("log_event"):
                 self._removed(msg)
+
+    def _worker_event(self, worker: str, topic: str, msg: dict) -> None:
+        """An event of `worker` itself, from its own stream (`WorkerEvents`): a task that
+        waited for host memory, or its hostname, SLURM job and whether it can run a task
+        alone (its worker plugin's setup)."""
+        if self.core is None:
+            return
+        if topic == ADMISSION_TOPIC:
+            if (waited := admission_wait(msg)) is not None:
+                with self.guard("admission"):
+                    self.core.memory_waited(*waited)
+            return
+        with self.guard("log_event"):
+            if msg.get(RUNS_ALONE_FIELD) is True:
+                out = self.core.isolation.worker_able(worker, time.monotonic())
+                asyncio.get_running_loop().call_soon(self._apply_guarded, out)  # after the hook
+            if self.workers.host_event({**msg, "worker": worker}) and self.actions is not None:
+                self.actions.slurm_jobs.note(worker, msg)
 
     def _removed(self, msg: dict) -> None:
         """Dask's `remove-worker` event, published after it counted the dead worker's tasks
@@ -429,7 +440,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         if not self.desk.from_nanny(getattr(comm, "peer_address", None), nanny):
             return {"status": "rejected"}
         with self.guard("unguarded"):
-            self.workers.unguarded_nanny(nanny, str(reason)[:512])
+            self.workers.unguarded_nanny(nanny, reason)
         return {"status": "ok"}
 
     async def query(self, comm=None, what: str = "", **filters: Any) -> Any:
@@ -473,16 +484,6 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         """Write the runs whose status changed (`DecisionCore.changed_runs`)."""
         for status in self.core.changed_runs(final):
             self.store.upsert_pipeline(dataclasses.replace(status, cluster=self.cluster))
-
-    def _persist_all(self) -> None:
-        self.persist_pipelines(final=True)
-
-    def _live_runs(self) -> list:
-        """The statuses of the runs in memory (not yet all written), with this cluster."""
-        policy = self.core.policy
-        return [
-            dataclasses.replace(policy.status(r), cluster=self.cluster) for r in policy.pipelines()
-        ]
 
     def metrics_snapshot(self) -> dict:
         """The scheduler side's counts, for the "stats" query (`ReportDesk.snapshot`)."""

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._config import CLUSTER_NAME_MAX
-from ._query_bounds import bounded
+from ._query_bounds import bounded, capped, pipelines_reply, safe_filters
 
 if TYPE_CHECKING:
     from .._decide.policy import FailurePolicy
@@ -22,20 +22,18 @@ _READS = ("events", "signatures", "shard", "signature")
 class Queries:
     """One cluster's history, read for clients: `store` (this scheduler's; the spool of a
     PostgreSQL history, whose reader answers for other clusters), the runs in memory
-    (`policy`; `persist` writes them), `stats` the scheduler side's counts."""
+    (`policy`), `stats` the scheduler side's counts. Nothing here writes."""
 
     def __init__(
         self,
         store: FailureStore,
         cluster: str,
         policy: FailurePolicy,
-        persist: Callable[[], None],
         stats: Callable[[], dict],
     ) -> None:
         self.store = store
         self.cluster = cluster
         self.policy = policy
-        self.persist = persist
         self.stats = stats
 
     def live(self) -> list[PipelineStatus]:
@@ -49,6 +47,7 @@ class Queries:
         """The events, shard histories, signatures and pipelines of this cluster only,
         unless `fleet` is true (every cluster in the store) or `cluster` names one
         (`query_scope`)."""
+        filters = safe_filters(filters)  # names as the store keeps them
         cluster = query_scope(self.cluster, filters)
         if what == "cluster":
             return self.cluster
@@ -60,7 +59,7 @@ class Queries:
         store = self.store if history is None or cluster == self.cluster else history.reader
         if what == "signature" and history is not None:
             store = history.reader  # one signature by its id: its row spans every cluster
-        if what in ("pipeline", "known"):  # the runs in memory are this cluster's only
+        if what in ("pipeline", "pipelines", "known"):  # runs in memory: this cluster's only
             live = [] if cluster not in (None, self.cluster) else self.live()
         if what == "pipeline":
             name = filters.get("name", "")
@@ -70,12 +69,11 @@ class Queries:
             await asyncio.to_thread(self._flush)
             row = await asyncio.to_thread(store.pipeline, name, cluster)
             return row.to_dict() if row else None
-        if what == "pipelines":
+        if what == "pipelines":  # read only: the runs in memory beside the stored ones
+            limit = filters.get("limit", 100)
             await asyncio.to_thread(self._flush)
-            self.persist()
-            await asyncio.to_thread(self._flush)
-            rows = await asyncio.to_thread(store.pipelines, filters.get("limit", 100), cluster)
-            return [r.to_dict() for r in rows]
+            rows = await asyncio.to_thread(store.pipelines, capped(limit) + len(live), cluster)
+            return pipelines_reply(live, rows, limit)
         if what == "known":
             field, value = filters.get("field"), filters.get("value")
             await asyncio.to_thread(self._flush)

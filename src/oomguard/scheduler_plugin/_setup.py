@@ -238,6 +238,7 @@ class _StoreCounts:
 
     def __init__(self) -> None:
         self.seen = {"queue_full": 0, "disk_full": 0, "write_failed": 0, "history_away": 0}
+        self.aside: dict[str, int] = {}
 
     def sync(self, store: FailureStore, metrics: OomguardMetrics) -> None:
         now = {
@@ -251,6 +252,11 @@ class _StoreCounts:
             if n > self.seen[kind]:
                 metrics.store_error(kind, n - self.seen[kind])
                 self.seen[kind] = n
+        if store.history is not None:  # rows the history refused, set aside (pg/aside.py)
+            for kind, n in store.history.shipper.aside.counts.items():
+                if n > self.aside.get(kind, 0):
+                    metrics.set_aside(kind, n - self.aside.get(kind, 0))
+                    self.aside[kind] = n
 
 
 async def gauge_loop(

@@ -8,18 +8,25 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from .._safe_text import safe_name
 from ._setup import address_host, is_loopback, own_hostname
 from ._trust import Bounded, NannyBook, dask_removal
 
 if TYPE_CHECKING:
     from distributed.scheduler import WorkerState
 
+    from .._guard import Guard
     from .._metrics import OomguardMetrics
 
 logger = logging.getLogger("oomguard.scheduler")
 
 #: Machines (IP -> hostname) remembered for naming workers that died before they spoke.
 MACHINES_KEPT = 4096
+#: Nannies kept as running their worker without oomguard (pruned to the live ones on
+#: each tick); the least recently told go first.
+UNGUARDED_KEPT = 4096
+#: Bytes of a nanny's reason kept, as one printable line.
+REASON_BYTES = 512
 
 
 class Workers:
@@ -30,8 +37,9 @@ class Workers:
     worker the one way every event does.
     """
 
-    def __init__(self, metrics: OomguardMetrics) -> None:
+    def __init__(self, metrics: OomguardMetrics, guard: Guard) -> None:
         self.metrics = metrics
+        self.guard = guard
         self.states: dict[str, WorkerState] = {}
         self.nannies = NannyBook(self.states.get)
         self.unguarded: dict[str, str] = {}  # nanny -> why its worker runs without oomguard
@@ -89,15 +97,25 @@ class Workers:
         name = self._hostnames.get(address) or self._machines.get(ip)
         return name or (own_hostname() if is_loopback(ip) else ip)
 
-    def unguarded_nanny(self, nanny: str, reason: str) -> None:
+    def unguarded_nanny(self, nanny: str, reason: Any) -> None:
         """A nanny whose oomguard setup failed (on-setup-error: warn): its worker runs
-        without oomguard. Counted while a worker of that nanny is here, and logged once."""
-        if nanny not in self.unguarded:
-            logger.warning(
-                "oomguard: the nanny %s runs its worker WITHOUT oomguard: %s", nanny, reason
+        without oomguard. Counted while a worker of that nanny is here. Any connection from
+        the nanny's host can say so: one printable line each, at most `Guard.limited`'s
+        lines a minute, and at most UNGUARDED_KEPT nannies kept."""
+        reason = safe_name(reason, REASON_BYTES)
+        nannies = self.unguarded
+        if nanny not in nannies:
+            self.guard.limited(
+                "unguarded",
+                "oomguard: the nanny %s runs its worker WITHOUT oomguard: %s",
+                safe_name(nanny),
+                reason,
             )
-        self.unguarded[nanny] = reason
-        self.metrics.set_unguarded_nannies(len(self.unguarded))
+        nannies.pop(nanny, None)
+        nannies[nanny] = reason
+        while len(nannies) > UNGUARDED_KEPT:
+            del nannies[next(iter(nannies))]  # the least recently told
+        self.metrics.set_unguarded_nannies(len(nannies))
 
     def prune_unguarded(self, live: set[str]) -> None:
         """Nannies are counted as unguarded while a worker of theirs (`live` nannies) is

@@ -19,6 +19,12 @@ v1-shared or v2-shared (the nanny and its workers share one group), none.
 "status", "detail", "fix"}], "versions": {"oomguard", "dask", "distributed", "python",
 "kernel", "host"}}.
 
+--store URL checks a PostgreSQL failure history instead of this host: that it is reachable
+and its schema, which clusters' rows the URL's role may reach, and the rows PostgreSQL
+refused and the schedulers set aside (the newest listed); the URL's password is never
+shown. --json then prints {"store", "checks": [...], "set_aside": [{"cluster", "kind",
+"item", "reason", "time"}]}.
+
 exit status: 0 (a report, whatever it finds); 2 bad arguments.
 """
 
@@ -33,12 +39,20 @@ def add_parser(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--store",
+        metavar="URL",
+        help="check this PostgreSQL failure history (postgresql://...) instead of the host",
+    )
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from ..terminal import printable
     from .checks import diagnose
+
+    if args.store is not None:
+        return run_store(args)
 
     d = diagnose()
     print(json.dumps(d.to_dict(), indent=2) if args.json else printable(render_text(d)))
@@ -75,3 +89,33 @@ def render_text(d) -> str:
     counts = {s: sum(c.status == s for c in d.checks) for s in ("ok", "warn", "no")}
     lines.append(", ".join(f"{n} {s}" for s, n in counts.items()))
     return "\n".join(lines)
+
+
+def run_store(args) -> int:
+    """`--store URL`: the history's checks (doctor/store.py)."""
+    from ..._urls import is_postgres, redact
+    from ..terminal import echo
+    from .checks import Check
+    from .store import check_store
+
+    where = redact(args.store)
+    if is_postgres(args.store):
+        checks, rows = check_store(args.store)
+    else:
+        checks, rows = [Check("history", "no", f"{where} is not a postgresql:// URL", "")], []
+    if args.json:
+        print(
+            json.dumps(
+                {"store": where, "checks": [c.to_dict() for c in checks], "set_aside": rows},
+                indent=2,
+            )
+        )
+        return 0
+    lines = [f"oomguard doctor on the history {where}"]
+    width = max(len(c.name) for c in checks)
+    for c in checks:
+        lines.append(f"{c.status:<5} {c.name:<{width}}  {c.detail}")
+        if c.status != "ok" and c.fix:
+            lines.append(f"{'':<5} fix: {c.fix}")
+    echo("\n".join(lines))
+    return 0

@@ -6,8 +6,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from ..._exceptions import StoreError
 from ..._models import FailureEvent, PipelineStatus, SignatureRow
-from ..._urls import redact
+from ..._urls import check_url, redact
 from .. import query
 from ..reads import _event, _signature, _within
 from ..schema import MEMBER_FIELDS
@@ -51,14 +52,23 @@ class PgReader:
         self.timeout = timeout
         self.max_connections = max_connections
         self._pool: Any = None
+        self._refused = ""  # why a URL libpq cannot read gets no pool
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"PgReader({self.path!r})"
 
     def start(self) -> None:
+        """Open the pool (connections are made as reads need them). A URL libpq cannot
+        read gets no pool (which would log the driver's message, quoting the URL, at each
+        attempt): each read raises StoreError instead, with no secret in it."""
         from psycopg_pool import ConnectionPool
 
+        try:
+            check_url(self.url)
+        except StoreError as e:
+            self._refused = str(e)
+            return
         with self._lock:
             if self._pool is None:
                 self._pool = ConnectionPool(
@@ -79,6 +89,8 @@ class PgReader:
             pool.close()
 
     def _rows(self, sql: str, args: Any = None, max_bytes: int | None = None) -> list[tuple]:
+        if self._refused:
+            raise StoreError(self._refused)
         if self._pool is None:
             raise RuntimeError(f"{self!r} is not started.")
         with self._pool.connection() as conn:

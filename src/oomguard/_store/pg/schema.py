@@ -7,12 +7,21 @@ from __future__ import annotations
 from typing import Any
 
 from ..._exceptions import StoreError
-from ..._urls import redact
+from ..._urls import error_line, redact
 from ..schema import refusal
 
 NAMESPACE = "oomguard"
 #: pg_advisory_xact_lock's key while migrating: "OOMG".
 LOCK_KEY = 0x4F4F4D47
+
+#: The tables that hold a cluster's rows, each under row-level security (migration 2): a
+#: role listed in `cluster_roles` reads only its clusters' rows and writes only those it
+#: `writes`; the tables' owner, and a role not listed, are not restricted.
+CLUSTER_TABLES = ("events", "pipelines", "set_aside")
+# Uncorrelated subqueries: PostgreSQL runs each once per statement, not once per row.
+_LISTED = "NOT EXISTS (SELECT 1 FROM cluster_roles WHERE role = current_user)"
+_CLUSTERS = "ARRAY(SELECT cluster FROM cluster_roles WHERE role = current_user)"
+_WRITES = "ARRAY(SELECT cluster FROM cluster_roles WHERE role = current_user AND writes)"
 
 #: MIGRATIONS[i] takes the schema from version i to i + 1. Append; never edit a released one.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -92,6 +101,42 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX pipelines_updated ON pipelines(updated)",
         "CREATE INDEX pipelines_cluster ON pipelines(cluster, updated)",
     ),
+    (
+        # Rows the history refused, set aside by the shipper that sent them (issue 39):
+        # what `oomguard doctor --store` shows. `item`: the spool's event id, the run
+        # ("name@started"), the signature id; `reason`: PostgreSQL's word, one line.
+        """CREATE TABLE set_aside (
+            origin text NOT NULL,
+            cluster text NOT NULL,
+            kind text NOT NULL,
+            item text NOT NULL,
+            reason text NOT NULL,
+            time double precision NOT NULL,
+            PRIMARY KEY (origin, kind, item)
+        )""",
+        "CREATE INDEX set_aside_cluster ON set_aside(cluster, time)",
+        # Which role reads (and writes, `writes`) which cluster's rows: `oomguard history
+        # grant` (roles.py). A role not listed keeps what its privileges give it.
+        """CREATE TABLE cluster_roles (
+            role name NOT NULL,
+            cluster text NOT NULL,
+            writes boolean NOT NULL,
+            PRIMARY KEY (role, cluster)
+        )""",
+        "ALTER TABLE cluster_roles ENABLE ROW LEVEL SECURITY",
+        "CREATE POLICY own ON cluster_roles USING (role = current_user)",
+        # Every role's queries read it (the policies below): each sees its own rows only.
+        "GRANT SELECT ON cluster_roles TO PUBLIC",
+        *(
+            statement
+            for table in CLUSTER_TABLES
+            for statement in (
+                f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY",
+                f"CREATE POLICY clusters ON {table} USING ({_LISTED} OR cluster = ANY "
+                f"({_CLUSTERS})) WITH CHECK ({_LISTED} OR cluster = ANY ({_WRITES}))",
+            )
+        ),
+    ),
 )
 
 
@@ -157,6 +202,6 @@ def migrate(conn: Any, url: str, migrations: tuple[tuple[str, ...], ...] = MIGRA
         raise refusal(
             "unwritable",
             f"Migrating the PostgreSQL history {redact(url)} to schema version {known} "
-            f"failed ({type(e).__name__}: {str(e).strip()}); it was rolled back.",
-        ) from e
+            f"failed ({type(e).__name__}: {error_line(e, url)}); it was rolled back.",
+        ) from None
     return known

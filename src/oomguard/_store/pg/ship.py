@@ -9,11 +9,13 @@ marks: in the spool writer's next transaction, so that the shipper never waits f
 file's write lock. Killed between the two, it sends the batch again: an event is inserted
 once per (origin, local id), and only inserted events are counted. While the database is
 away the spool keeps everything up to its own bounds (max-events); the shipper retries with
-backoff, one WARNING when it goes and one when it is back.
+backoff, one WARNING when it goes and one when it is back. A row the history refuses as
+data is set aside, and every other row goes through (`aside.py`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 import threading
@@ -22,11 +24,12 @@ import uuid
 from typing import Any
 
 from ..._exceptions import StoreError
-from ..._urls import redact
+from ..._urls import error_line, redact
 from ..batch import ShipMark, apply_mark
 from ..schema import connect as connect_spool
 from ..store import FailureStore
 from . import sql
+from .aside import Book, SetAside, Synced, record, run_item, split
 from .schema import NAMESPACE, migrate
 
 logger = logging.getLogger("oomguard.store")
@@ -42,31 +45,27 @@ RETENTION_EVERY = 60.0
 def pg_connect(url: str, timeout: float = 5.0) -> Any:
     """A psycopg connection to `url` with oomguard's schema first on the search path.
     libpq takes the password from the URL, PGPASSWORD, or a password file (`passfile=`,
-    ~/.pgpass); TLS from `sslmode=` and friends."""
+    ~/.pgpass); TLS from `sslmode=` and friends. A failure raises the driver's error with
+    no secret of the URL in it (libpq quotes a malformed part of the URL), unchained."""
     import psycopg
 
-    return psycopg.connect(
-        url,
-        connect_timeout=max(1, int(timeout)),
-        application_name="oomguard",
-        options=f"-c search_path={NAMESPACE} -c statement_timeout=60000",
-    )
-
-
-def one_line(e: BaseException, url: str) -> str:
-    """An error as one line, the URL's password never in it."""
-    text = " ".join(str(e).split()) or type(e).__name__
-    password = _password(url)
-    return text.replace(password, "***") if password else text
-
-
-def _password(url: str) -> str:
-    import urllib.parse
-
     try:
-        return urllib.parse.urlsplit(url).password or ""
-    except ValueError:
-        return ""
+        return psycopg.connect(
+            url,
+            connect_timeout=max(1, int(timeout)),
+            application_name="oomguard",
+            options=f"-c search_path={NAMESPACE} -c statement_timeout=60000",
+        )
+    except psycopg.Error as e:
+        error = _scrubbed(e, url)
+    raise error  # out of the except: the driver's own error is not kept as its context
+
+
+def _scrubbed(e: BaseException, url: str) -> BaseException:
+    try:
+        return type(e)(error_line(e, url))
+    except Exception:
+        return StoreError(error_line(e, url))
 
 
 class Shipper:
@@ -98,7 +97,8 @@ class Shipper:
         self.up: bool | None = None  # None: not tried yet
         self.refused = ""  # the history cannot be used (a newer schema): why
         self.sent = 0  # events this shipper inserted into the history
-        self.skipped = 0  # events the history refused as data (logged; in the spool only)
+        # Rows the history refused as data (set aside: in the spool only; aside.py).
+        self.aside = Book(redact(url), spool.path)
         self.outages = 0
         self.errors = 0
         self.last_error = ""
@@ -178,19 +178,23 @@ class Shipper:
                     pass
         self._pg = self._local = None
 
-    def sync(self, timeout: float = 30.0) -> bool:
+    def sync(self, timeout: float = 30.0) -> Synced:
         """Block until what the spool had committed and queued at this call is in the
-        history (the spool flushed first). False on timeout: the history is away."""
+        history (the spool flushed first), each row sent or set aside: true then, with the
+        rows set aside meanwhile (`Synced.set_aside`). False on timeout: the history is
+        away."""
         deadline = time.monotonic() + timeout
         if not self.spool.flush(timeout):
-            return False
+            return Synced(False)
         with self._rounds:
+            seen = self.aside.total
             target = self._round + 1  # a round that starts after this call
             self._want = max(self._want, target + 1)
             self._wake.set()
-            return self._rounds.wait_for(
+            done = self._rounds.wait_for(
                 lambda: self._clean > target, max(0.0, deadline - time.monotonic())
             )
+        return Synced(done, self.aside.since(seen))
 
     # -- the thread ---------------------------------------------------------------------------
 
@@ -234,9 +238,9 @@ class Shipper:
         try:
             self._send(events, deletes, pipelines, examples)
         except _data_errors():
-            # A row PostgreSQL refuses would stop every later one: find it, say so, skip it.
-            self._isolate(events, examples)
-            deletes, pipelines = [], []  # sent with the next batch
+            # A row PostgreSQL refuses would stop every later one: set it aside, send the rest.
+            self._pg.rollback()
+            self._split(events, deletes, pipelines, examples)
         self._mark(events, deletes, pipelines)
         self._retention()
         return len(events) == self.batch or bool(deletes) or bool(pipelines)
@@ -302,50 +306,52 @@ class Shipper:
             local.execute("COMMIT")
         return events, deletes, pipelines, examples
 
-    def _isolate(self, events: list, examples: dict) -> None:
-        """Send `events` one at a time after a batch was refused as data; the refused ones
-        are counted, logged and skipped (they stay in the spool)."""
-        self._pg.rollback()
-        for e in events:
-            try:
-                self._send([e], [], [], {e[9]: examples[e[9]]} if e[9] in examples else {})
-            except _data_errors() as err:
-                self._pg.rollback()
-                self.skipped += 1
-                self.errors += 1
-                self.last_error = one_line(err, self.url)
-                logger.error(
-                    "oomguard: the history %s refused event %d of the spool %s (%s); it "
-                    "stays in the spool only (%d refused so far)",
-                    redact(self.url),
-                    e[0],
-                    self.spool.path,
-                    self.last_error,
-                    self.skipped,
-                )
+    def _split(self, events: list, deletes: list, pipelines: list, examples: dict) -> None:
+        """After a batch was refused as data: each kind of row sent in halves, down to the
+        rows the history refuses, which are set aside (aside.py)."""
+        aside = []
+        for kind, rows, send, item, cluster in (
+            ("event", events, lambda p: self._send(p, [], [], {}), _first, _second),
+            ("example", sorted(examples.items()), lambda p: self._send([], [], [], dict(p)),
+             _first, None),
+            ("delete", deletes, lambda p: self._send([], p, [], {}), _first, None),
+            ("run", pipelines, lambda p: self._send([], [], p, {}), run_item, _first),
+        ):  # fmt: skip
+            for row, error in split(rows, send, _data_errors(), self._pg.rollback):
+                where = cluster(row) if cluster is not None else self.cluster
+                aside.append(record(kind, item(row), error_line(error, self.url), where))
+        if aside:
+            self._set_aside(aside)
 
-    def _send(self, events: list, deletes: list, pipelines: list, examples: dict) -> None:
+    def _set_aside(self, aside: list[SetAside]) -> None:
+        """Count and keep the rows set aside (the first of a kind logged), and record them
+        in the history's `set_aside` table for `oomguard doctor --store`."""
+        self.aside.add(aside)
+        self.errors += len(aside)
+        self.last_error = str(aside[-1])
         try:
-            self._send_rows(events, deletes, pipelines, examples)
-        except _data_errors():
-            # psycopg refuses a NUL character (SQLite's text holds it, PostgreSQL's cannot):
-            # looked for only then, not in every row of every batch.
-            if not any(type(v) is str and "\x00" in v for e in events for v in e):
-                raise
-            rows = [tuple(_no_nul(v) for v in e) for e in events]
-            self._send_rows(rows, deletes, pipelines, examples)
+            with self._pg.transaction(), self._pg.cursor() as cur:
+                cur.executemany(
+                    sql.SET_ASIDE,
+                    [(self.origin, a.cluster, a.kind, a.item, a.reason, a.time) for a in aside],
+                )
+        except Exception as e:  # counted and logged all the same
+            self.last_error = f"recording rows set aside: {error_line(e, self.url)}"
+            with contextlib.suppress(Exception):  # a broken connection: the next round
+                self._pg.rollback()
 
-    def _send_rows(self, rows: list, deletes: list, pipelines: list, examples: dict) -> None:
+    def _send(self, rows: list, deletes: list, pipelines: list, examples: dict) -> None:
+        """One transaction: events (`rows`), signatures' examples, deletions, runs."""
         with self._pg.transaction(), self._pg.cursor() as cur:
+            inserted = 0
             if rows:
                 with cur.copy(sql.COPY_STAGE) as copy:
                     for row in rows:
                         copy.write_row(row)
                 cur.execute(sql.INSERT_STAGED, {"origin": self.origin, "rows": self.member_rows})
                 inserted, _ = cur.fetchone()
+            if examples:
                 cur.executemany(sql.SET_EXAMPLE, [(ex, sid) for sid, ex in examples.items()])
-            else:
-                inserted = 0
             if deletes:
                 cur.execute(sql.DELETE_SENT, (self.origin, [d[1] for d in deletes]))
             if pipelines:
@@ -403,7 +409,7 @@ class Shipper:
 
     def _away(self, error: BaseException) -> None:
         self.errors += 1
-        self.last_error = one_line(error, self.url)
+        self.last_error = error_line(error, self.url)
         if self._pg is not None:
             try:
                 self._pg.close()
@@ -456,9 +462,12 @@ def _run_key(p: tuple) -> tuple:
     return (p[0], p[1], p[2], p[11])
 
 
-def _no_nul(value: Any) -> Any:
-    """PostgreSQL's text holds no NUL character (SQLite's does): shown as the escape."""
-    return value.replace("\x00", "\\x00") if type(value) is str else value
+def _first(row: tuple) -> Any:
+    return row[0]
+
+
+def _second(row: tuple) -> Any:
+    return row[1]
 
 
 def _data_errors() -> tuple[type[BaseException], ...]:

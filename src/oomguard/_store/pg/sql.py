@@ -96,6 +96,11 @@ WITH new AS (
 SELECT (SELECT count(*) FROM new), (SELECT count(*) FROM sig WHERE inserted)
 """
 SET_EXAMPLE = "UPDATE signatures SET example = %s WHERE id = %s AND example = ''"
+#: A row the history refused, set aside (aside.py); once per (origin, kind, item).
+SET_ASIDE = (
+    "INSERT INTO set_aside (origin, cluster, kind, item, reason, time)"
+    " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
+)
 # An amend replaced these events of this origin: gone, and uncounted from their signatures.
 DELETE_SENT = """
 WITH gone AS (
