@@ -186,7 +186,6 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             self._original_task_erred = original
             scheduler.stream_handlers["task-erred"] = self._task_erred
         self._worker_events.install(scheduler)
-        self._worker_events.install(scheduler)
         for addr, ws in scheduler.workers.items():
             self.workers.added(addr, ws)
             self.core.worker_added(addr, ws.memory_limit)
@@ -290,7 +289,6 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
                 del scheduler.handlers[name]
         if self._original_task_erred is not None:
             scheduler.stream_handlers["task-erred"] = self._original_task_erred
-        self._worker_events.uninstall(scheduler)
         self._worker_events.uninstall(scheduler)
         if self.store is not None:
             self.persist_pipelines(final=True)

@@ -37,6 +37,8 @@ class WorkerEvents:
         original = scheduler.stream_handlers.get(HANDLER)
         if original is None:
             return False
+        if original == self.handle:
+            return True  # installed already: wrapping itself would recurse
         self._original = original
         scheduler.stream_handlers[HANDLER] = self.handle
         return True
