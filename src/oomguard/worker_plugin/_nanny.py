@@ -38,13 +38,13 @@ from .._evidence import cgroup as _cgroup
 from .._evidence.host import HostMeter, OomdXattrs, slurm_environment
 from .._evidence.killers import find_killers
 from .._evidence.paths import configured_crash_dir, private_crash_dir
+from .._evidence.senders import CMDLINE_MODES
 from .._guard import Guard
 from .._log import follow_dask_logging
 from .._protocol import NANNY_PLUGIN, STARTUP_TOPIC
 from ._life import _Life, take_readings
 from ._placement import PlacementMixin, _Placement
 from ._reporting import ReportingMixin, remove_files, stopped_by
-from ._signals import can_block_spawn, prepare_spawn, spawning_blocked
 from ._worker import OomguardWorkerPlugin
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
         self._unlimited = False  # set by the first of those: no group limit from then on
         self._closing = False
         self._close_reason = ""  # Nanny.close's reason, e.g. "signal-15"
-        self._block_signals = False  # spawn each worker with the catchable signals blocked
+        self.sender_cmdline = "hashed"  # oomguard.worker.sender-cmdline, read in setup
         self._tasks: set[asyncio.Task] = set()
         self._watcher: asyncio.Task | None = None
         self._delegate: OomguardNannyPlugin | None = None
@@ -141,6 +141,7 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
             self.max_report_size = _config.get_bytes("worker.max-report-size")
         if self.signal_senders is None:
             self.signal_senders = _config.get_bool("worker.signal-senders")
+        self.sender_cmdline = _config.get_choice("worker.sender-cmdline", CMDLINE_MODES)
 
     async def setup(self, nanny: Nanny) -> None:
         follow_dask_logging()
@@ -172,8 +173,6 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
         worker_plugin = OomguardWorkerPlugin(
             self.crash_dir, self.sample_interval or 0.5, self.signal_senders
         )
-        if self.signal_senders:
-            self._guard(self._prepare_signals, "setup")
         self._add_worker_plugin(nanny.worker_kwargs, worker_plugin)
         if nanny.process is not None:
             self._add_worker_plugin(nanny.process.worker_kwargs, worker_plugin)
@@ -221,14 +220,6 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
             self._guard(self._on_started, "setup")
         self._watcher = asyncio.ensure_future(self._watch_group())
 
-    def _prepare_signals(self) -> None:
-        ok, why = can_block_spawn()
-        if not ok:
-            logger.info("oomguard: the senders of workers' signals are not recorded (%s)", why)
-            return
-        prepare_spawn()
-        self._block_signals = True
-
     async def _watch_group(self) -> None:
         """Read the worker's group and the host every sample interval (small cgroupfs and
         /proc reads on the nanny's loop), so a death is judged against a recent reading;
@@ -250,8 +241,6 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
 
     async def _instantiate(self, nanny: Nanny, instantiating: Any) -> Any:
         """Dask's `Nanny.instantiate`, with the worker moved into its group at its spawn."""
-        if self._block_signals:
-            instantiating = spawning_blocked(instantiating)
         starting = asyncio.ensure_future(instantiating)
         if nanny.process is None:
             # The first start creates the WorkerProcess in its first step, before it awaits
@@ -289,6 +278,14 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
         )
         kwargs["plugins"] = plugins + (plugin,)
 
+    @staticmethod
+    def _remove_worker_plugin(kwargs: dict | None) -> None:
+        if kwargs is not None and "plugins" in kwargs:
+            name = OomguardWorkerPlugin.name
+            kwargs["plugins"] = tuple(
+                p for p in kwargs["plugins"] if getattr(p, "name", None) != name
+            )
+
     async def teardown(self, nanny: Nanny) -> None:
         # Nanny.close tears plugins down *before* it kills the worker: that kill is
         # requested, never a failure.
@@ -305,9 +302,12 @@ class OomguardNannyPlugin(PlacementMixin, ReportingMixin, NannyPlugin):
             stopped = self._guard(stopped_by, "teardown", self._close_reason, self.crash_dir, pid)
             await self._send_clean_exit(nanny.process.worker_address, True, pid, stopped)
         if getattr(nanny, "_oomguard_nanny_plugin", None) is self:
-            # Back to Dask's own methods (the wraps live on the instance only).
+            # Back to Dask's own methods (the wraps live on the instance only), and a worker
+            # it starts from now on without oomguard's worker plugin (uninstall()).
             for attr in ("instantiate", "log_event", "close"):
                 nanny.__dict__.pop(attr, None)
+            for kwargs in (nanny.worker_kwargs, getattr(nanny.process, "worker_kwargs", None)):
+                self._remove_worker_plugin(kwargs)
             if nanny.process is not None and "_oomguard_placing" in vars(nanny.process):
                 for attr in ("_wait_until_connected", "_oomguard_placing"):
                     nanny.process.__dict__.pop(attr, None)

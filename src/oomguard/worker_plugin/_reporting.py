@@ -19,7 +19,7 @@ from .._evidence import wire as _wire
 from .._evidence.build import build_report
 from .._evidence.flight import read_flight_record
 from .._evidence.host import oomd_xattrs
-from .._evidence.killers import find_killers, merge_killers
+from .._evidence.killers import find_killers, largest_process, memory_killer, merge_killers
 from .._evidence.paths import crash_path, flight_path
 from .._evidence.slurm_job import query as query_job
 from .._evidence.slurm_job import valid_job_id
@@ -39,6 +39,7 @@ class ReportingMixin:
 
     crash_dir: str | None
     max_report_size: int | None
+    sender_cmdline: str  # how a signal sender's command line is kept (senders.command_line)
     _nanny: Nanny | None
     _memory_kills: dict[int, dict]  # the nanny's own memory kills, by PID, until reported
     _killers: list[dict] | None  # the userspace killers at the nanny's last scan
@@ -63,7 +64,7 @@ class ReportingMixin:
         nanny = self._nanny
         missing: list[str] = list(life.missing) if life else ["worker start not observed"]
         crash_text = _read_text(crash_path(self.crash_dir, pid), missing)
-        flight = read_flight_record(flight_path(self.crash_dir, pid))
+        flight = read_flight_record(flight_path(self.crash_dir, pid), cmdline=self.sender_cmdline)
         missing.extend(flight["missing"])
         executing = _executing(flight)
         sample = flight["sample"] or {}
@@ -84,6 +85,9 @@ class ReportingMixin:
         host_memory = _cgroup.host_memory()
         # Killers now, and those of the last scan that are gone since (stopped after a kill).
         killers = merge_killers(self._killers, find_killers(host_memory.get("total")))
+        if any(memory_killer(k) for k in killers or ()):
+            # Was the worker the largest process, the one a userspace OOM killer picks?
+            host_memory["largest_other"] = largest_process(pid)
         environment = life.environment if life else None
         if environment and valid_job_id(environment.get("slurm_job_id")):
             # What SLURM says of the job now (its state, its --mem): bounded subprocesses.
