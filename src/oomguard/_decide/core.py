@@ -424,9 +424,8 @@ class DecisionCore:
     # --- stopping --------------------------------------------------------------------
 
     def _over_budget(self, key: Any, run: Run | None, event: FailureEvent) -> AbortDecision:
-        d = memory.over_budget_decision(
-            event, self.budget.deaths(key), self.budget.allowed, self.policy.attempt(str(key)) - 1
-        )
+        deaths, attempts = self.budget.deaths(key), self.policy.attempt(str(key)) - 1
+        d = memory.over_budget_decision(event, key, deaths, self.budget.allowed, attempts)
         if run is not None:
             self.policy.adopt(run.label, d)
         return d
@@ -435,7 +434,7 @@ class DecisionCore:
         if key in self.stopped:
             return []
         run = self.runs.of(key)
-        exc = d.exception()
+        exc = d.exception(key, self.budget.allowed)
         if run is None:
             stop = Stop((key,), exc)  # of no run
         else:

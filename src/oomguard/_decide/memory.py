@@ -93,8 +93,8 @@ def abort_decision(event: FailureEvent, limit: int, count: int) -> AbortDecision
 
 
 def over_budget_decision(
-    event: FailureEvent, deaths: int, allowed: int, count: int
+    event: FailureEvent, key: Any, deaths: int, allowed: int, count: int
 ) -> AbortDecision:
-    """The decision for a task that was on more dead workers than Dask allows
+    """The decision for task `key` that was on more dead workers than Dask allows
     (`distributed.scheduler.allowed-failures`), whatever the evidence said."""
-    return _decision(event, count, over_budget_message(event, deaths, allowed))
+    return _decision(event, count, over_budget_message(event, key, deaths, allowed))

@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     from .._store import FailureStore
 
 logger = logging.getLogger("oomguard.scheduler")
+#: Where Dask logs a task it errs at allowed-failures: oomguard, deciding that instead
+#: (`_dask_bound`), logs the same line there.
+_dask_log = logging.getLogger("distributed.scheduler")
 
 #: No worker has this address: a task restricted to it waits in "no-worker".
 HOLD = "oomguard://held"
@@ -264,6 +267,12 @@ class DaskActions:
             ts = scheduler.tasks.get(key)
             if ts is None or ts.state not in ("no-worker", "queued"):
                 continue  # waiting ones reach no-worker later and are erred then
+            if ts.suspicious > scheduler.allowed_failures:  # Dask's own bound: its own line
+                _dask_log.error(
+                    "Task %s marked as failed because %d workers died while trying to run it",
+                    key,
+                    ts.suspicious,
+                )
             recs.update(
                 scheduler.transition(
                     key,

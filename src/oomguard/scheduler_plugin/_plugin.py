@@ -1,10 +1,10 @@
 """The scheduler side: a thin adapter between Dask's hooks and the decision core.
 
 Dask's hooks become plain events for `oomguard._decide.DecisionCore`; its decisions become
-Dask transitions here, in one place (`apply`). Dask's own death count stays in force as a
-backstop one above `allowed_failures`; the core keeps the exact bound itself, holds the
-tasks of a dead worker until its death is decided, and forgives Dask's count for tasks that
-were only queued there.
+Dask transitions here, in one place (`apply`). Dask's `allowed_failures` is left as set; the
+core keeps that bound itself with the death report in hand (`_dask_bound`), holds the tasks
+of a dead worker until its death is decided, and forgives Dask's count for tasks that were
+only queued there.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from .._store import FailureStore
 from .._urls import is_postgres, redact
 from . import _cluster_name, _removals, _setup
 from ._actions import DaskActions, address_host
+from ._dask_bound import DaskBound
 from ._handlers import Handlers
 from ._intake import ReportIntake
 from ._trust import Bounded
@@ -73,7 +74,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
     guard: Guard  # catches, logs and counts the plugin's own errors
     handlers: Handlers  # the RPCs, with their own counts (scheduler_plugin/_handlers.py)
     _tasks: list[asyncio.Task]  # the tick and gauge loops
-    _saved_allowed_failures: int | None  # Dask's count before start, given back at close
+    bound: DaskBound | None  # Dask's remove_worker, wrapped so the core decides first
     _started: bool  # start() ran to its end: the tick loop may check for removal
     _original_task_erred: Callable[..., Any] | None  # Dask's "task-erred" handler, wrapped
     _workers: dict[str, WorkerState]  # address -> WorkerState, to read after removal
@@ -102,7 +103,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         self.guard = Guard(self.metrics, logger)
         self.handlers = Handlers(self)
         self._tasks = []
-        self._saved_allowed_failures = None
+        self.bound = None
         self._started = False
         self._original_task_erred = None
         self._workers = {}
@@ -206,10 +207,12 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             host_name=self.host_name,
             cluster=self.cluster,
         )
-        # Dask's count stays a finite backstop, one above the core's exact bound, so the
-        # core (which decides with the death report in hand) always speaks first.
-        self._saved_allowed_failures = allowed
-        scheduler.allowed_failures = allowed + 1
+        self.bound = DaskBound(scheduler, holds=lambda key: key not in self.core.stopped)
+        if not self.bound.install():
+            logger.info(
+                "oomguard: Dask's remove_worker is not its own here: Dask errs a task "
+                "at allowed-failures before the death report can say it was queued"
+            )
         self.handlers.register(scheduler)
         original = scheduler.stream_handlers.get("task-erred")
         if original is not None:  # else logged by _compat.check
@@ -313,8 +316,8 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         self._undo_stop()
         with self.guard("close"):
             self.apply(self.core.close())
-        if self._saved_allowed_failures is not None:
-            scheduler.allowed_failures = self._saved_allowed_failures
+        if self.bound is not None:
+            self.bound.uninstall()
         self.handlers.unregister(scheduler)
         if self._original_task_erred is not None:
             scheduler.stream_handlers["task-erred"] = self._original_task_erred

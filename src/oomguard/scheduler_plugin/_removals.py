@@ -27,6 +27,8 @@ def on_event(plugin: OomguardSchedulerPlugin, msg: Any) -> None:
     if not isinstance(msg, dict) or msg.get("action") != "remove-worker":
         return
     with plugin.guard("log_event"):
+        if plugin.bound is not None:  # Dask has counted: its counts back as it left them
+            plugin.bound.counted(msg.get("worker"))
         scheduler = plugin.scheduler
         if scheduler is None:
             return  # before start() or after close()
