@@ -282,7 +282,6 @@ PyMODINIT_FUNC PyInit__sigrec(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddIntConstant(m, "SLOT_SIZE", (long)sizeof(struct slot)) < 0 ||
-        PyModule_AddIntConstant(m, "NAME_AT", (long)offsetof(struct slot, name)) < 0 ||
         PyModule_AddIntConstant(m, "CMDLINE_AT", (long)offsetof(struct slot, cmdline)) < 0 ||
         PyModule_AddIntConstant(m, "CMDLINE_BYTES", CMDLINE_BYTES) < 0) {
         Py_DECREF(m);

@@ -76,7 +76,11 @@ class Recorder:
         if _owner is not None:  # a plugin replaced without its teardown: its handlers go
             _owner.stop()
         fd, offset, slots = record.signal_slots()
-        self.started = _sigrec.start(fd, offset, slots, _MASK)
+        try:
+            self.started = _sigrec.start(fd, offset, slots, _MASK)
+        except (OSError, RuntimeError, ValueError) as e:  # e.g. the mapping refused
+            self.why = f"the native signal recorder could not start: {e}"
+            return _flight.SIGNALS_UNAVAILABLE
         _owner = self
         return _flight.SIGNALS_RECORDING
 

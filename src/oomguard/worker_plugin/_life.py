@@ -106,7 +106,7 @@ def take_readings(life: _Life, meter: HostMeter | None) -> None:
             and host["time"] > before["time"]
         ):
             # How fast MemAvailable moves (bytes/s; falling < 0): a userspace OOM killer
-            # can act between two readings (`_evidence.killer._memory_killer`).
+            # can act between two readings (`_evidence.memory_killer`).
             host["available_rate"] = (host["available"] - before["available"]) / (
                 host["time"] - before["time"]
             )

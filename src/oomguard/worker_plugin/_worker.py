@@ -18,7 +18,12 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from .. import _config
 from .._evidence import cgroup as _cgroup
 from .._evidence import sigrec as _sigrec
-from .._evidence.flight import SIGNALS_DISABLED, SIGNALS_RECORDING, FlightRecorder
+from .._evidence.flight import (
+    SIGNALS_DISABLED,
+    SIGNALS_RECORDING,
+    SIGNALS_UNAVAILABLE,
+    FlightRecorder,
+)
 from .._evidence.growth import GrowthSplit, thread_system_time
 from .._evidence.paths import configured_crash_dir, crash_path, flight_path
 from .._guard import Guard
@@ -113,7 +118,7 @@ class OomguardWorkerPlugin(WorkerPlugin):
         self._recorder = FlightRecorder.create(flight_path(self.crash_dir, pid))
         # After faulthandler's SIGTERM registration: the recorder runs first and sees the
         # real sender, then chains to faulthandler's dump.
-        self._record_senders(self._recorder)
+        self._record_senders(worker, self._recorder)
         try:  # host-wide memory leases (oomguard.memory, learned peaks)
             self._admission = install_admission(worker, self.crash_dir)
         except Exception:
@@ -177,9 +182,14 @@ class OomguardWorkerPlugin(WorkerPlugin):
         except Exception:
             self._internal_error("task_thread")
 
-    def _record_senders(self, recorder: FlightRecorder) -> None:
+    def _record_senders(self, worker: Worker, recorder: FlightRecorder) -> None:
         """Record the senders of the catchable signals (`_evidence.sigrec`), unless
-        oomguard.worker.signal-senders is false; the flight record says which."""
+        oomguard.worker.signal-senders is false; the flight record says which. Not in a
+        worker without a nanny: none reads its flight record, and the process it runs in
+        (a notebook's, a test's) keeps its signal handlers as they are."""
+        if getattr(worker, "nanny", None) is None:
+            recorder.signals_state(SIGNALS_UNAVAILABLE)
+            return
         enabled = self.signal_senders
         if enabled is None:
             try:
