@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-from oomguard._admission.host import cgroup_available
+from oomguard._admission.host import CgroupAvailable
 from oomguard._admission.ledger import HostLedger
 from oomguard._admission.needs import ANNOTATION, PeakEstimator, need_of
 from oomguard._host import cgroup as _cgroup
@@ -58,7 +58,7 @@ def main() -> None:
         grouped = HostLedger(
             os.path.join(directory, "grouped.json"),
             floor=256 * 2**20,
-            available=cgroup_available(info.path, info.version),
+            available=CgroupAvailable(info.path, info.version),
         )
 
         def grouped_lease(i):

@@ -7,6 +7,7 @@ capabilities.py, every test folder can import it (`from cluster_helpers import w
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -144,3 +145,69 @@ class DaskScheduler:
     def kill(self) -> None:
         self.proc.kill()
         self.proc.wait()
+
+
+def dask_env(config: Mapping[str, object]) -> dict[str, str]:
+    """This environment with `config` ({"oomguard.worker.sample-interval": "100ms"}) as the
+    DASK_... variables a `dask scheduler` or `dask worker` reads its config from, and this
+    interpreter's path (so that the test modules' tasks can be unpickled there)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}  # the tests' tasks
+    for key, value in config.items():
+        env["DASK_" + key.upper().replace(".", "__").replace("-", "_")] = str(value)
+    return env
+
+
+@contextlib.contextmanager
+def cli_cluster(directory, config: Mapping[str, object], *, workers: int = 1):
+    """A cluster started as a user starts one: `dask scheduler --preload
+    oomguard.scheduler_plugin` and `dask worker --preload-nanny oomguard.worker_plugin`
+    (one nanny and one single-threaded worker each), `config` in their environment.
+    Yields a connected Client; everything is stopped after."""
+    from distributed import Client
+
+    env = dask_env(config)
+    sched = DaskScheduler(directory, env)
+    procs = []
+    try:
+        address = sched.address()
+        procs = [dask_worker(address, env=env, own_session=True) for _ in range(workers)]
+        with Client(address, timeout=60) as client:
+            client.wait_for_workers(workers, timeout=90)
+            wait_nannies_running(client, workers)
+            yield client
+    finally:
+        for p in procs:
+            try:
+                os.killpg(p.pid, 9)
+            except ProcessLookupError:
+                pass
+            p.wait()
+        sched.stop()
+
+
+@contextlib.contextmanager
+def oomguard_cluster(how: str, directory, config: Mapping[str, object]):
+    """A client of a one-worker cluster (a nanny, one thread) with oomguard, deployed `how`:
+    "install", a running LocalCluster (processes) that `oomguard.install(client)` is called
+    on (the README's notebook path); "cli", `cli_cluster` (the preloads, as `dask
+    scheduler` and `dask worker` take them). `config` is set for both."""
+    import dask
+    from distributed import Client, LocalCluster
+
+    import oomguard
+
+    if how == "cli":
+        with cli_cluster(directory, config) as client:
+            yield client
+        return
+    assert how == "install", how
+    with (
+        dask.config.set(dict(config)),
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        oomguard.install(client)
+        wait_installed(client, n=1)
+        yield client

@@ -8,13 +8,17 @@ OomguardError (Exception)
 ├── StoreError (OSError)              a failure store file cannot be used; names the path
 ├── AdmissionTimeout (TimeoutError)   a task waited past max-wait for host memory
 └── ReportFailed                      `oomguard report` cannot read the history: one line
-PipelineAborted (Exception)           raised on the client for every task of an aborted
-                                      pipeline; carries the shard, cause and evidence
+PipelineAborted (distributed.KilledWorker)
+                                      raised on the client for every task of an aborted
+                                      pipeline; carries the shard, cause and evidence; a
+                                      KilledWorker, so `except KilledWorker` catches it
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
+
+from distributed import KilledWorker
 
 from ._units import format_bytes
 
@@ -74,9 +78,28 @@ class ReportFailed(OomguardError):
     sees."""
 
 
-class PipelineAborted(Exception):
+class LastWorker(NamedTuple):
+    """`KilledWorker.last_worker` of a `PipelineAborted`: the last worker whose death
+    counted (Dask gives a WorkerState there; code written for Dask reads `.address`)."""
+
+    address: str
+    name: str = ""
+
+
+class PipelineAborted(KilledWorker):
     """Every unfinished task of a pipeline errs with this once one of its shards is a
-    deterministic crasher. The message is one paragraph for a person; the fields are for code.
+    deterministic crasher, or was on more dead workers than Dask's allowed-failures. The
+    message is one paragraph for a person; the fields are for code.
+
+    It is Dask's `KilledWorker`, so retry logic written for Dask (`except KilledWorker`)
+    catches it, with Dask's own fields: `task` (the shard's key), `last_worker` (its
+    `.address`) and `allowed_failures`. Where Dask's own bound stopped the task, the message
+    starts with the sentence Dask's `KilledWorker` would have said.
+
+    >>> e = PipelineAborted("oomguard aborted ...", shard="('load', 7)", task=("load", 7),
+    ...                     last_worker="tcp://10.0.0.5:40000", allowed_failures=3)
+    >>> isinstance(e, KilledWorker), e.task, e.last_worker.address, e.allowed_failures
+    (True, ('load', 7), 'tcp://10.0.0.5:40000', 3)
     """
 
     def __init__(
@@ -89,8 +112,14 @@ class PipelineAborted(Exception):
         count: int = 0,
         signature: str = "",
         evidence: dict[str, Any] | None = None,
+        task: Any = None,
+        last_worker: str = "",
+        allowed_failures: int = 0,
     ) -> None:
-        super().__init__(message)
+        # KilledWorker's own fields live in args: (task, last_worker, allowed_failures).
+        super().__init__(
+            shard if task is None else task, LastWorker(last_worker), allowed_failures
+        )
         self.message = message
         self.pipeline = pipeline
         self.shard = shard
@@ -107,11 +136,17 @@ class PipelineAborted(Exception):
             count=self.count,
             signature=self.signature,
             evidence=self.evidence,
+            task=self.task,
+            last_worker=self.last_worker.address,
+            allowed_failures=self.allowed_failures,
         )
         return (_rebuild_pipeline_aborted, (self.message, kwargs))
 
     def __str__(self) -> str:
         return self.message
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r})"
 
 
 def _rebuild_pipeline_aborted(message: str, kwargs: dict[str, Any]) -> PipelineAborted:

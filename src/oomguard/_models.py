@@ -279,8 +279,9 @@ class AbortDecision:
     hosts: tuple[str, ...]
     message: str
 
-    def exception(self) -> PipelineAborted:
-        """The exception every unfinished task of the pipeline errs with."""
+    def exception(self, task: Any = None, allowed_failures: int = 0) -> PipelineAborted:
+        """The exception every unfinished task of the pipeline errs with: a KilledWorker of
+        `task` (the shard's key) on its last worker, Dask's `allowed_failures` given."""
         return PipelineAborted(
             self.message,
             pipeline=self.pipeline,
@@ -289,4 +290,7 @@ class AbortDecision:
             count=self.count,
             signature=self.signature_id,
             evidence=self.evidence,
+            task=task,
+            last_worker=self.workers[-1] if self.workers else "",
+            allowed_failures=allowed_failures,
         )

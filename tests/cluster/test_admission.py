@@ -37,9 +37,9 @@ TASK = """
 import json, sys, time
 ledger_path, cgroup, need, admit, hold, key = sys.argv[1:7]
 need, admit, hold = int(need), admit == "1", float(hold)
-from oomguard._admission.host import cgroup_available
+from oomguard._admission.host import CgroupAvailable
 from oomguard._admission.ledger import HostLedger
-ledger = HostLedger(ledger_path, floor=64 * 2**20, available=cgroup_available(cgroup))
+ledger = HostLedger(ledger_path, floor=64 * 2**20, available=CgroupAvailable(cgroup))
 sys.stdout.write("ready\\n"); sys.stdout.flush()
 sys.stdin.buffer.read(1)
 waited = 0.0

@@ -46,12 +46,12 @@ MARGIN = 8 * MiB  # a task allocates a little less than its need (Python's own o
 # freed only after the release. Waits for a go byte: it is in the group before it allocates.
 CHILD = r"""
 import json, random, sys, threading, time
-from oomguard._admission.host import cgroup_available
+from oomguard._admission.host import CgroupAvailable
 from oomguard._admission.ledger import HostLedger
 
 MiB = 2**20
 cfg = json.loads(sys.argv[1])
-ledger = HostLedger(cfg["ledger"], floor=cfg["floor"], available=cgroup_available(cfg["group"]))
+ledger = HostLedger(cfg["ledger"], floor=cfg["floor"], available=CgroupAvailable(cfg["group"]))
 rng = random.Random(cfg["seed"])
 left_behind = {}  # memory that outlived its lease; a timer drops each
 

@@ -107,7 +107,7 @@ def _registry_reachable() -> bool:
 
 def _copy_sources(dst: pathlib.Path) -> None:
     """The checkout as a clean clone would have it: no venvs, caches, build outputs."""
-    skip = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    skip = shutil.ignore_patterns("__pycache__", "*.egg-info", "*.so")
     for entry in REPO.iterdir():
         if entry.name.startswith(".") or entry.name in ("build", "dist", "artifacts"):
             continue
@@ -177,6 +177,9 @@ def test_the_wheel_holds_every_module_the_chart_and_the_defaults(dists):
     modules = {f"oomguard/{rel}" for rel in _files(PACKAGE) if rel.endswith(".py")}
     assert sorted(modules - names) == []
     assert {n.split("/")[0] for n in names} == {"oomguard", DIST_INFO}
+    # The native signal recorder, built with Python 3.11's stable ABI (one wheel per platform).
+    assert any(re.fullmatch(r"oomguard/_host/_sigrec\.abi3\.so", n) for n in names), names
+    assert re.search(r"-cp311-abi3-linux_\w+\.whl$", dists[1].name), dists[1].name
     assert re.search(rf"^Version: {re.escape(VERSION)}$", metadata, re.M)
     assert "oomguard = oomguard._cli:main" in scripts
 
@@ -185,7 +188,8 @@ def test_the_sdist_holds_the_chart_readme_and_changelog(dists):
     prefix = f"dask_oomguard-{VERSION}/"
     with tarfile.open(dists[0]) as sdist:
         names = {m.name.removeprefix(prefix) for m in sdist.getmembers() if m.isfile()}
-    wanted = {"pyproject.toml", "PKG-INFO", "README.md", "CHANGELOG.md"}
+    wanted = {"pyproject.toml", "setup.py", "PKG-INFO", "README.md", "CHANGELOG.md"}
+    wanted |= {"src/oomguard/_host/_sigrec.c"}  # the native part, built at install
     wanted |= {p.name for p in REPO.glob("LICEN[CS]E*")} | {"src/oomguard/oomguard.yaml"}
     wanted |= {f"charts/oomguard/{rel}" for rel in _files(CHART)}
     wanted |= {f"src/oomguard/{rel}" for rel in _files(PACKAGE) if rel.endswith(".py")}
@@ -197,6 +201,7 @@ def test_the_sdist_holds_the_chart_readme_and_changelog(dists):
 _PROBE = """
 import hashlib, importlib.metadata, importlib.resources, json, pathlib
 import dask.config, yaml, oomguard
+from oomguard._host import sigrec
 
 chart = pathlib.Path(str(importlib.resources.files("oomguard") / "chart"))
 print(json.dumps({
@@ -210,6 +215,7 @@ print(json.dumps({
     "chart_version": yaml.safe_load((chart / "Chart.yaml").read_text())["version"],
     "defaults": (importlib.resources.files("oomguard") / "oomguard.yaml").read_text(),
     "cgroup_limit": dask.config.get("oomguard.worker.cgroup-limit"),
+    "sigrec": list(sigrec.available()),
 }))
 """
 
@@ -227,6 +233,8 @@ def test_the_installed_package_finds_its_chart_and_defaults(work, venv):
     assert got["defaults"] == defaults
     # ... and Dask's config has them, from the installed file.
     assert got["cgroup_limit"] == yaml.safe_load(defaults)["oomguard"]["worker"]["cgroup-limit"]
+    # The native signal recorder is installed and matches the flight record's layout.
+    assert got["sigrec"] == [True, ""], got["sigrec"]
 
 
 def test_the_oomguard_command_and_doctor_run(work, venv):

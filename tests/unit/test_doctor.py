@@ -33,7 +33,11 @@ from oomguard._cli.doctor.checks import (
     check_kernel_log,
     diagnose,
 )
-from oomguard._cli.doctor.killers import check_killer_evidence, check_oom_killers
+from oomguard._cli.doctor.killers import (
+    check_killer_evidence,
+    check_oom_killers,
+    check_signal_recorder,
+)
 from oomguard._cli.doctor.text import FIX, KILLERS, LAYOUTS
 from oomguard._host import cgroup as _cgroup
 from oomguard._host.paths import default_crash_dir
@@ -375,11 +379,22 @@ def test_killer_evidence_on_a_fixture_host(tmp_path):
     assert checks["killer-evidence.proc"].fix == FIX["hidepid"]
 
 
+def test_a_missing_signal_recorder_says_how_to_get_it(monkeypatch):
+    from oomguard._host import sigrec
+
+    monkeypatch.setattr(sigrec, "_sigrec", None)
+    check = check_signal_recorder()
+    assert (check.status, check.fix) == ("no", FIX["sigrec"])
+    assert "not installed" in check.detail and "pip install" in check.fix
+
+
 def test_killer_evidence_on_this_host():
     info = _cgroup.detect()
     checks = {c.name: c for c in check_killer_evidence("/", info.path)}
     psi = os.path.exists("/proc/pressure/memory")
     assert checks["killer-evidence.psi"].status == ("ok" if psi else "warn")
+    # ./dev test builds the native recorder in place.
+    assert checks["killer-evidence.signal-senders"].status == "ok"
     if info.path is not None and os.geteuid() == 0:
         assert checks["killer-evidence.xattrs"].status == "ok"
 

@@ -26,7 +26,7 @@ def test_every_exception_lives_in_one_module_and_is_exported():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ClassDef) and any(
                 getattr(b, "id", getattr(b, "attr", "")).endswith(("Error", "Exception"))
-                or getattr(b, "id", "") in {"PipelineAborted", "TimeoutError", "OSError"}
+                or getattr(b, "id", "") in {"KilledWorker", "TimeoutError", "OSError"}
                 for b in node.bases
             ):
                 defined[node.name] = path.relative_to(src).as_posix()

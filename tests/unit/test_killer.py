@@ -438,3 +438,76 @@ def test_a_stopped_nannys_event_is_external_and_signed():
     assert (e.cause, e.kind, r.death) == ("sigterm", "infra", None)
     assert e.evidence["external"] is True and e.signature_id
     assert e.killer == "unknown" and e.killer_confidence == "likely"
+
+
+# --- a userspace OOM killer with no sender seen (issue 39, point 3) -----------------------
+
+MIB = 2**20
+
+
+def _no_sender(available, *, rate=None, age=0.4, killers=(EARLYOOM,), rss=None, largest=None):
+    """A SIGTERM death the worker recorded no sender of (signal-senders: false)."""
+    reading = host(available, total=8 * GIB, time=100.0 - age)
+    if rate is not None:
+        reading["available_rate"] = rate
+    return attribute(
+        {
+            "cause": "sigterm",
+            "time": 100.0,
+            "evidence": {"oom_kill_delta": 0},
+            "host_reading": reading,
+            "killers": list(killers),
+            "rss_sampled": rss,
+            "host_memory": {"total": 8 * GIB, "available": 7 * GIB, "largest_other": largest},
+        }
+    )
+
+
+def test_fast_growth_between_readings_is_likely_earlyoom_with_the_readings_age():
+    """The issue's case: the nanny's last reading, 0.4 s old, was above earlyoom's SIGTERM
+    threshold (1 GiB); MemAvailable fell ~1.3 GB/s, so it was past it by the death."""
+    a = _no_sender(GIB + 300 * MIB, rate=-1.3e9)
+    assert (a.name, a.how, a.confidence) == ("earlyoom", "inferred", "likely")
+    assert a.facts["killer_basis"] == "memavailable projected"
+    assert a.facts["memavailable_age_seconds"] == 0.4
+    assert a.facts["memavailable_rate_bytes_per_second"] == -1_300_000_000
+    assert a.facts["killer_threshold_signal"] == "SIGTERM"
+    assert a.facts["memavailable_projected_bytes"] < GIB
+    assert a.summary == (
+        "SIGTERM, likely from earlyoom (pid 812): MemAvailable 16.2 % at a reading 0.4 s "
+        "before the death, falling 1.21 GiB/s, so about 10.1 % by the death (at or below its "
+        "SIGTERM threshold 12.5 %)"
+    )
+
+
+def test_what_the_reading_showed_comes_before_a_projection():
+    a = _no_sender(GIB - MIB, rate=-4e9)  # read under SIGTERM's; projected under SIGKILL's
+    assert a.facts["killer_basis"] == "memavailable read"
+    assert a.facts["killer_threshold_signal"] == "SIGTERM"
+
+
+@pytest.mark.parametrize("rate", [None, 0.0, 5e8, -1e8])
+def test_memory_not_falling_fast_enough_names_no_earlyoom(rate):
+    # 300 MiB above the threshold: at -100 MB/s it is still above it 0.4 s later.
+    a = _no_sender(GIB + 300 * MIB, rate=rate)
+    assert a.name == "unknown" and "killer_basis" not in a.facts
+
+
+def test_the_hosts_largest_process_is_likely_earlyooms_pick():
+    a = _no_sender(6 * GIB, rss=3 * GIB, largest={"pid": 77, "name": "postgres", "rss": GIB})
+    assert (a.name, a.confidence) == ("earlyoom", "likely")
+    assert a.facts["killer_basis"] == "largest process"
+    assert a.memory is True and a.facts["worker_largest_process"] is True
+    assert a.summary == (
+        "SIGTERM, likely from earlyoom (pid 812): the worker was the host's largest process "
+        "(RSS 3 GiB at its last sample; the next, postgres pid 77, 1 GiB), the one "
+        "earlyoom kills; MemAvailable 75.0 % at a reading 0.4 s before the death"
+    )
+
+
+def test_a_larger_process_elsewhere_or_no_earlyoom_names_nobody():
+    bigger = {"pid": 77, "name": "postgres", "rss": 4 * GIB}
+    assert _no_sender(6 * GIB, rss=3 * GIB, largest=bigger).name == "unknown"
+    smaller = {"pid": 77, "name": "postgres", "rss": GIB}
+    assert _no_sender(6 * GIB, rss=3 * GIB, largest=smaller, killers=()).name == "unknown"
+    assert _no_sender(GIB // 2, rate=-4e9, killers=()).name == "unknown"

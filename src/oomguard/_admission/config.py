@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 
 from .. import _config
-from .host import cgroup_available
+from .host import CgroupAvailable
 from .ledger import HostLedger
 
 
@@ -43,7 +43,7 @@ class AdmissionConfig:
 
     def open_ledger(self) -> HostLedger:
         """The host ledger these settings describe (one per process that uses it)."""
-        available = cgroup_available(self.cgroup) if self.cgroup else None
+        available = CgroupAvailable(self.cgroup) if self.cgroup else None
         return HostLedger(self.ledger, floor=self.floor, available=available)
 
 

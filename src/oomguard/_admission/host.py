@@ -6,7 +6,6 @@ workers share has left). Missing files are not errors: a reading is None.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 
 from .._host import cgroup as _cgroup
 from .._units import NO_LIMIT
@@ -84,7 +83,8 @@ def holds_open(pid: int, fd: int) -> bool:
 def total_memory() -> int | None:
     """MemTotal of the host, bytes (a bound on any sane lease); None if unreadable."""
     try:
-        text = _MEMINFO.read(4096)
+        with open("/proc/meminfo", "rb") as f:
+            text = f.read(4096)
         at = text.index(b"MemTotal:")
         return int(text[at + 9 : text.index(b"kB", at)]) * 1024
     except (OSError, ValueError):
@@ -93,7 +93,8 @@ def total_memory() -> int | None:
 
 class _Kept:
     """A small file kept open and re-read with pread: every grant reads `available` now,
-    and an open() per reading would cost more than the decision."""
+    and an open() per reading would cost more than the decision. Closed with its owner
+    (a worker started and closed in-process gives back every descriptor it took)."""
 
     def __init__(self, path: str) -> None:
         self.path, self.fd = path, None
@@ -103,46 +104,70 @@ class _Kept:
             self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         return os.pread(self.fd, size, 0)
 
+    def close(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
 
-_MEMINFO = _Kept("/proc/meminfo")
+
+class HostAvailable:
+    """MemAvailable of the host, bytes, each call; None when unreadable (then a lease is
+    granted only when no other is held). `close()` gives back its descriptor."""
+
+    def __init__(self) -> None:
+        self._meminfo = _Kept("/proc/meminfo")
+
+    def __call__(self) -> int | None:
+        try:
+            text = self._meminfo.read(4096)
+            at = text.index(b"MemAvailable:")
+            return int(text[at + 13 : text.index(b"kB", at)]) * 1024
+        except (OSError, ValueError):
+            return _cgroup.host_memory().get("available")
+
+    def close(self) -> None:
+        self._meminfo.close()
 
 
 def host_available() -> int | None:
-    """MemAvailable of the host, bytes; None when unreadable (then a lease is granted only
-    when no other is held)."""
+    """MemAvailable of the host now, one read (a ledger keeps a `HostAvailable` open)."""
+    available = HostAvailable()
     try:
-        text = _MEMINFO.read(4096)
-        at = text.index(b"MemAvailable:")
-        return int(text[at + 13 : text.index(b"kB", at)]) * 1024
-    except (OSError, ValueError):
-        return _cgroup.host_memory().get("available")
+        return available()
+    finally:
+        available.close()
 
 
-def cgroup_available(path: str, version: int | None = None) -> Callable[[], int | None]:
+class CgroupAvailable(HostAvailable):
     """`available` for workers sharing one memory cgroup: limit - usage of that group
     (the host's MemAvailable when the group has no limit or cannot be read).
 
-    >>> avail = cgroup_available("/sys/fs/cgroup/memory/workers")  # doctest: +SKIP
+    >>> avail = CgroupAvailable("/sys/fs/cgroup/memory/workers")  # doctest: +SKIP
     """
 
-    if version is None:
-        version = 2 if os.path.exists(os.path.join(path, "memory.max")) else 1
-    names = (
-        ("memory.max", "memory.current")
-        if version == 2
-        else ("memory.limit_in_bytes", "memory.usage_in_bytes")
-    )
-    limit_file, usage_file = (_Kept(os.path.join(path, n)) for n in names)
+    def __init__(self, path: str, version: int | None = None) -> None:
+        super().__init__()
+        if version is None:
+            version = 2 if os.path.exists(os.path.join(path, "memory.max")) else 1
+        names = (
+            ("memory.max", "memory.current")
+            if version == 2
+            else ("memory.limit_in_bytes", "memory.usage_in_bytes")
+        )
+        self._limit, self._usage = (_Kept(os.path.join(path, n)) for n in names)
 
-    def available() -> int | None:
+    def __call__(self) -> int | None:
         try:
-            raw = limit_file.read().strip()
-            usage = int(usage_file.read())
+            raw = self._limit.read().strip()
+            usage = int(self._usage.read())
             limit = None if raw == b"max" else int(raw)
         except (OSError, ValueError):
-            return host_available()
+            return super().__call__()
         if limit is None or limit >= NO_LIMIT:
-            return host_available()
+            return super().__call__()
         return max(0, limit - usage)
 
-    return available
+    def close(self) -> None:
+        super().close()
+        self._limit.close()
+        self._usage.close()

@@ -19,7 +19,7 @@ of live leases - floor; granted when N <= free, or, with no other live lease on 
 is not there. So at every instant, for tasks that stay within their needs,
 claims + usage + floor <= limit, and claims + usage <= limit during a cold start
 (tests/unit/test_ledger_model.py). `available` is MemAvailable (/proc/meminfo) by default,
-or limit - usage of a memory cgroup the workers share (`host.cgroup_available`).
+or limit - usage of a memory cgroup the workers share (`host.CgroupAvailable`).
 
 In turn: a refused request is queued in the file while it keeps asking (until `withdraw`,
 its process's death, or `QUEUE_STALE` seconds without asking). A request must also fit
@@ -131,7 +131,7 @@ class HostLedger:
             raise ValueError(f"floor is {floor!r}; expected a number of bytes >= 0.")
         self.path = path
         self.floor = floor
-        self.available = available or host.host_available
+        self.available = available or host.HostAvailable()
         self.pid = os.getpid()
         self._probe = host.alive
         if _process is not None:  # tests: (pid, own RSS, probe of another process)
@@ -268,6 +268,9 @@ class HostLedger:
     def close(self) -> None:
         """Close the ledger's file descriptors (leases stay until released or reclaimed)."""
         self._file.close()
+        close = getattr(self.available, "close", None)  # HostAvailable, CgroupAvailable
+        if close is not None:
+            close()
         fd = self._statm
         if fd is not None:
             self._statm = None

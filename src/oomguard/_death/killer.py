@@ -23,8 +23,11 @@ K5     SIGKILL and systemd-oomd's user.oomd_kill moved on the worker's      syst
 K6     SIGTERM or SIGKILL with no sender seen: the kernel and systemd-oomd  likely:
        excluded where their counters were read; a SIGTERM's sender seen     inferred
        shortly before a SIGKILL; a userspace OOM killer running on the
-       host whose threshold MemAvailable had reached at the last reading;
-       a SLURM job's worker; else unknown
+       host (`memory_killer`) whose threshold MemAvailable had reached
+       at the last reading, or would have by the death at the rate it
+       fell between the last two readings, or that picks the host's
+       largest process when the worker was that; a SLURM job's worker;
+       else unknown
 =====  ===================================================================  =============
 
 What a killer means for blame (`Attribution.memory`): a userspace OOM killer (earlyoom,
@@ -54,6 +57,7 @@ from .._models import evidence_map as _map
 from .._models import evidence_number as _num
 from .._units import format_bytes
 from . import slurm as _slurm
+from .memory_killer import likely_memory_killer, memory_phrase
 from .record import Attribution, Seen
 
 #: Process names (/proc/PID/comm, at most 15 characters) of the killers we can name.
@@ -157,7 +161,7 @@ def _with(a: Attribution, host: dict, slurm: dict, *, memory: bool | None = None
     facts = {**host, **slurm, **a.facts}
     mem = a.memory if memory is None else memory
     if a.name in {k.value for k in MEMORY_KILLERS} and memory is None:
-        mem = bool(facts.get("worker_largest"))
+        mem = bool(facts.get("worker_largest") or facts.get("worker_largest_process"))
     facts["killer_memory"] = mem
     return Attribution(a.name, a.how, a.confidence, a.summary, facts, mem)
 
@@ -208,7 +212,7 @@ def _by_sender(s: dict, seen: Seen, host: dict) -> Attribution:
     elif killer is Killer.SLURM and job:
         summary += f" in SLURM job {job['slurm_job_id']}: its time limit, scancel or preemption"
     if killer in MEMORY_KILLERS:
-        summary += _memory_phrase(host, _threshold(seen, killer, pid, "term"))
+        summary += memory_phrase(host, _threshold(seen, killer, pid, "term"))
     return _sent(killer, summary, facts)
 
 
@@ -256,23 +260,10 @@ def _inferred(
         killer = SENDER_NAMES.get(k["name"])
         if killer not in MEMORY_KILLERS or k.get("dryrun") is True:  # --dryrun kills nothing
             continue
-        avail = host.get("memavailable_bytes")
-        for level in ("kill", "term"):
-            limit = _int(k.get(f"{level}_bytes"))
-            if avail is None or limit is None or avail > limit:
-                continue
-            facts.update(
-                killer_pid=k["pid"],
-                killer_threshold_bytes=limit,
-                killer_threshold_signal=f"SIG{level.upper()}",
-            )
-            phrase = _memory_phrase(host, (level, limit, _num(k.get(f"{level}_percent"))))
+        summary = likely_memory_killer(k, sig, host, seen, facts)
+        if summary is not None:
             return Attribution(
-                killer.value,
-                Known.INFERRED.value,
-                Confidence.LIKELY.value,
-                f"{sig}, likely from {k['name']} (pid {k['pid']}){phrase}",
-                facts,
+                killer.value, Known.INFERRED.value, Confidence.LIKELY.value, summary, facts
             )
     if job and _slurm.ended_by_slurm(job):
         return Attribution(
@@ -291,7 +282,7 @@ def _inferred(
             facts,
         )
     why = "; ".join(excluded) or "no killer evidence was readable"
-    mem = _memory_phrase(host, None)
+    mem = memory_phrase(host, None)
     return Attribution(
         Killer.UNKNOWN.value,
         Known.INFERRED.value,
@@ -299,22 +290,6 @@ def _inferred(
         f"{sig} from an unknown sender: {why}{mem}",
         facts,
     )
-
-
-def _memory_phrase(host: dict, threshold: tuple[str, int, float | None] | None) -> str:
-    """ " at MemAvailable 4.1 % (≤ its SIGTERM threshold 5 %)", from the last reading."""
-    pct = host.get("memavailable_percent")
-    if pct is None:
-        return ""
-    out = f" at MemAvailable {pct:.1f} %"
-    if threshold is not None:
-        level, limit, percent = threshold
-        total = host.get("memtotal_bytes")
-        if percent is None and total:
-            percent = 100.0 * limit / total
-        shown = f"{percent:.1f} %" if percent is not None else format_bytes(limit)
-        out += f" (at or below its SIG{level.upper()} threshold {shown})"
-    return out
 
 
 def _threshold(seen: Seen, killer: Killer, pid: int, level: str):
@@ -346,6 +321,9 @@ def _host_facts(seen: Seen) -> dict[str, Any]:
     t, death = _num(reading.get("time")), _num(seen.time)
     if t is not None and death is not None:
         facts["memavailable_age_seconds"] = round(max(death - t, 0.0), 3)
+    rate = _num(reading.get("available_rate"))  # bytes/s between the last two readings
+    if rate is not None:
+        facts["memavailable_rate_bytes_per_second"] = round(rate)
     for key in ("psi_some10", "psi_full10"):
         v = _num(reading.get(key))
         if v is not None:

@@ -416,13 +416,15 @@ class DecisionCore:
 
     def _over_budget(self, key: Any, run: Run | None, event: FailureEvent) -> AbortDecision:
         label = run.label if run is not None else None
-        return self.policy.over_budget(label, event, self.budget.deaths(key), self.budget.allowed)
+        return self.policy.over_budget(
+            label, event, key, self.budget.deaths(key), self.budget.allowed
+        )
 
     def _abort(self, d: AbortDecision, key: Any) -> list[Decision]:
         if key in self.stopped:
             return []
         run = self.runs.of(key)
-        exc = d.exception()
+        exc = d.exception(key, self.budget.allowed)
         if run is None:
             stop = Stop((key,), exc)  # of no run
         else:

@@ -225,12 +225,12 @@ class FailurePolicy:
         return self._stop(run, event, no_larger_abort_message(event, limit))
 
     def over_budget(
-        self, run: RunLabel | None, event: FailureEvent, deaths: int, allowed: int
+        self, run: RunLabel | None, event: FailureEvent, key: Any, deaths: int, allowed: int
     ) -> AbortDecision:
-        """The task of `event` was on `deaths` dead workers, more than Dask's
+        """Task `key` (of `event`) was on `deaths` dead workers, more than Dask's
         `allowed-failures` permits, whatever the evidence said: its run stops (`run` None:
         a task of no run stops alone)."""
-        return self._stop(run, event, over_budget_message(event, deaths, allowed))
+        return self._stop(run, event, over_budget_message(event, key, deaths, allowed))
 
     def _stop(self, run: RunLabel | None, event: FailureEvent, message: str) -> AbortDecision:
         """A verdict taken outside the shard counters: the run reads "aborted" and decides

@@ -5,21 +5,23 @@ worker writes into a file-backed shared mapping (`MAP_SHARED`): a store into the
 lands in the page cache without a system call, and survives the process. The nanny reads the
 file after the death.
 
-Layout (little-endian), one file per worker process:
+Layout (little-endian; the signal slots in the host's own byte order), one file per worker
+process:
 
     header   128 bytes  magic, pid, created, slot count, slot size, sample layout,
                         which of the two sample buffers is current, the signal area's offset
     slots    N x 1088   one per executing task: state, start time, key; its thread's ident
                         in the slot's last 8 bytes (0 until its thread is known)
-    signals  16 + 8 x 5120  whether senders are recorded; the last 8 received signals,
-                        one msgpack record per slot with a sequence number and a CRC
+    signals  16 + 8 x 4224  whether senders are recorded, and which signals' recorder task
+                        code replaced; the last 8 received signals, one fixed record per slot
     samples  2 x S      msgpack blobs written alternately; the header names the complete one
 
 A task slot is written on each transition into or out of "executing": O(1), a few stores into
 the mapping. The sampler thread writes the other sample buffer, then flips the header's
-`current` field, so a death mid-write leaves the previous sample intact. The signal waiter
-thread (`worker_plugin._signals`) writes a signal slot: sequence 0 first, then the record, its
-length and CRC, then the sequence number, so a slot torn by a SIGKILL mid-write is dropped.
+`current` field, so a death mid-write leaves the previous sample intact. The signal slots are
+written by the native recorder's signal handler (`sigrec`, `_sigrec.c`: its own mapping of
+this file): sequence 0 first, then the record, then its sequence number, so a slot torn by a
+SIGKILL mid-write reads as empty.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ import mmap
 import os
 import struct
 import time
-import zlib
 from typing import Any
 
 import msgpack
@@ -36,8 +37,10 @@ import msgpack
 from .. import _private
 from . import senders as _senders
 
-# 2: the signal area (issue 26). A record of another layout is refused, not misread.
-MAGIC = b"OOMGFLT2"
+# 2: the signal area (issue 26); 3: its slots written by the native recorder (issue 39).
+# A record of another layout is refused, not misread: the nanny and its worker run the
+# same installed oomguard, so only a worker left from before an upgrade has another one.
+MAGIC = b"OOMGFLT3"
 # magic, pid, created, nslots, slot_size, sample_offset, sample_capacity, current, len0, len1,
 # signal_offset
 _HEADER = struct.Struct("<8sqdIIQQQQQQ")
@@ -56,25 +59,30 @@ DEFAULT_SAMPLE_CAPACITY = 256 * 1024
 _EMPTY = 0
 _EXECUTING = 1
 
-# The signal area: state, slot count, slot size, reserved; each slot: sequence, length, CRC32.
+# The signal area: state, slot count, slot size, the signals whose recorder was replaced.
 _SIG_AREA = struct.Struct("<IIII")
-_SIG_SLOT = struct.Struct("<QII")
+# One slot, as _sigrec.c's `struct slot` (host byte order): sequence, signo, si_code, si_pid,
+# si_uid, seconds, nanoseconds, name length, cmdline length, /proc/PID/comm; the raw
+# /proc/PID/cmdline at SIG_CMDLINE_AT.
+_SIG_SLOT = struct.Struct("=QiiiIqqII64s")
+SIG_CMDLINE_AT = 128
+SIG_CMDLINE_BYTES = 4096
 SIG_SLOTS = 8
-SIG_SLOT_SIZE = 5120  # a record with a 1024-character command line of 4-byte UTF-8 fits
+SIG_SLOT_SIZE = SIG_CMDLINE_AT + SIG_CMDLINE_BYTES
 SIG_AREA_SIZE = _SIG_AREA.size + SIG_SLOTS * SIG_SLOT_SIZE
 #: Whether the worker records its signals' senders (the area's state).
 SIGNALS_UNSET = 0  # the worker never said (it died before its plugin's setup finished)
 SIGNALS_RECORDING = 1
-SIGNALS_NOT_BLOCKED = 2  # started without the signals blocked: nothing can be recorded
+SIGNALS_UNAVAILABLE = 2  # the native recorder is not installed or could not start
 SIGNALS_DISABLED = 3  # oomguard.worker.signal-senders is false
 #: The largest flight record read: 64 slots and 256 KiB samples make ~0.6 MiB; a header
 #: declaring more than this is not a record of ours.
 MAX_RECORD_BYTES = 16 << 20
 _NOT_RECORDED = {
     SIGNALS_UNSET: "the worker had not started its signal recorder",
-    SIGNALS_NOT_BLOCKED: (
-        "the worker did not start with them blocked (oomguard was installed after its "
-        "start, or its nanny is not oomguard's)"
+    SIGNALS_UNAVAILABLE: (
+        "oomguard's native signal recorder is not installed here (a build without a C "
+        "compiler), or could not start"
     ),
     SIGNALS_DISABLED: "oomguard.worker.signal-senders is false",
 }
@@ -96,7 +104,6 @@ class FlightRecorder:
         self._capacity = capacity
         self._signal_offset = HEADER_SIZE + nslots * SLOT_SIZE
         self._sample_offset = self._signal_offset + SIG_AREA_SIZE
-        self._signals = 0  # signals written so far (the next slot's sequence - 1)
         self._free = list(range(nslots - 1, -1, -1))
         self._current = 0
         self._lens = [0, 0]
@@ -180,26 +187,17 @@ class FlightRecorder:
         self._write_header()
         return True
 
-    def signals_state(self, state: int) -> None:
-        """Say whether the senders of this worker's signals are recorded (SIGNALS_*)."""
-        _SIG_AREA.pack_into(self._mm, self._signal_offset, state, SIG_SLOTS, SIG_SLOT_SIZE, 0)
+    def signals_state(self, state: int, replaced: int = 0) -> None:
+        """Say whether the senders of this worker's signals are recorded (SIGNALS_*), and
+        which signals' recorder a handler installed since replaced (a bit mask)."""
+        _SIG_AREA.pack_into(
+            self._mm, self._signal_offset, state, SIG_SLOTS, SIG_SLOT_SIZE, replaced
+        )
 
-    def write_signal(self, record: dict[str, Any]) -> bool:
-        """Keep one received signal (`senders.record`); the oldest of 8 is overwritten.
-        Written by one thread only (the signal waiter)."""
-        data = msgpack.packb(record, use_bin_type=True)
-        if len(data) > SIG_SLOT_SIZE - _SIG_SLOT.size:
-            return False
-        seq = self._signals + 1
-        off = self._signal_offset + _SIG_AREA.size + (seq - 1) % SIG_SLOTS * SIG_SLOT_SIZE
-        # Sequence 0 first and last the new one: a slot torn mid-write reads as empty or
-        # fails its CRC, never as another record's bytes.
-        _SIG_SLOT.pack_into(self._mm, off, 0, 0, 0)
-        self._mm[off + _SIG_SLOT.size : off + _SIG_SLOT.size + len(data)] = data
-        _SIG_SLOT.pack_into(self._mm, off, 0, len(data), zlib.crc32(data))
-        _SIG_SLOT.pack_into(self._mm, off, seq, len(data), zlib.crc32(data))
-        self._signals = seq
-        return True
+    def signal_slots(self) -> tuple[int, int, int]:
+        """(file descriptor, offset of the first signal slot, slot count): where the native
+        recorder writes."""
+        return self._fd, self._signal_offset + _SIG_AREA.size, SIG_SLOTS
 
     def close(self, *, remove: bool = False) -> None:
         try:
@@ -213,7 +211,7 @@ class FlightRecorder:
                     pass
 
 
-def read_flight_record(path: str) -> dict[str, Any]:
+def read_flight_record(path: str, *, cmdline: str = "hashed") -> dict[str, Any]:
     """Read a flight record left by a (dead) worker process. Never raises.
 
     Returns ``{"pid", "created", "executing": [{"key", "start", "thread"}] (thread 0: not
@@ -221,6 +219,7 @@ def read_flight_record(path: str) -> dict[str, Any]:
     "signals": [dict] (oldest first, `senders.KEYS`), "missing": [str], "read": bool}``;
     what could not be read is named in ``missing``. ``read`` is True once the slot table
     was read: only then does an empty ``executing`` mean that nothing was executing.
+    A sender's command line is kept as `cmdline` says (`senders.command_line`).
     """
     out: dict[str, Any] = {
         "pid": None,
@@ -261,7 +260,7 @@ def read_flight_record(path: str) -> dict[str, Any]:
         )
     out["read"] = True
     out["sample"] = _read_sample(data, s_off, cap, (l0, l1), current, out["missing"])
-    _read_signals(data, g_off, out)
+    _read_signals(data, g_off, out, cmdline)
     return out
 
 
@@ -305,13 +304,13 @@ def _read_sample(data: bytes, s_off, cap, lens, current, missing: list[str]) -> 
     return None
 
 
-def _read_signals(data: bytes, offset: int, out: dict[str, Any]) -> None:
+def _read_signals(data: bytes, offset: int, out: dict[str, Any], cmdline: str) -> None:
     """The signal area into out["signals"] (oldest first); what is wrong into missing."""
     missing = out["missing"]
     if offset < HEADER_SIZE or offset + SIG_AREA_SIZE > len(data):
         missing.append("flight record: signal area truncated")
         return
-    state, nslots, slot_size, _ = _SIG_AREA.unpack_from(data, offset)
+    state, nslots, slot_size, replaced = _SIG_AREA.unpack_from(data, offset)
     if nslots != SIG_SLOTS or slot_size != SIG_SLOT_SIZE:
         missing.append("flight record: signal area unreadable (bad layout)")
         return
@@ -319,19 +318,21 @@ def _read_signals(data: bytes, offset: int, out: dict[str, Any]) -> None:
         why = _NOT_RECORDED.get(state, f"unknown state {state}")
         missing.append(f"signal senders: not recorded ({why})")
         return
+    if replaced:
+        names = ", ".join(_senders.signal_name(s) for s in range(1, 32) if replaced >> s & 1)
+        missing.append(
+            f"signal senders: {names} not recorded since a handler installed after "
+            "oomguard's recorder replaced it (task code's signal.signal)"
+        )
     found, bad = [], 0
     for i in range(nslots):
         off = offset + _SIG_AREA.size + i * slot_size
-        seq, length, crc = _SIG_SLOT.unpack_from(data, off)
+        seq, *fields, name_len, cmd_len, name = _SIG_SLOT.unpack_from(data, off)
         if seq == 0:
             continue  # never written, or torn before its record was complete
-        body = data[off + _SIG_SLOT.size : off + _SIG_SLOT.size + length]
-        entry = None
-        if length <= slot_size - _SIG_SLOT.size and zlib.crc32(body) == crc:
-            try:
-                entry = _senders.validate(msgpack.unpackb(body, raw=False))
-            except Exception:  # corrupt bytes from a dying process
-                entry = None
+        at = off + SIG_CMDLINE_AT
+        raw = data[at : at + min(cmd_len, SIG_CMDLINE_BYTES)]
+        entry = _senders.from_slot(*fields, name[: min(name_len, 64)], raw, cmdline)
         if entry is None:
             bad += 1
         else:

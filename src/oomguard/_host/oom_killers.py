@@ -16,6 +16,7 @@ from .cgroup.files import join_root
 KILLER_NAMES = ("earlyoom", "systemd-oomd", "nohang", "oomd", "kubelet", "slurmd")
 CMDLINE_MAX = 1024
 _SCAN_MAX = 65536  # processes looked at, at most (a bound on one scan's cost)
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 # earlyoom 1.7 (Debian 12's), main.c: its getopt_long option string and long options.
 _EARLYOOM_SHORT = "m:s:M:S:kingN:dvr:ph"
@@ -184,6 +185,37 @@ def find_killers(total_bytes: int | None, root: str = "/") -> list[dict[str, Any
         if len(found) >= 16:
             break
     return found
+
+
+def largest_process(exclude: int, root: str = "/") -> dict[str, Any] | None:
+    """The host's process with the largest RSS other than `exclude` (the dead worker):
+    {"pid", "name", "rss"} (bytes); None when /proc cannot be read. A userspace OOM killer
+    picks the largest process (earlyoom by oom_score, mostly RSS): the worker's last
+    sampled RSS beside this says whether it was the one picked. One pass over
+    /proc/PID/statm, bounded like `find_killers`."""
+    proc = join_root(root, "proc")
+    try:
+        entries = [e for e in os.listdir(proc) if e.isdigit() and int(e) != exclude]
+    except OSError:
+        return None
+    best: tuple[int, int] | None = None
+    for entry in entries[:_SCAN_MAX]:
+        statm = _read(os.path.join(proc, entry, "statm"), 64)
+        try:
+            rss = int((statm or b"").split()[1]) * _PAGE
+        except (IndexError, ValueError):
+            continue
+        if best is None or rss > best[1]:
+            best = (int(entry), rss)
+    if best is None:
+        return None
+    comm = _read(os.path.join(proc, str(best[0]), "comm"), 64) or b""
+    return {"pid": best[0], "name": clean_cmdline(comm.strip()), "rss": best[1]}
+
+
+def memory_killer(killer: dict) -> bool:
+    """Whether a found killer acts on host memory (earlyoom, systemd-oomd, nohang, oomd)."""
+    return "term_bytes" in killer
 
 
 def merge_killers(older: list[dict] | None, newer: list[dict] | None) -> list[dict] | None:

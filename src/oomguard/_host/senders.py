@@ -1,30 +1,34 @@
-"""Who sent a signal: the sender's name and command line, read from /proc, and bounds on them.
+"""Who sent a signal: one slot of the native recorder turned into a bounded record.
 
-A worker that takes its signals with `sigtimedwait` learns the sender's pid and uid from the
-kernel (`si_pid`, `si_uid`); the name and command line must be read from /proc at once, while
-the sender still runs. A sender that has exited by then is named by pid and uid alone. A pid
-of 0 is a sender outside the worker's PID namespace (or the kernel): nothing to read.
+The worker's native recorder (`sigrec`, `_sigrec.c`) writes each received signal's sender as
+the kernel gives it (`si_pid`, `si_uid`, `si_code`) with the sender's /proc/PID/comm and
+raw /proc/PID/cmdline, read in the handler while the sender still runs. A sender that has
+exited by then is named by pid and uid alone. A pid of 0 is a sender outside the worker's
+PID namespace, or the kernel: nothing to read.
 
-Everything here is bounded: a name at most `NAME_MAX` characters, a command line at most
-`CMDLINE_MAX` characters, control characters stripped, so a hostile or broken process cannot
-put a megabyte or an escape sequence into a report. `validate` is the reader's check of a
-record that comes back out of a flight record.
+The nanny reads the slots back (`flight.read_flight_record`) and builds records here:
+everything bounded (a name at most `NAME_MAX` characters, a command line at most
+`CMDLINE_MAX`), control characters stripped, so a hostile or broken process cannot put a
+megabyte or an escape sequence into a report; and the command line kept as its program
+name and a hash of the rest (`command_line`) unless `oomguard.worker.sender-cmdline` is
+`full`, since a command line can hold a secret (docs/security.md).
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
 import signal
-import time as _time
 from typing import Any
 
 #: A command line is cut to this many characters (after NULs became spaces).
 CMDLINE_MAX = 1024
 #: /proc/PID/comm is at most 15 bytes; a little room for odd kernels, no more.
 NAME_MAX = 64
-#: Bytes read from /proc/PID/cmdline at most: enough for CMDLINE_MAX characters of UTF-8.
-_READ_MAX = 4 * CMDLINE_MAX + 4
 #: The keys of one signal record, in the order they are documented.
 KEYS = ("signal", "signo", "time", "code", "pid", "uid", "name", "cmdline")
+#: How a sender's command line is kept (`oomguard.worker.sender-cmdline`).
+CMDLINE_MODES = ("hashed", "full")
 
 
 def sanitize(text: str, limit: int) -> str:
@@ -43,34 +47,30 @@ def sanitize(text: str, limit: int) -> str:
     return text.rstrip()[:limit]
 
 
-def _read(path: str, limit: int) -> bytes | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read(limit)
-    except OSError:  # gone (exited), or not ours to read
-        return None
+def command_line(raw: bytes, mode: str = "hashed") -> str | None:
+    """A /proc/PID/cmdline as a report keeps it. ``hashed``: the program's name (argv[0]
+    without its directory) and the SHA-256 of the other arguments as they were (NUL-joined),
+    so two deaths can be told apart or matched against a command line one knows, while what
+    the arguments say (a password, a token, a path) stays on the host; ``full``: the whole
+    line, sanitized and cut at `CMDLINE_MAX`. None for an empty one (a kernel thread).
 
-
-def read_sender(pid: int, *, proc: str = "/proc") -> tuple[str | None, str | None]:
-    """(name, cmdline) of process `pid` from /proc, None for what cannot be read.
-
-    pid 0 (outside this PID namespace) and negative pids are never read.
-
-    >>> import os
-    >>> name, cmdline = read_sender(os.getpid())
-    >>> bool(name) and bool(cmdline)
-    True
-    >>> read_sender(0)
-    (None, None)
+    >>> command_line(b"/usr/bin/python3\\x00-c\\x00pass\\x00")
+    'python3 [2 arguments, sha256:f2ea8570803dc466]'
+    >>> command_line(b"/usr/bin/python3\\x00-c\\x00pass\\x00", "full")
+    '/usr/bin/python3 -c pass'
+    >>> command_line(b"sleep\\x00"), command_line(b"")
+    ('sleep', None)
     """
-    if not isinstance(pid, int) or pid <= 0:
-        return None, None
-    comm = _read(f"{proc}/{pid}/comm", NAME_MAX + 1)
-    cmdline = _read(f"{proc}/{pid}/cmdline", _READ_MAX)
-    name = sanitize(comm.decode("utf-8", "replace"), NAME_MAX) if comm is not None else None
-    line = sanitize(cmdline.decode("utf-8", "replace"), CMDLINE_MAX) if cmdline else None
-    # A kernel thread or a zombie has an empty cmdline: say nothing rather than "".
-    return name or None, line or None
+    if mode == "full":
+        return sanitize(raw.decode("utf-8", "replace"), CMDLINE_MAX) or None
+    args = raw[:-1].split(b"\0") if raw.endswith(b"\0") else raw.split(b"\0")
+    program = sanitize(args[0].rsplit(b"/", 1)[-1].decode("utf-8", "replace"), NAME_MAX)
+    rest = args[1:]
+    if not rest:
+        return program or None
+    digest = hashlib.sha256(b"\0".join(rest)).hexdigest()[:16]
+    n = len(rest)
+    return f"{program or '?'} [{n} argument{'s' if n != 1 else ''}, sha256:{digest}]"
 
 
 def signal_name(signo: int) -> str:
@@ -85,53 +85,38 @@ def signal_name(signo: int) -> str:
         return f"SIG{signo}"
 
 
-def record(
-    signo: int, code: int, pid: int, uid: int, *, at: float | None = None, proc: str = "/proc"
-) -> dict[str, Any]:
-    """One received signal as the flight record keeps it, the sender read from /proc now.
+def from_slot(
+    signo: int,
+    code: int,
+    pid: int,
+    uid: int,
+    sec: int,
+    nsec: int,
+    comm: bytes,
+    cmdline: bytes,
+    mode: str = "hashed",
+) -> dict[str, Any] | None:
+    """One slot of the native recorder as a record (`KEYS`); None when it is not one.
 
-    >>> r = record(15, 0, 0, 0, at=1.5)
-    >>> r["signal"], r["pid"], r["name"], r["cmdline"]
-    ('SIGTERM', 0, None, None)
+    >>> r = from_slot(15, 0, 812, 0, 1700000000, 5 * 10**8, b"earlyoom\\n", b"earlyoom\\0-r\\0")
+    >>> r["signal"], r["pid"], r["name"], r["time"]
+    ('SIGTERM', 812, 'earlyoom', 1700000000.5)
+    >>> from_slot(0, 0, 1, 0, 1, 0, b"", b"") is None
+    True
     """
-    name, cmdline = read_sender(pid, proc=proc)
+    if not 0 < signo < 128 or pid < 0 or not 0 <= nsec < 10**9 or sec < 0:
+        return None
+    at = sec + nsec / 1e9
+    if not math.isfinite(at):
+        return None
+    name = sanitize(comm.decode("utf-8", "replace"), NAME_MAX) or None
     return {
         "signal": signal_name(signo),
-        "signo": int(signo),
-        "time": float(_time.time() if at is None else at),
-        "code": int(code),
-        "pid": int(pid),
-        "uid": int(uid),
+        "signo": signo,
+        "time": at,
+        "code": code,
+        "pid": pid,
+        "uid": uid,
         "name": name,
-        "cmdline": cmdline,
+        "cmdline": command_line(cmdline, mode) if cmdline else None,
     }
-
-
-def validate(entry: Any) -> dict[str, Any] | None:
-    """A record read back from a flight record, checked and bounded; None when it is not one.
-
-    >>> validate(record(15, 0, 1, 0, at=2.0)) is not None
-    True
-    >>> validate({"signal": "SIGTERM"}) is None
-    True
-    """
-    if not isinstance(entry, dict) or set(entry) != set(KEYS):
-        return None
-    ints = ("signo", "code", "pid", "uid")
-    if any(type(entry[k]) is not int for k in ints):  # bool is not a number here
-        return None
-    if not 0 < entry["signo"] < 128 or entry["pid"] < 0 or entry["uid"] < 0:
-        return None
-    if not isinstance(entry["time"], (int, float)) or isinstance(entry["time"], bool):
-        return None
-    if not isinstance(entry["signal"], str) or not entry["signal"].startswith("SIG"):
-        return None
-    out = dict(entry)
-    out["signal"] = sanitize(entry["signal"], 16)
-    out["time"] = float(entry["time"])
-    for key, limit in (("name", NAME_MAX), ("cmdline", CMDLINE_MAX)):
-        value = entry[key]
-        if value is not None and not isinstance(value, str):
-            return None
-        out[key] = sanitize(value, limit) or None if value is not None else None
-    return {k: out[k] for k in KEYS}

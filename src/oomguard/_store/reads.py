@@ -1,5 +1,8 @@
-"""The reads of a FailureStore: queries on the caller's thread, each thread with its own
-read-only connection; the file is in WAL mode, so a read never waits for the writer."""
+"""The reads of a FailureStore: queries on the caller's thread, each read with a read-only
+connection of its own while it runs (taken from the store's idle ones, opened when none is
+idle: as many as reads ever ran at once, not one per thread that ever read, so a thread
+pool's new threads open no new descriptors); the file is in WAL mode, so a read never waits
+for the writer."""
 
 from __future__ import annotations
 
@@ -45,10 +48,16 @@ def _read(method):
             if self._closed:
                 raise RuntimeError(f"FailureStore({self.path!r}) is closed.")
             self._reads += 1
+        outer = getattr(self._local, "conn", None) is None  # not a read inside a read
         try:
             return method(self, *args, **kwargs)
         finally:
+            conn = self._local.conn if outer else None
+            if outer:
+                self._local.conn = None
             with self._lock:
+                if conn is not None:
+                    self._idle.append(conn)
                 self._reads -= 1
                 self._reads_done.notify_all()
 
@@ -68,22 +77,32 @@ class ReaderMixin:
     _thread: threading.Thread | None
     _local: threading.local
     _readers: list[sqlite3.Connection]
+    _idle: list[sqlite3.Connection]  # readers no read uses now
     _reads: int
     _reads_done: threading.Condition
 
     def _reader(self) -> sqlite3.Connection:
-        """This thread's read connection; only inside a method marked `@_read`."""
+        """The read connection of the read running on this thread; only inside a method
+        marked `@_read`."""
         conn = getattr(self._local, "conn", None)
         if conn is not None:
             return conn
         if self._thread is None or self._closed:
             state = "closed" if self._closed else "not started"
             raise RuntimeError(f"FailureStore({self.path!r}) is {state}; reads need start().")
+        with self._lock:
+            conn = self._idle.pop() if self._idle else None
+        if conn is None:
+            conn = self._open_reader()
+        self._local.conn = conn
+        return conn
+
+    def _open_reader(self) -> sqlite3.Connection:
         conn = connect(self._file)
         conn.execute("PRAGMA query_only = 1")
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # opens the WAL now
         with self._lock:
             self._readers.append(conn)
-        self._local.conn = conn
         return conn
 
     @_read

@@ -114,6 +114,7 @@ class FailureStore(WriterMixin, ReaderMixin):
         self._conn: sqlite3.Connection | None = None  # the writer's
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
+        self._idle: list[sqlite3.Connection] = []
         # Reads in progress on any thread: close() waits for them before it closes the
         # readers' connections (closing one under a running query crashes the process).
         self._reads = 0
@@ -166,6 +167,12 @@ class FailureStore(WriterMixin, ReaderMixin):
         self._conn = conn
         self._thread = threading.Thread(target=self._run, name="oomguard-store", daemon=True)
         self._thread.start()
+        # The first reader now, with the store's other descriptors: what starts later (a
+        # worker joining, a query) finds it idle instead of opening one of its own.
+        try:
+            self._idle.append(self._open_reader())
+        except sqlite3.Error:
+            pass  # the first read opens it
 
     def close(self, timeout: float = 10.0) -> None:
         """Commit what is queued, stop the writer, close every connection. Idempotent; safe
@@ -195,7 +202,7 @@ class FailureStore(WriterMixin, ReaderMixin):
                 )
                 readers = []
             else:
-                readers, self._readers = self._readers, []
+                readers, self._readers, self._idle = self._readers, [], []
         for conn in readers + ([self._conn] if self._conn is not None else []):
             try:
                 conn.close()

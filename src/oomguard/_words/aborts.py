@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from distributed import KilledWorker
 
 from .._causes import Cause, memory_death
+from .._exceptions import LastWorker
 from .._units import format_bytes
 from .causes import describe_cause, listing, plural, shard_name, shell_arg, subject, times
 
@@ -177,13 +180,15 @@ def no_larger_abort_message(event: FailureEvent, limit: int) -> str:
     )
 
 
-def over_budget_message(event: FailureEvent, deaths: int, allowed: int) -> str:
-    """Why a task on more dead workers than Dask's allowed-failures was stopped."""
+def over_budget_message(event: FailureEvent, key: Any, deaths: int, allowed: int) -> str:
+    """Why task `key`, on more dead workers than Dask's allowed-failures, was stopped: what
+    Dask's own KilledWorker says (word for word, from the installed Dask), then oomguard's
+    account of the deaths."""
+    dask_says = str(KilledWorker(key, LastWorker(event.worker or "an unknown worker"), allowed))
     where = f"pipeline {event.pipeline!r}" if event.pipeline else "its task"
     return (
-        f"oomguard stopped {where} because shard {shard_name(event.shard)} was on {deaths} "
-        f"workers that died, more than Dask's allowed-failures ({allowed}) permits; the "
-        f"last one, {event.worker or 'a worker'}: {_what(event)}. Dask alone would raise "
-        "KilledWorker here. Next: `oomguard report --shard "
-        f"{shell_arg(event.shard)}` shows each death with its evidence."
+        f"{dask_says} oomguard stopped {where}: shard {shard_name(event.shard)} was on "
+        f"{deaths} workers that died, more than Dask's allowed-failures ({allowed}) permits; "
+        f"the last one, {event.worker or 'a worker'}: {_what(event)}. Next: `oomguard report "
+        f"--shard {shell_arg(event.shard)}` shows each death with its evidence."
     )

@@ -43,6 +43,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("oomguard.scheduler")
 #: A death's line in the log at most (bytes): one printable line, its key escaped.
 LINE_BYTES = 4096
+#: Where Dask logs a task it errs at allowed-failures: oomguard, deciding that instead
+#: (`_dask_bound`), logs the same line there.
+_dask_log = logging.getLogger("distributed.scheduler")
 
 #: No worker has this address: a task restricted to it waits in "no-worker".
 HOLD = "oomguard://held"
@@ -347,6 +350,12 @@ class DaskActions:
             ts = scheduler.tasks.get(key)
             if ts is None or ts.state not in ("no-worker", "queued"):
                 continue  # waiting ones reach no-worker later and are erred then
+            if ts.suspicious > scheduler.allowed_failures:  # Dask's own bound: its own line
+                _dask_log.error(
+                    "Task %s marked as failed because %d workers died while trying to run it",
+                    key,
+                    ts.suspicious,
+                )
             recs.update(
                 scheduler.transition(
                     key,

@@ -3,8 +3,8 @@
 Dask's hooks and oomguard's RPCs are this class's own methods, each a plain call on the core
 (`oomguard._decide.DecisionCore`), whose decisions become Dask transitions in one place
 (`_actions.DaskActions`); what is kept of workers, reports and queries lives in objects of
-their own (`_workers`, `_reports`, `_queries`). Dask's own death count stays a backstop one
-above `allowed_failures`; the core keeps the exact bound itself.
+their own (`_workers`, `_reports`, `_queries`). Dask's `allowed_failures` is left as set;
+the core keeps that bound itself with the death report in hand (`_dask_bound`).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from .._protocol import (
 from .._store import FailureStore
 from . import _cluster_name, _setup
 from ._actions import DaskActions
+from ._dask_bound import DaskBound
 from ._queries import Queries
 from ._removals import removal
 from ._reports import ReportDesk, notice
@@ -77,7 +78,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
     desk: ReportDesk  # whom reports are believed from, and what was counted
     removals_refused: int  # remove-worker events on "all" that were not Dask's
     _tasks: list[asyncio.Task]  # the tick and gauge loops
-    _saved_allowed_failures: int | None  # Dask's count before start, given back at close
+    bound: DaskBound | None  # Dask's remove_worker, wrapped so the core decides first
     _started: bool  # start() ran to its end: the tick loop may check for removal
     _original_task_erred: Callable[..., Any] | None  # Dask's "task-erred" handler, wrapped
     _worker_events: WorkerEvents  # Dask's "log-event" handler, wrapped: workers' own events
@@ -105,7 +106,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         self.desk = ReportDesk(self.workers.nannies, self.metrics, self.guard)
         self.removals_refused = 0
         self._tasks = []
-        self._saved_allowed_failures = None
+        self.bound = None
         self._started = False
         self._original_task_erred = None
         self._worker_events = WorkerEvents(self._worker_event)
@@ -175,10 +176,12 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             cluster=self.cluster,
         )
         self.queries = Queries(self.store, self.cluster, self.core.policy, self.metrics_snapshot)
-        # Dask's count stays a finite backstop, one above the core's exact bound, so the
-        # core (which decides with the death report in hand) always speaks first.
-        self._saved_allowed_failures = allowed
-        scheduler.allowed_failures = allowed + 1
+        self.bound = DaskBound(scheduler, holds=lambda key: key not in self.core.stopped)
+        if not self.bound.install():
+            logger.info(
+                "oomguard: Dask's remove_worker is not its own here: Dask errs a task "
+                "at allowed-failures before the death report can say it was queued"
+            )
         for name, handler in self._handlers().items():
             scheduler.handlers[name] = handler
         original = scheduler.stream_handlers.get("task-erred")
@@ -282,8 +285,8 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         self._undo_stop()
         with self.guard("close"):
             self.apply(self.core.close())
-        if self._saved_allowed_failures is not None:
-            scheduler.allowed_failures = self._saved_allowed_failures
+        if self.bound is not None:
+            self.bound.uninstall()
         for name, handler in self._handlers().items():
             if scheduler.handlers.get(name) == handler:
                 del scheduler.handlers[name]
@@ -353,6 +356,8 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         and before it reschedules them: holds apply now, everything else once Dask's
         transitions ran. Anyone may publish to "all": an event that is not Dask's own
         removal is refused (logged once, counted in `removals_refused`)."""
+        if self.bound is not None:  # Dask has counted: its counts back as it left them
+            self.bound.counted(msg.get("worker"))
         scheduler = self.scheduler
         if scheduler is None:
             return  # before start() or after close()

@@ -172,6 +172,7 @@ class WorkerAdmission:
         if self._registered:
             REGISTRY.unregister(self.metrics)
             self._registered = False
+        self.ledger.close()  # its descriptors: a worker closed in-process leaves none open
 
     # -- the sampler feeds peaks -------------------------------------------------------
 

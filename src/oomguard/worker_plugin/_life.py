@@ -100,9 +100,24 @@ def take_readings(life: _Life, meter: HostMeter | None) -> None:
         me = os.getpid()
         life.reading = _Reading(now, oom_kill, tuple(p for p in pids if p not in (life.pid, me)))
     if host is not None:
+        before = life.host
+        if (
+            before is not None
+            and _both(before, host, "available")
+            and host["time"] > before["time"]
+        ):
+            # How fast MemAvailable moves (bytes/s; falling < 0): a userspace OOM killer
+            # can act between two readings (`_death.memory_killer`).
+            host["available_rate"] = (host["available"] - before["available"]) / (
+                host["time"] - before["time"]
+            )
         life.host = host
     if oomd is not None:
         life.oomd = oomd
+
+
+def _both(a: dict, b: dict, key: str) -> bool:
+    return a.get(key) is not None and b.get(key) is not None
 
 
 class _Files:

@@ -39,12 +39,12 @@ from .._host import cgroup as _cgroup
 from .._host.oom_killers import find_killers
 from .._host.paths import configured_crash_dir, private_crash_dir
 from .._host.readings import HostMeter, OomdXattrs, slurm_environment
+from .._host.senders import CMDLINE_MODES
 from .._log import follow_dask_logging
 from .._protocol import NANNY_PLUGIN, STARTUP_TOPIC
 from ._life import _Life, take_readings
 from ._placement import Placement
 from ._reporting import Reporter, remove_files, stopped_by
-from ._signals import can_block_spawn, prepare_spawn, spawning_blocked
 from ._worker import OomguardWorkerPlugin
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ class OomguardNannyPlugin(NannyPlugin):
         self._life: _Life | None = None
         self._closing = False
         self._close_reason = ""  # Nanny.close's reason, e.g. "signal-15"
-        self._block_signals = False  # spawn each worker with the catchable signals blocked
+        self.sender_cmdline = "hashed"  # oomguard.worker.sender-cmdline, read in setup
         self._tasks: set[asyncio.Task] = set()
         self._watcher: asyncio.Task | None = None
         self._delegate: OomguardNannyPlugin | None = None
@@ -139,6 +139,7 @@ class OomguardNannyPlugin(NannyPlugin):
             self.max_report_size = _config.get_bytes("worker.max-report-size")
         if self.signal_senders is None:
             self.signal_senders = _config.get_bool("worker.signal-senders")
+        self.sender_cmdline = _config.get_choice("worker.sender-cmdline", CMDLINE_MODES)
 
     async def setup(self, nanny: Nanny) -> None:
         follow_dask_logging()
@@ -168,14 +169,13 @@ class OomguardNannyPlugin(NannyPlugin):
         self.reporter = Reporter(
             nanny, self.crash_dir, self.max_report_size, self.guard, self._stopping
         )
+        self.reporter.sender_cmdline = self.sender_cmdline
         self._meter = HostMeter()
         if admission.enabled and admission.startup:
             self._startup = StartupReservations(admission, f"{os.getpid()}-{id(self):x}")
         worker_plugin = OomguardWorkerPlugin(
             self.crash_dir, self.sample_interval or 0.5, self.signal_senders
         )
-        if self.signal_senders:
-            self._guard(self._prepare_signals, "setup")
         self._add_worker_plugin(nanny.worker_kwargs, worker_plugin)
         if nanny.process is not None:
             self._add_worker_plugin(nanny.process.worker_kwargs, worker_plugin)
@@ -223,14 +223,6 @@ class OomguardNannyPlugin(NannyPlugin):
             self._guard(self._on_started, "setup")
         self._watcher = asyncio.ensure_future(self._watch_group())
 
-    def _prepare_signals(self) -> None:
-        ok, why = can_block_spawn()
-        if not ok:
-            logger.info("oomguard: the senders of workers' signals are not recorded (%s)", why)
-            return
-        prepare_spawn()
-        self._block_signals = True
-
     async def _watch_group(self) -> None:
         """Read the worker's group and the host every sample interval (small cgroupfs and
         /proc reads on the nanny's loop), so a death is judged against a recent reading;
@@ -252,8 +244,6 @@ class OomguardNannyPlugin(NannyPlugin):
 
     async def _instantiate(self, nanny: Nanny, instantiating: Any) -> Any:
         """Dask's `Nanny.instantiate`, with the worker moved into its group at its spawn."""
-        if self._block_signals:
-            instantiating = spawning_blocked(instantiating)
         starting = asyncio.ensure_future(instantiating)
         if nanny.process is None:
             # The first start creates the WorkerProcess in its first step, before it awaits
@@ -293,6 +283,14 @@ class OomguardNannyPlugin(NannyPlugin):
         )
         kwargs["plugins"] = plugins + (plugin,)
 
+    @staticmethod
+    def _remove_worker_plugin(kwargs: dict | None) -> None:
+        if kwargs is not None and "plugins" in kwargs:
+            name = OomguardWorkerPlugin.name
+            kwargs["plugins"] = tuple(
+                p for p in kwargs["plugins"] if getattr(p, "name", None) != name
+            )
+
     async def teardown(self, nanny: Nanny) -> None:
         # Nanny.close tears plugins down *before* it kills the worker: that kill is
         # requested, never a failure.
@@ -309,9 +307,12 @@ class OomguardNannyPlugin(NannyPlugin):
             stopped = self._guard(stopped_by, "teardown", self._close_reason, self.crash_dir, pid)
             await self.reporter.send_clean_exit(nanny.process.worker_address, True, pid, stopped)
         if getattr(nanny, "_oomguard_nanny_plugin", None) is self:
-            # Back to Dask's own methods (the wraps live on the instance only).
+            # Back to Dask's own methods (the wraps live on the instance only), and a worker
+            # it starts from now on without oomguard's worker plugin (uninstall()).
             for attr in ("instantiate", "log_event", "close"):
                 nanny.__dict__.pop(attr, None)
+            for kwargs in (nanny.worker_kwargs, getattr(nanny.process, "worker_kwargs", None)):
+                self._remove_worker_plugin(kwargs)
             if nanny.process is not None and "_oomguard_placing" in vars(nanny.process):
                 for attr in ("_wait_until_connected", "_oomguard_placing"):
                     nanny.process.__dict__.pop(attr, None)

@@ -22,7 +22,12 @@ from .._death.build import build
 from .._death.record import Death, Seen
 from .._host import cgroup as _cgroup
 from .._host.flight import read_flight_record
-from .._host.oom_killers import find_killers, merge_killers
+from .._host.oom_killers import (
+    find_killers,
+    largest_process,
+    memory_killer,
+    merge_killers,
+)
 from .._host.paths import crash_path, flight_path
 from .._host.readings import oomd_xattrs
 from .._lookups.slurm_job import query as query_job
@@ -49,6 +54,7 @@ class Reporter:
     max_report_size: int | None
     memory_kills: dict[int, dict]  # the nanny's own memory kills, by PID, until reported
     killers: list[dict] | None  # the userspace killers at the nanny's last scan
+    sender_cmdline: str  # how a signal sender's command line is kept (senders.command_line)
     reports_sent: int
 
     def __init__(
@@ -66,6 +72,7 @@ class Reporter:
         self.closing = closing  # the nanny is closing: stop asking a busy scheduler again
         self.memory_kills = {}
         self.killers = None
+        self.sender_cmdline = "hashed"  # oomguard.worker.sender-cmdline, set by the plugin
         self.reports_sent = 0
 
     def memory_kill(self, msg: dict) -> None:
@@ -90,7 +97,7 @@ class Reporter:
         nanny = self.nanny
         missing: list[str] = list(life.missing) if life else ["worker start not observed"]
         crash_text = _read_text(crash_path(self.crash_dir, pid), missing)
-        flight = read_flight_record(flight_path(self.crash_dir, pid))
+        flight = read_flight_record(flight_path(self.crash_dir, pid), cmdline=self.sender_cmdline)
         missing.extend(flight["missing"])
         executing = _executing(flight)
         sample = flight["sample"] or {}
@@ -111,6 +118,9 @@ class Reporter:
         host_memory = _cgroup.host_memory()
         # Killers now, and those of the last scan that are gone since (stopped after a kill).
         killers = merge_killers(self.killers, find_killers(host_memory.get("total")))
+        if any(memory_killer(k) for k in killers or ()):
+            # Was the worker the largest process, the one a userspace OOM killer picks?
+            host_memory["largest_other"] = largest_process(pid)
         environment = life.environment if life else None
         if environment and valid_job_id(environment.get("slurm_job_id")):
             # What SLURM says of the job now (its state, its --mem): bounded subprocesses.

@@ -19,9 +19,11 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from .. import _compat, _config
 from .._guard import Guard
 from .._host import cgroup as _cgroup
+from .._host import sigrec as _sigrec
 from .._host.flight import (
     SIGNALS_DISABLED,
-    SIGNALS_NOT_BLOCKED,
+    SIGNALS_RECORDING,
+    SIGNALS_UNAVAILABLE,
     FlightRecorder,
 )
 from .._host.growth import GrowthSplit, thread_system_time
@@ -29,7 +31,6 @@ from .._host.paths import configured_crash_dir, crash_path, flight_path
 from .._log import follow_dask_logging
 from .._private import create, private_dir
 from .._protocol import HOST_TOPIC, RUNS_ALONE_FIELD, WORKER_PLUGIN
-from . import _signals
 from ._admission import install_admission
 from ._alone import AloneGate
 
@@ -50,9 +51,10 @@ class OomguardWorkerPlugin(WorkerPlugin):
     Dumps every thread's stack to a crash file on SIGSEGV/SIGABRT/SIGBUS/SIGFPE/SIGILL and
     SIGTERM, and keeps a flight record of the executing tasks and their last sampled stacks,
     which the nanny reads when the process dies (even by SIGKILL, when nothing can run).
-    Where its nanny started it with the catchable signals blocked, records who sent each one
-    (`_signals.SignalWaiter`). Runs a suspect alone when the scheduler asks (`_alone.py`):
-    the flight record's slots then open and close around each task's real run.
+    Records who sent each catchable signal (`_host.sigrec`, a native signal handler in front
+    of the ones in place), also when installed on a running worker. Runs a suspect alone
+    when the scheduler asks (`_alone.py`): the flight record's slots then open and close
+    around each task's real run.
 
     `crash_dir` and `sample_interval` left None are read in `setup`, from the worker's own
     config (`oomguard.worker.crash-dir`, `.sample-interval`), as its nanny reads them: so the
@@ -78,7 +80,7 @@ class OomguardWorkerPlugin(WorkerPlugin):
         self.crash_dir = crash_dir
         self.sample_interval = sample_interval
         self.signal_senders = signal_senders  # None: oomguard.worker.signal-senders
-        self._signals: _signals.SignalWaiter | None = None
+        self._senders: _sigrec.Recorder | None = None
         self._worker: Worker | None = None
         self._recorder: FlightRecorder | None = None
         self._crash_file: Any = None
@@ -120,7 +122,9 @@ class OomguardWorkerPlugin(WorkerPlugin):
         faulthandler.enable(file=self._crash_file, all_threads=True)
         faulthandler.register(signal.SIGTERM, file=self._crash_file, all_threads=True, chain=True)
         self._recorder = FlightRecorder.create(flight_path(self.crash_dir, pid))
-        self._wait_for_signals(self._recorder)
+        # After faulthandler's SIGTERM registration: the recorder runs first and sees the
+        # real sender, then chains to faulthandler's dump.
+        self._record_senders(worker, self._recorder)
         try:  # host-wide memory leases (oomguard.memory, learned peaks)
             self._admission = install_admission(worker, self.crash_dir)
         except Exception:
@@ -214,13 +218,13 @@ class OomguardWorkerPlugin(WorkerPlugin):
         except Exception:
             self._internal_error("task_thread")
 
-    def _wait_for_signals(self, recorder: FlightRecorder) -> None:
-        """Record the senders of the catchable signals, where the nanny blocked them."""
-        if _signals.started_blocked():
-            # Blocked in every thread: the waiter must run, whatever the setting says, or
-            # they would stay pending for ever.
-            self._signals = _signals.SignalWaiter(recorder, self._internal_error)
-            self._signals.start()
+    def _record_senders(self, worker: Worker, recorder: FlightRecorder) -> None:
+        """Record the senders of the catchable signals (`_host.sigrec`), unless
+        oomguard.worker.signal-senders is false; the flight record says which. Not in a
+        worker without a nanny: none reads its flight record, and the process it runs in
+        (a notebook's, a test's) keeps its signal handlers as they are."""
+        if getattr(worker, "nanny", None) is None:
+            recorder.signals_state(SIGNALS_UNAVAILABLE)
             return
         enabled = self.signal_senders
         if enabled is None:
@@ -228,14 +232,25 @@ class OomguardWorkerPlugin(WorkerPlugin):
                 enabled = _config.get_bool("worker.signal-senders")
             except Exception:  # its nanny read the same setting and refused a bad one
                 enabled = True
-        recorder.signals_state(SIGNALS_NOT_BLOCKED if enabled else SIGNALS_DISABLED)
+        if not enabled:
+            recorder.signals_state(SIGNALS_DISABLED)
+            return
+        senders = _sigrec.Recorder()
+        state = senders.start(recorder)
+        recorder.signals_state(state)
+        if state == SIGNALS_RECORDING:
+            self._senders = senders
+        else:
+            logger.info(
+                "oomguard: the senders of this worker's signals are not recorded: %s", senders.why
+            )
 
     def teardown(self, worker: Worker) -> None:
-        if self._signals is not None:
-            # First: from here on a signal reaches the event loop's thread as without
-            # oomguard (one pending now is delivered at once, faulthandler still set).
-            self._signals.stop()
-            self._signals = None
+        if self._senders is not None:
+            # First, before faulthandler puts back what it replaced (the recorder is in
+            # front of it): each signal's handler is again the one before oomguard.
+            self._senders.stop()
+            self._senders = None
         self._stop.set()
         if isinstance(threads := getattr(worker, "active_threads", None), _ThreadsSeen):
             threads.plugin = None
@@ -314,6 +329,8 @@ class OomguardWorkerPlugin(WorkerPlugin):
             tasks[key]["grew"] = grew
         if self._admission is not None:  # learn this prefix's peak
             self._admission.observe(rss)
+        if self._senders is not None and (replaced := self._senders.replaced()):
+            rec.signals_state(SIGNALS_RECORDING, replaced)  # task code's signal.signal
         rec.write_sample(
             {
                 "time": time.time(),

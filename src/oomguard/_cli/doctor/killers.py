@@ -83,4 +83,17 @@ def check_killer_evidence(root: str = "/", cgroup_path: str | None = None) -> li
     else:
         detail = "/proc shows every user's processes: killers and signal senders are named"
         checks.append(Check("killer-evidence.proc", "ok", detail))
+    checks.append(check_signal_recorder())
     return checks
+
+
+def check_signal_recorder() -> Check:
+    """Is oomguard's native signal recorder installed (the sender of a worker's SIGTERM)?"""
+    from ..._host import sigrec
+
+    ok, why = sigrec.available()
+    if ok:
+        detail = "the native signal recorder is installed: a signal's sender is named"
+        return Check("killer-evidence.signal-senders", "ok", detail)
+    detail = f"{why}: a signal's sender is not recorded, its killer only inferred"
+    return Check("killer-evidence.signal-senders", "no", detail, FIX["sigrec"])

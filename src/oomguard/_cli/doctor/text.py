@@ -33,6 +33,9 @@ FIX = {
     "xattrs": "Run the nanny as the owner of its cgroup (or root) on a cgroupfs that keeps "
     "user.* xattrs (Linux 5.7+ on cgroup v2): without them a systemd-oomd kill looks like "
     "any other SIGKILL.",
+    "sigrec": "Install a dask-oomguard wheel (Linux x86-64 and aarch64 carry the recorder), or "
+    "install from the source distribution where a C compiler is found (apt-get install gcc; "
+    "pip install --force-reinstall --no-binary dask-oomguard dask-oomguard).",
     "hidepid": "Mount /proc with gid=GROUP (a group the Dask user is in) beside hidepid=, or "
     "run the nanny as root: then it can read the name and command line of the process that "
     "sent a worker's signal and find the killers that root runs.",
