@@ -79,7 +79,7 @@ def test_a_real_death_is_recorded_beside_a_flood_of_forged_reports(tmp_path):
 
         def settled(dask_scheduler):
             p = dask_scheduler.plugins[plugin]
-            return not len(p.core.pairing) and not p.intake.pending()
+            return not len(p.core.pairing) and not p.desk.intake.pending()
 
         wait_for(lambda: client.run_on_scheduler(settled), "forged reports still wait", 60)
         stats = client.run_on_scheduler(

@@ -30,7 +30,7 @@ def _state(worker: str, run: str, dask_scheduler=None) -> tuple:
     plugin = dask_scheduler.plugins["oomguard"]
     p = plugin.core.policy._pipelines.get(run)
     return (
-        plugin._hostnames.get(worker),
+        plugin.workers._hostnames.get(worker),
         plugin.actions.slurm_jobs.job_of(worker),
         p.memory_waits if p is not None else None,
     )
