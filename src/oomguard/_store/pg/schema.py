@@ -92,6 +92,36 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX pipelines_updated ON pipelines(updated)",
         "CREATE INDEX pipelines_cluster ON pipelines(cluster, updated)",
     ),
+    (
+        # One account per worker death (issue 38), as the SQLite store keeps it: each
+        # event names its death, and the death is one row per (cluster, id), replaced by
+        # an amend (`deaths.UPSERT_DEATHS`). Deaths sent before are events only (not
+        # backfilled): their signatures counted each of their events.
+        "ALTER TABLE events ADD COLUMN death text NOT NULL DEFAULT ''",
+        """CREATE TABLE deaths (
+            seq bigserial PRIMARY KEY,
+            origin text NOT NULL,       -- the spool that sent it last
+            local_seq bigint NOT NULL,  -- its seq there
+            id text NOT NULL,
+            cluster text NOT NULL,
+            time double precision NOT NULL,
+            worker text NOT NULL,
+            host text NOT NULL,
+            cause text NOT NULL,
+            killer text NOT NULL,
+            signature_id text NOT NULL,
+            signature_title text NOT NULL,
+            grouping_version integer NOT NULL,
+            record text NOT NULL,  -- JSON, as the SQLite store keeps it
+            tasks jsonb NOT NULL,  -- its tasks (key, pipeline, role): the shard and pipeline filters
+            UNIQUE (cluster, id)
+        )""",
+        "CREATE INDEX deaths_time ON deaths(time)",
+        "CREATE INDEX deaths_cluster ON deaths(cluster, time)",
+        "CREATE INDEX deaths_signature ON deaths(signature_id, time)",
+        "CREATE INDEX deaths_worker ON deaths(worker, time)",
+        "CREATE INDEX deaths_tasks ON deaths USING gin (tasks jsonb_path_ops)",
+    ),
 )
 
 
