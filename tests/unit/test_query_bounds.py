@@ -93,6 +93,19 @@ def test_a_bad_limit_or_cursor_is_refused_naming_it(filters, field):
         bounded("events", filters)
 
 
+@pytest.mark.parametrize(
+    "before", [[1.0, 7], [1.0, "x" * 257], [True, "d1"], [float("inf"), "d1"], "d1"]
+)
+def test_a_deaths_page_is_bounded_and_its_cursor_names_a_death(before):
+    assert bounded("deaths", {"limit": None}) == {
+        "limit": QUERY_MAX_ROWS,
+        "max_bytes": QUERY_MAX_BYTES,
+    }
+    assert bounded("deaths", {"before": [5, "a1b2"]})["before"] == (5.0, "a1b2")
+    with pytest.raises(ValueError, match=r"^before=.*: expected \[time, id\] of a death"):
+        bounded("deaths", {"before": before})
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     store = tmp_path_factory.mktemp("bounds") / "failures.sqlite3"

@@ -301,8 +301,9 @@ class Handlers:
 
     async def query(self, comm=None, what: str = "", **filters: Any) -> Any:
         """RPC for `oomguard.Failures` and `oomguard report`: JSON-able rows. The events,
-        shard histories, signatures and pipelines of this cluster only, unless `fleet`
-        is true (every cluster in the store) or `cluster` names one (`query_scope`)."""
+        deaths, shard histories, signatures and pipelines of this cluster only, unless
+        `fleet` is true (every cluster in the store) or `cluster` names one
+        (`query_scope`)."""
         plugin = self.plugin
         cluster = query_scope(plugin.cluster, filters)
         if what == "cluster":
@@ -344,6 +345,7 @@ class Handlers:
             return {"known": found, "names": names}
         readers = {
             "events": store.events,
+            "deaths": store.deaths,
             "signatures": store.signatures,
             "shard": store.shard,
             "signature": store.signature,
