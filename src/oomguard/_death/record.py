@@ -267,7 +267,12 @@ class Death:
         return _lenient(cls, d)
 
 
+_ATOMS = frozenset({str, int, float, bool, type(None)})
+
+
 def _plain(value: Any, compact: bool = False) -> Any:
+    if type(value) in _ATOMS:
+        return value
     if dataclasses.is_dataclass(value):
         out = {}
         for f in dataclasses.fields(value):

@@ -122,6 +122,8 @@ def death_item(
                 f"event {i} (field 'death' {row[DEATH]!r}, 'cluster' {row[CLUSTER]!r}) does "
                 f"not name the death {death.id!r} of cluster {texts[1]!r}"
             )
+    if type(grouping_version) is not int:
+        raise TypeError(f"grouping_version must be an int, got {grouping_version!r}")
     if type(example) is not str:
         raise TypeError(f"example must be a str, got {type(example).__name__}")
     identity, cluster, worker, host, cause, sig, title = texts
