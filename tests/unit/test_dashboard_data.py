@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from oomguard._death.record import Death, Role, Task
 from oomguard._models import FailureEvent, PipelineStatus, SignatureRow
 from oomguard.scheduler_plugin._dashboard_data import (
     CAUSES,
     MAX_BINS,
+    DeathAt,
     Snapshot,
     failure_columns,
     pipeline_columns,
@@ -42,11 +42,10 @@ def test_no_events_no_bins():
 def test_a_worker_death_counts_once_whatever_the_tasks_it_took():
     """Issue 38: the plot counts deaths as `Failures.deaths()` has them, one per worker death
     (however many tasks it took), and a task's exceptions each."""
-    tasks = (Task("a", role=Role.SUSPECT), Task("b", role=Role.SUSPECT), Task("c"))
     deaths = [
-        Death(id="d1", cause="oom_kill", time=NOW - 100, tasks=tasks),
-        Death(id="d2", cause="oom_kill", time=NOW - 100, worker="tcp://w2"),
-        Death(id="d3", cause="native_crash", time=NOW - 50),
+        DeathAt(NOW - 100, "oom_kill"),  # a death of two suspects: one
+        DeathAt(NOW - 100, "oom_kill"),  # another worker's, at the same time
+        DeathAt(NOW - 50, "native_crash"),
     ]
     exceptions = [event("exception", 30, shard="a"), event("exception", 30, shard="b")]
     snap = Snapshot(deaths=deaths, exceptions=[*exceptions, event("memory_error", 20)])

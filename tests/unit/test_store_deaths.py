@@ -239,6 +239,13 @@ def test_deaths_filters_and_pages(store):
     assert ids(max_bytes=1) == ["d4"]  # the first row always comes back
 
 
+def test_death_times_are_those_of_the_deaths_read(store):
+    """What the dashboard plots (without reading each death) is what deaths() returns."""
+    record(store, *(death(n, f"load-{n}", cluster="c" if n % 2 else "x") for n in range(6)))
+    for q in ({}, {"cluster": "c"}, {"since": T0 + 3}, {"limit": 2}):
+        assert store.death_times(**q) == [(d.time, d.cause) for d in store.deaths(**q)], q
+
+
 def test_deaths_at_the_same_time_page_by_id(store):
     record(store, *(death(n, f"load-{n}", time=T0) for n in range(5)))
     seen, before = [], None

@@ -102,10 +102,11 @@ def deaths(
     pipeline: str | None,
     before: tuple[float, str] | None,
     limit: int | None,
+    columns: str = DEATH_COLUMNS,
 ) -> tuple[str, list[Any]]:
     """Deaths matching every filter given, newest first (by time, then id); a shard or a
     pipeline among their tasks; `before` (time, id) of the last death of the previous page
-    gives the next page."""
+    gives the next page. `columns`: what to read of each (all `death_from_row` reads)."""
     m = d.mark
     where: list[str] = []
     args: list[Any] = []
@@ -129,7 +130,7 @@ def deaths(
     if before is not None:
         where.append(f"time <= {m} AND (time < {m} OR id < {m})")
         args += [before[0], before[0], before[1]]
-    sql = f"SELECT {DEATH_COLUMNS} FROM deaths"
+    sql = f"SELECT {columns} FROM deaths"
     if where:
         sql += " WHERE " + " AND ".join(where)
     return sql + f" ORDER BY time DESC, id DESC LIMIT {m}", [*args, limit]

@@ -221,6 +221,23 @@ class Reader:
         return [death_from_row(r) for r in rows]
 
     @_read
+    def death_times(
+        self, *, since: float | None = None, cluster: str | None = None, limit: int | None = None
+    ) -> list[tuple[float, str]]:
+        """(time, cause) of each death `deaths()` returns with these filters, newest first,
+        without reading the deaths themselves: what a plot of them needs (the dashboard).
+
+        >>> store.death_times(since=time.time() - 3600)
+        [(1790000310.5, 'oom_kill'), (1790000012.0, 'native_crash')]
+        """
+        sql, args = query.deaths(
+            SQLITE, cluster=cluster, since=since, cause=None, killer=None, signature=None,
+            worker=None, shard=None, pipeline=None, before=None, limit=_limit(limit),
+            columns="time, cause",
+        )  # fmt: skip
+        return self._reader().execute(sql, args).fetchall()
+
+    @_read
     def shard(
         self,
         key: str,

@@ -12,12 +12,11 @@ import logging
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._causes import Cause
 
 if TYPE_CHECKING:
-    from .._death.record import Death
     from .._models import FailureEvent, PipelineStatus, SignatureRow
 
 logger = logging.getLogger("oomguard.scheduler")
@@ -37,14 +36,21 @@ CAUSES = tuple(c.value for c in Cause) + (OTHER,)
 TASK_CAUSES = frozenset({Cause.EXCEPTION.value, Cause.MEMORY_ERROR.value})
 
 
-def failure_columns(failures: Iterable[Death | FailureEvent], now: float) -> dict[str, list]:
+class DeathAt(NamedTuple):
+    """One worker death, as the plot needs it (`FailureStore.death_times`)."""
+
+    time: float
+    cause: str
+
+
+def failure_columns(failures: Iterable[DeathAt | FailureEvent], now: float) -> dict[str, list]:
     """Counts per time bin and cause, as ColumnDataSource columns: `time` (bin centre, ms
     since the epoch), `width` (ms) and one column per cause in CAUSES. Each of `failures`
-    counts once: a worker death (`Death`, whatever the number of its tasks) or a task's
-    exception (`Snapshot.failures`).
+    counts once: a worker death (whatever the number of its tasks) or a task's exception
+    (`Snapshot.failures`); anything with a `time` and a `cause`.
 
-    >>> cols = failure_columns(store.deaths(since=time.time() - 3600), time.time())
-    >>> sum(cols["oom_kill"])
+    >>> deaths = [DeathAt(*d) for d in store.death_times(since=time.time() - 3600)]
+    >>> sum(failure_columns(deaths, time.time())["oom_kill"])
     3
     """
     events = list(failures)
@@ -172,13 +178,13 @@ class Snapshot:
     each) and task exceptions (and MemoryErrors: failures no worker died of), the
     signatures and the pipeline runs."""
 
-    deaths: list[Death] = field(default_factory=list)
+    deaths: list[DeathAt] = field(default_factory=list)
     exceptions: list[FailureEvent] = field(default_factory=list)
     signatures: list[SignatureRow] = field(default_factory=list)
     pipelines: list[PipelineStatus] = field(default_factory=list)
     written: int = -1
 
-    def failures(self) -> list[Death | FailureEvent]:
+    def failures(self) -> list[DeathAt | FailureEvent]:
         """What the plot counts: each worker death once, each task exception once."""
         return [*self.deaths, *self.exceptions]
 
@@ -199,7 +205,7 @@ def read_store(store: Any, now: float, cluster: str | None = None) -> Snapshot:
     window = {"since": now - WINDOW_S, "limit": MAX_EVENTS, "cluster": cluster}
     exceptions = [e for c in sorted(TASK_CAUSES) for e in store.events(cause=c, **window)]
     return Snapshot(
-        deaths=store.deaths(**window),
+        deaths=[DeathAt(*d) for d in store.death_times(**window)],
         exceptions=[e for e in exceptions if not e.death],
         signatures=signatures,
         pipelines=store.pipelines(limit=MAX_PIPELINES, cluster=cluster),
