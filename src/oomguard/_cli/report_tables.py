@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+from .._client.results import blamed, tasks_by_role
 from .._death.record import BLAMED, Death, Role
 from .._display import clock, one_line, utc_offset
 from .layout import PROSE_WIDTH, Column, Layout, key_line, lay_out, wrap
@@ -51,58 +52,47 @@ def render_deaths(
     if not deaths:
         return head + (empty or ["  no worker deaths recorded"])
     focus = shard is not None or pipeline is not None
+    roles = [_roles(d, shard, pipeline) for d in deaths]
     rows = [
         [
             clock(d.time),
             d.cause,
             d.killer.name if d.killer else "-",
-            ",".join(sorted({r.value for r in _roles(d, shard, pipeline)})) or "-",
+            ",".join(sorted(r.value for r in had)) or "-",
             d.host or d.worker,
             d.signature_id,
-            ", ".join(t.key for t in d.tasks if t.role in BLAMED) or "-",
-            _tasks(d),
+            blamed(d) or "-",
+            tasks_by_role(d) or "-",
         ]
-        for d in deaths
+        for d, had in zip(deaths, roles, strict=True)
     ]
     layouts = _DEATH_LAYOUTS if focus else [_without(lay, "ROLE") for lay in _DEATH_LAYOUTS]
     _, header, blocks = lay_out(_DEATH_COLUMNS, rows, layouts, width)
     lines = head + header
-    for d, block in zip(deaths, blocks, strict=True):
+    for d, had, block in zip(deaths, roles, blocks, strict=True):
         lines += block
-        roles = _roles(d, shard, pipeline)
-        if focus and roles and not roles & BLAMED:
-            lines += wrap(_unblamed(d, shard, pipeline, roles), width, "    ", hold=(shard or "",))
+        if had and not had & BLAMED:
+            lines += wrap(_unblamed(d, shard, pipeline, had), width, "    ", hold=(shard or "",))
     return lines
 
 
 def _roles(d: Death, shard: str | None, pipeline: str | None) -> set[Role]:
-    """The roles the shard, or the pipeline's tasks, had in `d`."""
+    """The roles the shard, or the pipeline's tasks, had in `d` (none without either)."""
+    if shard is None and pipeline is None:
+        return set()
     return {
         t.role
         for t in d.tasks
         if t.role is not None
         and (shard is None or t.key == shard)
         and (pipeline is None or t.pipeline == pipeline)
-        and (shard is not None or pipeline is not None)
     }
-
-
-def _tasks(d: Death) -> str:
-    """Its tasks by role, with their pipelines: "1 culprit (etl); 2 displaced (report)"."""
-    parts = []
-    for role in Role:
-        tasks = d.with_role(role)
-        n = len(tasks) + d.more.get(role.value, 0)
-        if n:
-            pipelines = ", ".join(sorted({t.pipeline for t in tasks if t.pipeline}))
-            parts.append(f"{n} {role.value}" + (f" ({pipelines})" if pipelines else ""))
-    return "; ".join(parts) or "-"
 
 
 def _unblamed(d: Death, shard: str | None, pipeline: str | None, roles: set[Role]) -> str:
     """A death the shard (or pipeline) only lost work to."""
-    blamed = [t for t in d.tasks if t.role in BLAMED]
-    by = ", ".join(f"{t.key} ({t.pipeline or 'no pipeline'})" for t in blamed) or "no task"
+    culprits = [t for t in d.tasks if t.role in BLAMED]
+    by = ", ".join(f"{t.key} ({t.pipeline or 'no pipeline'})" for t in culprits) or "no task"
     how = " and ".join(sorted(r.value for r in roles))
     if shard is not None:
         return (

@@ -132,20 +132,21 @@ class EventList(_Table):
     )
 
 
-def _blamed(d: Death) -> str:
-    """Its culprit, or its suspects."""
+def blamed(d: Death) -> str:
+    """The tasks a death is blamed on: its culprit, or its suspects."""
     return ", ".join(t.key for t in d.tasks if t.role in BLAMED)
 
 
-def _others(d: Death) -> str:
-    """The tasks it took without blame: "2 displaced (report), 1 queued"."""
+def tasks_by_role(d: Death, roles: tuple[Role, ...] = tuple(Role)) -> str:
+    """A death's tasks of `roles`, counted, with their pipelines:
+    "1 culprit (etl); 2 displaced (report); 1 queued"."""
     parts = []
-    for role in (Role.DISPLACED, Role.QUEUED):
+    for role in roles:
         tasks = d.with_role(role)
         n = len(tasks) + d.more.get(role.value, 0)
         if n:
-            pipelines = sorted({t.pipeline for t in tasks if t.pipeline})
-            parts.append(f"{n} {role.value}" + (f" ({', '.join(pipelines)})" if pipelines else ""))
+            pipelines = ", ".join(sorted({t.pipeline for t in tasks if t.pipeline}))
+            parts.append(f"{n} {role.value}" + (f" ({pipelines})" if pipelines else ""))
     return "; ".join(parts)
 
 
@@ -160,9 +161,9 @@ class DeathList(_Table):
         Column("cause", lambda d: d.cause),
         Column("killer", lambda d: d.killer.name if d.killer else ""),
         Column("worker", lambda d: d.worker, 40),
-        Column("blamed", _blamed, 80),
+        Column("blamed", blamed, 80),
         Column("pipelines", lambda d: _joined(sorted({t.pipeline for t in d.tasks} - {""})), 40),
-        Column("without blame", _others, 80),
+        Column("without blame", lambda d: tasks_by_role(d, (Role.DISPLACED, Role.QUEUED)), 80),
         Column("signature", lambda d: d.signature_id, 24),
         Column("title", lambda d: d.signature_title, 60),
         Column("summary", lambda d: _summary(d), 300, prose=True),

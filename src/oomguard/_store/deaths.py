@@ -123,7 +123,7 @@ def forget_oldest(conn: sqlite3.Connection, n: int) -> int:
 
 
 def death_from_row(r: tuple) -> Death:
-    """A stored death (`query.DEATH_COLUMNS`), read leniently: its JSON may be from an older
+    """A stored death (`query.DEATH_READ_COLUMNS`), read leniently: its JSON may be from an older
     or newer oomguard, or unreadable; the columns are what the store indexed."""
     try:
         d: Any = json.loads(r[8])

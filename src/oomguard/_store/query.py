@@ -18,7 +18,9 @@ EVENT_COLUMNS = (
     "cluster, death"
 )
 #: A death's columns as `deaths.death_from_row` reads them.
-DEATH_COLUMNS = "id, cluster, time, worker, host, cause, signature_id, signature_title, record"
+DEATH_READ_COLUMNS = (
+    "id, cluster, time, worker, host, cause, signature_id, signature_title, record"
+)
 #: The member field codes a signature filter looks in (see schema.MEMBER_FIELDS).
 _SIGNATURE_FILTERS = (("cause", 4), ("pipeline", 3), ("cluster", 5))
 
@@ -102,7 +104,7 @@ def deaths(
     pipeline: str | None,
     before: tuple[float, str] | None,
     limit: int | None,
-    columns: str = DEATH_COLUMNS,
+    columns: str = DEATH_READ_COLUMNS,
 ) -> tuple[str, list[Any]]:
     """Deaths matching every filter given, newest first (by time, then id); a shard or a
     pipeline among their tasks; `before` (time, id) of the last death of the previous page

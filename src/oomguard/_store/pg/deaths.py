@@ -16,13 +16,10 @@ import logging
 from typing import Any
 
 from ..batch import ShipMark
+from ..items import DEATH_COLUMNS as _COLUMNS
 
 logger = logging.getLogger("oomguard.store")
 
-_COLUMNS = (
-    "id, cluster, time, worker, host, cause, killer, signature_id, signature_title, "
-    "grouping_version, record"
-)
 SPOOL_DEATHS = f"SELECT seq, {_COLUMNS} FROM deaths WHERE seq > ? ORDER BY seq LIMIT ?"
 CREATE_STAGE = """CREATE TEMP TABLE IF NOT EXISTS stage_deaths (
     local_seq bigint, id text, cluster text, time double precision, worker text, host text,
