@@ -2,9 +2,11 @@
 
     .venv/bin/python benchmarks/bench_dashboard.py [--events 100000] [--signatures 1000]
 
+Each event is a worker death's (one task each), stored as the scheduler stores it.
+
 The page reads the store in a thread (`read_store`) only when something was written or
 every 30 s, then shapes the rows on the event loop (`failure_columns`, `signature_columns`).
-`store_totals` feeds oomguard_signatures / oomguard_signature_max_hosts.
+`FailureStore.totals` feeds oomguard_signatures / oomguard_signature_max_hosts.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import statistics
 import tempfile
 import time
 
-from oomguard._metrics import store_totals
+from oomguard._death.record import Death, Role, Task
 from oomguard._models import FailureEvent
 from oomguard._store import FailureStore
 from oomguard.scheduler_plugin._dashboard_data import (
@@ -47,21 +49,32 @@ def main() -> None:
         rng = random.Random(0)
         for i in range(args.events):
             sig = f"sig{i % args.signatures}"
-            store.add(
-                FailureEvent(
-                    "infra",
-                    "oom_kill",
-                    f"('k', {i})",
-                    "p",
-                    f"tcp://w{i % 50}",
-                    f"h{i % 20}",
-                    sig,
-                    f"title {sig}",
-                    {"oom_kill_delta": 1},
-                    time=now - rng.random() * 86400,
-                ),
-                example="trace line\n" * 20,
+            when = now - rng.random() * 86400
+            death = Death(
+                id=f"d{i}",
+                worker=f"tcp://w{i % 50}",
+                host=f"h{i % 20}",
+                cause="oom_kill",
+                time=when,
+                tasks=(Task(f"('k', {i})", role=Role.CULPRIT, pipeline="p"),),
+                evidence={"oom_kill_delta": 1},
+                signature_id=sig,
+                signature_title=f"title {sig}",
             )
+            event = FailureEvent(
+                "infra",
+                "oom_kill",
+                f"('k', {i})",
+                "p",
+                death.worker,
+                death.host,
+                sig,
+                f"title {sig}",
+                {"oom_kill_delta": 1},
+                time=when,
+                death=death.id,
+            )
+            store.record(death, [event], example="trace line\n" * 20)
         store.flush(timeout=120)
         snap = read_store(store, time.time())
         rows = [
@@ -70,12 +83,12 @@ def main() -> None:
                 "shape rows (event loop)",
                 timed(
                     lambda: (
-                        failure_columns(snap.events, time.time()),
+                        failure_columns(snap.failures(), time.time()),
                         signature_columns(snap.signatures),
                     )
                 ),
             ),
-            ("store_totals (thread)", timed(lambda: store_totals(store))),
+            ("store.totals (thread)", timed(store.totals)),
         ]
         store.close()
     print(

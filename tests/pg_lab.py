@@ -180,7 +180,7 @@ class ShippedStore:
         self.reader.member_cap = value
 
     def __getattr__(self, name: str):
-        if name in ("events", "shard", "signatures", "signature", "distinct_counts",
+        if name in ("events", "deaths", "shard", "signatures", "signature", "distinct_counts",
                     "totals", "pipeline", "pipeline_runs", "pipelines", "known"):  # fmt: skip
             return getattr(self.reader, name)
         return getattr(self.spool, name)

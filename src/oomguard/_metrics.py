@@ -14,9 +14,14 @@ before the first failure.
 ==================================  =========  ===========================================
 metric                              type       meaning
 ==================================  =========  ===========================================
-oomguard_failures_total             counter    failure events, by {kind, cause}
-oomguard_worker_deaths_total        counter    unexpected worker deaths decided, by {cause,
-                                               killer} (a `Killer`: 10 values, bounded)
+oomguard_failures_total             counter    failure events, by {kind, cause}: one per
+                                               task a death is blamed on, one per task
+                                               exception (a death of two suspects: 2)
+oomguard_worker_deaths_total        counter    unexpected worker deaths decided, once per
+                                               death (as `Failures.deaths()`), by {cause,
+                                               killer} (a `Killer`: 10 values, bounded);
+                                               labelled as first decided (a late report
+                                               amends the stored death, not the count)
 oomguard_pipeline_aborts_total      counter    pipelines aborted on a doomed shard
 oomguard_displaced_tasks_total      counter    tasks rescheduled off a dead worker, no count
 oomguard_reports_rejected_total     counter    death reports refused, by {reason}
@@ -147,13 +152,16 @@ class OomguardMetrics(Collector):
         # registry=None: the metrics belong to this collector, not to the global registry.
         self.failures = Counter(
             "oomguard_failures_total",
-            "Failure events recorded: worker deaths blamed on a shard, and task exceptions.",
+            "Failure events recorded, one per event: one per task a worker death is blamed on "
+            "(its culprit, or each suspect) and one per task exception. Worker deaths, once "
+            "each: oomguard_worker_deaths_total.",
             ["kind", "cause"],
             registry=None,
         )
         self.worker_deaths = Counter(
             "oomguard_worker_deaths_total",
-            "Unexpected worker deaths decided by oomguard, by cause and killer.",
+            "Unexpected worker deaths decided by oomguard, once per death however many tasks "
+            "it took (as Failures.deaths() lists them), by cause and killer as first decided.",
             ["cause", "killer"],
             registry=None,
         )

@@ -77,7 +77,8 @@ def test_report_reads_a_running_scheduler(tmp_path):
         proc = oomguard_report("--scheduler", address, "--json")
         assert proc.returncode == 0, proc.stderr
         doc = json.loads(proc.stdout)
-        assert list(doc) == ["events", "signatures", "pipelines"]
+        assert list(doc) == ["deaths", "events", "signatures", "pipelines"]
+        assert doc["deaths"] == []  # an exception is no worker death
         events = [FailureEvent.from_dict(row) for row in doc["events"]]
         assert events == failures.events()
         (user,) = [e for e in events if e.shard == "parse-7"]
@@ -186,4 +187,4 @@ def test_report_peaks_shows_what_the_workers_learned(tmp_path):
         oomguard.install(client, store=str(tmp_path / "failures.sqlite3"))
         proc = oomguard_report("--scheduler", address, "--json")
         assert proc.returncode == 0, proc.stderr
-        assert list(json.loads(proc.stdout)) == ["events", "signatures", "pipelines"]
+        assert list(json.loads(proc.stdout)) == ["deaths", "events", "signatures", "pipelines"]

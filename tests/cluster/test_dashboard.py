@@ -17,6 +17,7 @@ from distributed import Client, LocalCluster
 
 from _cli_run import report
 from chromium import browser
+from oomguard._death.record import Death, Role, Task
 from oomguard._models import FailureEvent, PipelineStatus
 from oomguard._signature import fingerprint
 from oomguard.scheduler_plugin import OomguardSchedulerPlugin
@@ -159,8 +160,19 @@ def seed(plugin) -> None:
     # same crash on another cluster that shares the store: counted, not plotted.
     own = [(dataclasses.replace(e, cluster=plugin.cluster), trace) for e, trace in events]
     other = dataclasses.replace(events[0][0], time=now - 120, cluster="etl-elsewhere")
-    for event, trace in [*own, (other, "")]:
-        assert plugin.store.add(event, example=trace)
+    for i, (event, trace) in enumerate([*own, (other, "")]):
+        if event.kind == "user":
+            assert plugin.store.add(event, example=trace)
+            continue
+        # A worker death, stored as the plugin stores it: the death, its event naming it.
+        death = Death(
+            id=f"death-{i}", cluster=event.cluster, worker=event.worker, host=event.host,
+            cause=event.cause, time=event.time, signature_id=event.signature_id,
+            signature_title=event.signature_title,
+            tasks=(Task(event.shard, role=Role.CULPRIT, pipeline=event.pipeline),),
+        )  # fmt: skip
+        event = dataclasses.replace(event, death=death.id)
+        assert plugin.store.record(death, [event], example=trace)
     plugin.store.upsert_pipeline(
         PipelineStatus(
             LONG_PIPELINE, "aborted", 10, 1, 4, 3, 0, LONG_SUMMARY, cluster=plugin.cluster
@@ -256,6 +268,11 @@ def test_dashboard_page_in_a_browser(cluster, tmp_path, artifacts_dir, capsys):
             }"""
         )
         assert totals == {"oom_kill": 3, "exception": 2, "native_crash": 1, "sigterm": 0}
+        # The header counts what the plot does: this cluster's deaths, each once.
+        header = page.evaluate(
+            "() => Bokeh.documents[0].get_model_by_name('oomguard-header').text"
+        )
+        assert "worker deaths 4 (each once" in header and "task exceptions 2" in header
 
         # Drill down: the trace is shown as text, its <script> never runs.
         page.locator(".slick-cell", has_text=XSS_TITLE).first.click()

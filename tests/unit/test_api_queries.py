@@ -368,3 +368,75 @@ def test_failures_answers_for_its_own_cluster_unless_asked_for_the_fleet(tmp_pat
             oomguard.Failures(client, fleet="yes")
         with pytest.raises(ValueError, match="cluster="):
             client.sync(client.scheduler.oomguard_query, what="events", cluster=7)
+
+
+def test_deaths_are_one_row_each_with_their_tasks_and_the_roles_they_had(tmp_path, monkeypatch):
+    """Issue 38: `Failures.deaths()` has one row per worker death (a death of two suspects
+    is one row, two events); a shard or pipeline that was only displaced finds the death,
+    and its role says so; the fleet sees every cluster's; pages join up."""
+    from oomguard._client import api
+    from oomguard._client.results import DeathList
+    from oomguard._death.record import Death, Role, Task
+
+    def record(store, n, cluster, tasks, cause="oom_kill"):
+        death = Death(
+            id=f"d{n}", cluster=cluster, worker=f"tcp://10.0.0.{n}:4000", host=f"10.0.0.{n}",
+            cause=cause, time=NOW + n, tasks=tasks, signature_id="sig-oom",
+            signature_title="oom_kill in load",
+        )  # fmt: skip
+        blamed = [t for t in tasks if t.role in (Role.CULPRIT, Role.SUSPECT)]
+        events = [
+            FailureEvent(
+                "infra",
+                cause,
+                t.key,
+                t.pipeline,
+                death.worker,
+                death.host,
+                "sig-oom",
+                "oom_kill in load",
+                time=death.time,
+                cluster=cluster,
+                death=death.id,
+            )  # fmt: skip
+            for t in blamed
+        ]
+        assert store.record(death, events), store.last_error
+
+    with (
+        LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
+        oomguard.install(client, store=str(tmp_path / "deaths.sqlite3"), cluster_name="etl-prod")
+        store = cluster.scheduler.plugins["oomguard"].store
+        nap = [Task(f"nap-{i}", role=Role.SUSPECT, pipeline="etl") for i in (1, 2)]
+        record(store, 1, "etl-prod", tuple(nap))
+        load = Task("('load', 7)", role=Role.CULPRIT, pipeline="etl")
+        agg = Task("('agg', 3)", role=Role.DISPLACED, pipeline="report")
+        record(store, 2, "etl-prod", (load, agg))
+        record(store, 3, "etl-dev", (load,), cause="sigkill")
+        assert store.flush()
+        failures = oomguard.Failures(client)
+        deaths = failures.deaths()
+        assert type(deaths) is DeathList and [d.id for d in deaths] == ["d2", "d1"]
+        assert len(failures.events()) == 3  # the two suspects' and the culprit's
+        assert failures.signatures()[0].count == 3  # one per death, on both clusters
+        (d2,) = failures.deaths(pipeline="report")
+        assert d2.role_of("('agg', 3)") is Role.DISPLACED and d2.killer is None
+        assert [d.id for d in failures.deaths(shard=("agg", 3))] == ["d2"]
+        assert failures.deaths(shard="nap-2")[0].with_role(Role.SUSPECT) == tuple(nap)
+        assert [d.id for d in failures.deaths(worker="tcp://10.0.0.1:4000")] == ["d1"]
+        assert failures.deaths(cause="sigkill") == [] and len(failures.deaths(since="1h")) == 2
+        fleet = oomguard.Failures(client, fleet=True)
+        assert [d.cluster for d in fleet.deaths()] == ["etl-dev", "etl-prod", "etl-prod"]
+        monkeypatch.setattr(api, "_PAGE_ROWS", 1)  # one row per reply: the cursor joins them
+        assert [d.id for d in fleet.deaths(limit=None)] == ["d3", "d2", "d1"]
+        assert [d.id for d in fleet.deaths(limit=2)] == ["d3", "d2"]
+        with pytest.raises(ValueError, match="did you mean 'oom_kill'"):
+            failures.deaths(cause="oom")
+        with pytest.warns(UserWarning, match="names no pipeline"):
+            assert failures.deaths(pipeline="nothing") == []
+        with pytest.raises(
+            ValueError, match=r"before=\[1.0, 2\]: expected \[time, id\] of a death"
+        ):
+            client.sync(client.scheduler.oomguard_query, what="deaths", before=[1.0, 2])

@@ -15,7 +15,8 @@ import pytest
 
 from capabilities import require
 from oomguard import FailureEvent, PipelineStatus, SignatureRow
-from oomguard._client.results import EventList, PipelineList, SignatureList
+from oomguard._client.results import DeathList, EventList, PipelineList, SignatureList
+from oomguard._death.record import Attribution, Death, Role, Task
 
 T = datetime.datetime(2026, 5, 1, 14, 3, 7).timestamp()  # local time, as reprs show it
 CLOCK = "2026-05-01 14:03:07"
@@ -347,3 +348,68 @@ def test_docstring_examples(module):
 
     result = doctest.testmod(importlib.import_module(module))
     assert result.attempted > 0 and result.failed == 0
+
+
+# --------------------------------------------------------------------------- deaths
+
+
+def death(**changes) -> Death:
+    fields = dict(
+        id="a1b2c3d4e5f60718",
+        cluster="etl-prod",
+        worker="tcp://10.0.3.11:40211",
+        host="10.0.3.11",
+        cause="oom_kill",
+        time=T,
+        tasks=(
+            Task("('load-0a1b', 17)", "load-0a1b", role=Role.CULPRIT, pipeline="etl"),
+            Task("('agg-9f8e', 3)", "agg-9f8e", role=Role.DISPLACED, pipeline="report"),
+            Task("('load-0a1b', 18)", "load-0a1b", role=Role.QUEUED, pipeline="etl"),
+        ),
+        killer=Attribution("kernel", "kernel counter", "confirmed", "the kernel's OOM killer"),
+        evidence=EVIDENCE,
+        signature_id="6d4c109d5cf8c83f",
+        signature_title="oom_kill in shardapp.core.load_shard ← run",
+    )
+    fields.update(changes)
+    return Death(**fields)
+
+
+def test_a_death_repr_is_one_short_line_naming_its_culprit():
+    text = repr(death())
+    assert text == (
+        "<Death 2026-05-01 14:03:07 oom_kill killer=kernel worker=tcp://10.0.3.11:40211 "
+        "culprit=('load-0a1b', 17) tasks=3>"
+    )
+    suspects = tuple(Task(f"nap-{i}", role=Role.SUSPECT) for i in range(3))
+    text = repr(death(tasks=suspects, killer=None, more={"queued": 40}))
+    assert text.endswith("worker=tcp://10.0.3.11:40211 suspects=3 tasks=43>"), text
+    assert "\n" not in repr(death(worker="tcp://" + "x" * 500)) and len(repr(death())) <= 160
+
+
+def test_a_death_round_trips_through_to_dict_and_its_list_is_a_table():
+    d = death()
+    assert Death.from_dict(d.to_dict()) == d
+    assert pickle.loads(pickle.dumps(d)) == d
+    deaths = DeathList([d, death(id="b", cause="sigkill", killer=None)], "newest first")
+    assert deaths[0] is d and type(deaths[:1]) is DeathList and repr(deaths).count("<Death") == 2
+    page = deaths._repr_html_()
+    assert "2 worker deaths, newest first" in page
+    assert "('load-0a1b', 17)" in html.unescape(page)  # blamed
+    assert "1 displaced (report); 1 queued (etl)" in html.unescape(page)  # without blame
+    hostile = DeathList([death(worker="<script>alert(1)</script>")])._repr_html_()
+    assert "<script>" not in hostile and "&lt;script&gt;" in hostile
+
+
+def test_death_list_to_pandas_has_one_row_per_death():
+    import importlib.util
+
+    require(importlib.util.find_spec("pandas"), "pandas is not installed (the test extra has it)")
+    import pandas as pd
+
+    df = DeathList([death(), death(id="b")]).to_pandas()
+    assert len(df) == 2 and list(df["id"]) == ["a1b2c3d4e5f60718", "b"]
+    assert df["time"].iloc[0] == pd.Timestamp(T, unit="s", tz="UTC")
+    roles = [t["role"] for t in df["tasks"].iloc[0]]
+    assert roles == ["culprit", "displaced", "queued"]
+    assert df["killer"].iloc[0]["name"] == "kernel"

@@ -24,6 +24,7 @@ from oomguard import FailureEvent, PipelineStatus, SignatureRow
 from oomguard._cli.layout import table
 from oomguard._cli.report import parse_since
 from oomguard._death.killer import for_cause
+from oomguard._death.record import Death, Role, Task
 from oomguard._store import FailureStore
 
 T0 = time.time() - 3 * 3600  # events from 3 h ago to ~1 h ago (reset when stored: _build)
@@ -78,6 +79,43 @@ def _event(i: int, kind, cause, shard, pipeline, host, sig) -> FailureEvent:
     )
 
 
+def store_failure(
+    store: FailureStore, event: FailureEvent, example: str = "", displaced=()
+) -> None:
+    """Store a failure as the scheduler does: a death (kind infra) with the event of its
+    culprit naming it, and `displaced` ((shard, pipeline), ...) beside it; a task's
+    exception as its event alone."""
+    if event.kind != "infra":
+        assert store.add(event, example=example), store.last_error
+        return
+    key = f"{event.worker}|{event.time!r}".encode()
+    death_id = hashlib.blake2b(key, digest_size=8).hexdigest()
+    tasks = (Task(event.shard, role=Role.CULPRIT, pipeline=event.pipeline),) + tuple(
+        Task(shard, role=Role.DISPLACED, pipeline=pipeline) for shard, pipeline in displaced
+    )
+    death = Death(
+        id=death_id,
+        cluster=event.cluster,
+        worker=event.worker,
+        host=event.host,
+        cause=event.cause,
+        time=event.time,
+        tasks=tasks,
+        killer=for_cause(event.cause),
+        evidence=event.evidence,
+        signature_id=event.signature_id,
+        signature_title=event.signature_title,
+    )
+    event = dataclasses.replace(event, death=death_id)
+    assert store.record(death, [event], example=example), store.last_error
+
+
+def section(out: str, name: str) -> str:
+    """One section of a report's text ("EVENTS", "SIGNATURES", ...), its head line first."""
+    blocks = re.split(r"\n\n(?=[A-Z]+: )", out)
+    return next(b for b in blocks if b.startswith(f"{name}: "))
+
+
 def _build(path: pathlib.Path) -> None:
     # "3 h ago" from when the history is stored, not from when this module was imported: a
     # busy suite reaches these tests half an hour later, and `--since 90m` then saw nothing.
@@ -86,7 +124,7 @@ def _build(path: pathlib.Path) -> None:
     store = FailureStore(str(path), batch_interval=0.01)
     store.start()
     for i, row in enumerate(ROWS):
-        assert store.add(_event(i, *row), example=f"Traceback ...\n{TITLES[row[5]]}")
+        store_failure(store, _event(i, *row), example=f"Traceback ...\n{TITLES[row[5]]}")
     store.upsert_pipeline(
         PipelineStatus(
             "backfill",
@@ -152,7 +190,7 @@ def test_tables_hold_every_row_and_fit_100_columns(history, capsys, monkeypatch)
     assert [ln for ln in out.splitlines() if len(ln) > 100] == []
     for head in ("EVENTS: 7,", "SIGNATURES: 3,", "PIPELINES: 2,"):
         assert head in out
-    events = out.split("SIGNATURES:")[0]
+    events = section(out, "EVENTS")
     for _kind, cause, shard, pipeline, host, _sig in ROWS:
         assert any(
             cause in ln and shard in ln and pipeline in ln and host in ln
@@ -160,7 +198,7 @@ def test_tables_hold_every_row_and_fit_100_columns(history, capsys, monkeypatch)
         ), (cause, shard)
     # Newest first: the last event added is on the first row.
     assert events.splitlines()[2].split()[2:4] == ["infra", "native_crash"]
-    sigs = out.split("SIGNATURES:")[1].split("PIPELINES:")[0]
+    sigs = section(out, "SIGNATURES")
     rows = [ln for ln in sigs.splitlines()[2:] if ln and not ln.startswith(" ")]
     counts = {ln.split()[0]: ln.split()[1:3] for ln in rows}
     assert counts == {"sig-oom": ["3", "2"], "sig-key": ["2", "2"], "sig-segv": ["2", "2"]}
@@ -269,7 +307,8 @@ def wide(tmp_path_factory) -> pathlib.Path:
     store = FailureStore(str(path), batch_interval=0.01)
     store.start()
     for i, (kind, cause, shard, pipeline, host, sig, title) in enumerate(WIDE_ROWS):
-        store.add(
+        store_failure(
+            store,
             FailureEvent(
                 kind=kind,
                 cause=cause,
@@ -283,6 +322,8 @@ def wide(tmp_path_factory) -> pathlib.Path:
                 time=T0 + i * 60,
             ),
             example=title,
+            # Its neighbour, of another pipeline, lost its work (the widest keys again).
+            displaced=[WIDE_ROWS[(i + 1) % len(WIDE_ROWS)][2:4]],
         )
         store.upsert_pipeline(
             PipelineStatus(
@@ -309,10 +350,14 @@ def _keys_whole(lines: list[str], keys) -> list[str]:
 
 
 def _too_wide(lines: list[str], columns: int) -> list[str]:
-    """Lines wider than the terminal, but for a key longer than it, alone on its line."""
+    """Lines wider than the terminal, but for a key longer than it, alone on its line
+    (after its label: the shard of an event, the task a death blamed)."""
     keys = {r[2] for r in WIDE_ROWS}
     return [
-        ln for ln in lines if len(ln) > columns and ln.strip().removeprefix("shard ") not in keys
+        ln
+        for ln in lines
+        if len(ln) > columns
+        and ln.strip().removeprefix("shard ").removeprefix("blamed ") not in keys
     ]
 
 
@@ -323,7 +368,7 @@ def test_report_fits_the_terminal_and_keeps_every_key_whole(wide, capsys, monkey
     assert rc == 0 and err == ""
     lines = out.splitlines()
     assert _too_wide(lines, columns) == []
-    events = out.split("SIGNATURES:")[0].splitlines()
+    events = section(out, "EVENTS").splitlines()
     # The values a user copies into --shard, --signature and --pipeline: whole, on one line.
     assert _keys_whole(events, [r[2] for r in WIDE_ROWS]) == []
     assert _keys_whole(events, [r[5] for r in WIDE_ROWS]) == []
@@ -332,13 +377,16 @@ def test_report_fits_the_terminal_and_keeps_every_key_whole(wide, capsys, monkey
     stamps = [ln for ln in events if re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", ln)]
     assert len(stamps) == len(WIDE_ROWS)
     assert {c for c in WIDE_CAUSES if any(f" {c} " in ln for ln in stamps)} == WIDE_CAUSES
-    sigs = out.split("SIGNATURES:")[1].split("PIPELINES:")[0].splitlines()
+    sigs = section(out, "SIGNATURES").splitlines()
     assert _keys_whole(sigs, [r[5] for r in WIDE_ROWS]) == []
-    pipes = out.split("PIPELINES:")[1].splitlines()
+    deaths = section(out, "DEATHS").splitlines()
+    infra = [r for r in WIDE_ROWS if r[0] == "infra"]
+    assert _keys_whole(deaths, [r[2] for r in infra] + [r[5] for r in infra]) == []
+    pipes = section(out, "PIPELINES").splitlines()
     assert _keys_whole(pipes, [r[3] for r in WIDE_ROWS]) == []
     # The shard named in the abort paragraph is not broken across two lines either.
     assert _keys_whole(pipes, [WIDE_ROWS[0][2]]) == []
-    assert "…" not in out.split("SIGNATURES:")[1]  # signature titles are wrapped, not cut
+    assert "…" not in section(out, "SIGNATURES")  # signature titles are wrapped, not cut
 
 
 def test_a_wider_terminal_shows_more_on_each_line(wide, capsys, monkeypatch):
@@ -387,7 +435,7 @@ def test_piped_output_cuts_nothing(wide, capsys, monkeypatch):
     monkeypatch.delenv("COLUMNS", raising=False)
     rc, out, _ = report(capsys, "--store", wide)  # capsys: stdout is not a terminal
     assert rc == 0 and "…" not in out
-    events = [ln for ln in out.split("SIGNATURES:")[0].splitlines()[2:] if ln]
+    events = [ln for ln in section(out, "EVENTS").splitlines()[2:] if ln]
     # One line per event, every column whole: easy to grep and to cut(1).
     assert len(events) == len(WIDE_ROWS)
     for kind, cause, shard, pipeline, host, sig, title in WIDE_ROWS:
@@ -587,6 +635,8 @@ def _killer(cause: str) -> dict:
 
 #: The cluster whose history the docs show (oomguard.scheduler.cluster-name).
 DOC_CLUSTER = "prod-etl"
+#: A task of another pipeline that ran beside the first OOM kill's culprit.
+DOC_DISPLACED = ("('load-0a1b', 16)", "per-file")
 
 
 def build_doc_store(path) -> None:
@@ -596,7 +646,8 @@ def build_doc_store(path) -> None:
     for i, (kind, cause, shard, pipe, host, worker, sig, title, attempt, ev) in enumerate(
         DOC_ROWS
     ):
-        store.add(
+        store_failure(
+            store,
             FailureEvent(
                 kind=kind,
                 cause=cause,
@@ -613,6 +664,8 @@ def build_doc_store(path) -> None:
                 cluster=DOC_CLUSTER,
             ),
             example=title,
+            # The first OOM kill took a task of another pipeline with it: displaced.
+            displaced=[DOC_DISPLACED] if i == 0 else [],
         )
     for status in DOC_PIPELINES:
         store.upsert_pipeline(dataclasses.replace(status, cluster=DOC_CLUSTER))
@@ -627,8 +680,9 @@ def build_doc_store(path) -> None:
         (160, []),
         (80, ["--shard", _REPART]),
         (80, ["--shard", "('load-0a1b', 17)", "--events", "--cause", "sigkill"]),
+        (80, ["--shard", DOC_DISPLACED[0], "--deaths"]),
     ],
-    ids=["80", "160", "shard-80", "no-events-80"],
+    ids=["80", "160", "shard-80", "no-events-80", "displaced-80"],
 )
 def test_the_docs_show_what_the_report_prints(tmp_path, columns, argv):
     """The tmux captures in docs/reading-a-report.md are this output, character for character."""
@@ -737,10 +791,14 @@ def test_json_events_equal_the_store_api(history, capsys, argv, query):
         assert 0 < len(rows) < len(ROWS)  # the filter did narrow, to something
 
 
-def test_json_round_trips_all_three_sections(history, capsys):
+def test_json_round_trips_all_four_sections(history, capsys):
     rc, out, _ = report(capsys, "--store", history, "--json")
     doc = json.loads(out)
-    assert list(doc) == ["events", "signatures", "pipelines"]
+    assert list(doc) == ["deaths", "events", "signatures", "pipelines"]
+    assert doc["deaths"] == store_api(history, "deaths")
+    deaths = [Death.from_dict(r) for r in doc["deaths"]]
+    assert len(deaths) == sum(r[0] == "infra" for r in ROWS)  # one per death, none twice
+    assert {e["death"] for e in doc["events"] if e["kind"] == "infra"} == {d.id for d in deaths}
     assert doc["events"] == store_api(history, "events")
     assert doc["signatures"] == store_api(history, "signatures")
     assert doc["pipelines"] == store_api(history, "pipelines")

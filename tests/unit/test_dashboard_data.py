@@ -8,6 +8,8 @@ from oomguard._models import FailureEvent, PipelineStatus, SignatureRow
 from oomguard.scheduler_plugin._dashboard_data import (
     CAUSES,
     MAX_BINS,
+    DeathAt,
+    Snapshot,
     failure_columns,
     pipeline_columns,
     signature_columns,
@@ -37,20 +39,20 @@ def test_no_events_no_bins():
     assert cols["time"] == [] and set(cols) == {"time", "width", *CAUSES}
 
 
-def test_a_worker_death_counts_once_whatever_the_shards_it_names():
-    """Issue 27: deaths on the dashboard are deaths of workers: the events of one death
-    (same worker, time and cause: the tasks it was executing) are one; a task's exceptions
-    are each their own."""
-    events = [
-        event("oom_kill", 100, shard="a"),
-        event("oom_kill", 100, shard="b"),  # the same death, another executing task
-        event("oom_kill", 100, shard="a", worker="tcp://w2"),  # another worker's
-        event("oom_kill", 50, shard="a"),  # the same worker, later: another death
-        event("exception", 30, shard="a"),
-        event("exception", 30, shard="b"),
+def test_a_worker_death_counts_once_whatever_the_tasks_it_took():
+    """Issue 38: the plot counts deaths as `Failures.deaths()` has them, one per worker death
+    (however many tasks it took), and a task's exceptions each."""
+    deaths = [
+        DeathAt(NOW - 100, "oom_kill"),  # a death of two suspects: one
+        DeathAt(NOW - 100, "oom_kill"),  # another worker's, at the same time
+        DeathAt(NOW - 50, "native_crash"),
     ]
-    cols = failure_columns(events, NOW)
-    assert (sum(cols["oom_kill"]), sum(cols["exception"])) == (3, 2)
+    exceptions = [event("exception", 30, shard="a"), event("exception", 30, shard="b")]
+    snap = Snapshot(deaths=deaths, exceptions=[*exceptions, event("memory_error", 20)])
+    cols = failure_columns(snap.failures(), NOW)
+    got = {c: sum(cols[c]) for c in ("oom_kill", "native_crash", "exception", "memory_error")}
+    assert got == {"oom_kill": 2, "native_crash": 1, "exception": 2, "memory_error": 1}
+    assert sum(sum(cols[c]) for c in CAUSES) == len(deaths) + 3
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -14,6 +15,7 @@ import time
 import pytest
 
 from oomguard import FailureEvent
+from oomguard._death.record import Death, Role, Task
 from oomguard._exceptions import ConfigError
 from oomguard._store import FailureStore
 from oomguard._store.pg import MIGRATIONS, PgReader, Shipper, migrate, pg_connect
@@ -42,6 +44,13 @@ def ev(n: int, **kw) -> FailureEvent:
 def one(url: str, sql: str, *args):
     with pg_connect(url) as conn:
         return conn.execute(sql, args).fetchone()
+
+
+def lose_the_mark(spool: FailureStore) -> None:
+    """As a shipper killed after the history committed and before the spool's mark moved."""
+    conn = sqlite3.connect(spool.file, isolation_level=None)
+    conn.execute("UPDATE ship_state SET value = '0' WHERE key IN ('sent', 'deaths_sent')")
+    conn.close()
 
 
 @pytest.fixture
@@ -82,21 +91,26 @@ def test_an_outage_keeps_events_in_the_spool_and_sends_them_once(postgres, pg_ur
 
 def test_a_batch_sent_twice_is_counted_once(pg_url, spool):
     """Killed after the database committed and before the spool's mark moved: the next
-    shipper sends the batch again; the history keeps one copy and one count."""
-    for n in range(30):
+    shipper sends the batch again; the history keeps one copy and one count, of events and
+    of deaths alike."""
+    for n in range(20):
         spool.add(ev(n))
+    for n in range(20, 30):  # ten deaths, one event each: each counts once, as a death
+        d = Death(id=f"d{n}", cluster="a", time=T0 + n, signature_id=f"sig-{n % 7}")
+        assert spool.record(d, [ev(n, cluster="a", death=d.id)])
     assert spool.flush()
     first = Shipper(spool, pg_url, "a")
     first.start()
     assert first.sync()
     first.close()
-    spool._conn.execute("UPDATE ship_state SET value = '0' WHERE key = 'sent'")  # mark lost
+    lose_the_mark(spool)
     again = Shipper(spool, pg_url, "a")
     again.start()
     assert again.sync()
     again.close()
-    assert again.sent == 0  # every event was there already
+    assert again.sent == 0 and again.deaths.sent == 10  # upserted again, counted no more
     assert one(pg_url, "SELECT count(*), sum(attempt) FROM events") == (30, 30)
+    assert one(pg_url, "SELECT count(*) FROM deaths") == (10,)
     assert one(pg_url, "SELECT sum(count) FROM signatures") == (30,)
 
 
@@ -104,15 +118,13 @@ def test_the_shipper_never_waits_for_the_spools_write_lock(pg_url, spool):
     """Another writer holds the spool's lock (as the writer thread does during its long
     commits): the batch still goes out at once, and its mark is stored by the spool's writer
     once the lock is free."""
-    import sqlite3
-
     first = Shipper(spool, pg_url, "a")  # the spool's origin made, nothing to send
     first.start()
     first.close()
     for n in range(40):
         spool.add(ev(n))
     assert spool.flush()
-    holder = sqlite3.connect(spool._file, isolation_level=None)
+    holder = sqlite3.connect(spool.file, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")
     shipper = Shipper(spool, pg_url, "a")
     shipper.start()
@@ -125,24 +137,32 @@ def test_the_shipper_never_waits_for_the_spools_write_lock(pg_url, spool):
     finally:
         shipper.close()
         holder.close()
-    last = spool._conn.execute("SELECT max(id) FROM events").fetchone()[0]
-    assert spool._conn.execute(stored).fetchone() == (str(last),)
+    conn = sqlite3.connect(spool.file)
+    last = conn.execute("SELECT max(id) FROM events").fetchone()[0]
+    assert conn.execute(stored).fetchone() == (str(last),)
+    conn.close()
 
 
-def test_an_amend_after_sending_replaces_the_event_in_the_history(pg_url, spool):
+def test_an_amend_after_sending_replaces_the_death_and_its_events_in_the_history(pg_url, spool):
+    def death(cause: str, signature: str) -> tuple[Death, list[FailureEvent]]:
+        d = Death(id="d1", cluster="a", worker="tcp://10.0.0.1:4000", cause=cause, time=T0,
+                  signature_id=signature, tasks=(Task("s1", role=Role.CULPRIT),))  # fmt: skip
+        return d, [ev(1, cause=cause, signature_id=signature, cluster="a", death="d1")]
+
     shipper = Shipper(spool, pg_url, "a")
     shipper.start()
     try:
-        spool.add(ev(1, cause="worker_lost", signature_id="lost"))
+        assert spool.record(*death("worker_lost", "lost"))
         assert shipper.sync()
-        spool.amend(ev(1, cause="oom_kill", signature_id="oom"))
+        assert spool.record(*death("oom_kill", "oom"), amend=True)
         assert shipper.sync()
     finally:
         shipper.close()
     reader = PgReader(pg_url)
     reader.start()
     try:
-        assert [e.cause for e in reader.events()] == ["oom_kill"]
+        assert [(e.cause, e.death) for e in reader.events()] == [("oom_kill", "d1")]
+        assert [(d.id, d.cause) for d in reader.deaths()] == [("d1", "oom_kill")]
         assert {s.id: s.count for s in reader.signatures()} == {"lost": 0, "oom": 1}
     finally:
         reader.close()

@@ -5,6 +5,7 @@ each role reads is stated in docs/history.md ("Who can read what") and checked h
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import psycopg
 import pytest
 
 from oomguard import FailureEvent, PipelineStatus
+from oomguard._death.record import Death, Role, Task
 from oomguard._store import FailureStore
 from oomguard._store.pg import Shipper, pg_connect
 
@@ -103,10 +105,26 @@ def test_two_clusters_with_their_own_roles(pg_url, tmp_path):
     r_all = grant(pg_url, tmp_path, f"r_all_{db}", read_only=True)
     a, b = ship(tmp_path, w_a, "a", 30), ship(tmp_path, w_b, "b", 20)
     try:
-        # Amends of its own rows work under row-level security (the worker_lost case).
-        a.spool.add(ev(99, "a", cause="worker_lost", signature_id="lost"))
+        # Amends of its own rows work under row-level security (the worker_lost case): a
+        # death lost without a report, then amended by its id when the report came late.
+        task = Task("a-s99", "a", role=Role.CULPRIT, pipeline="etl-a")
+        lost = Death(
+            id="d99",
+            cluster="a",
+            worker="tcp://10.0.0.1:4000",
+            host="host-a",
+            time=T0 + 99,
+            cause="worker_lost",
+            tasks=(task,),
+            signature_id="lost",
+            signature_title="lost",
+        )
+        event = ev(99, "a", cause="worker_lost", signature_id="lost", death="d99")
+        a.spool.record(lost, [event], grouping_version=2, example="")
         assert a.sync(60)
-        a.spool.amend(ev(99, "a", signature_id="a-0"))
+        found = dataclasses.replace(lost, cause="oom_kill", signature_id="a-0")
+        event = ev(99, "a", signature_id="a-0", death="d99")
+        a.spool.record(found, [event], grouping_version=2, example="", amend=True)
         assert a.sync(60)
     finally:
         stop(a)
@@ -115,6 +133,7 @@ def test_two_clusters_with_their_own_roles(pg_url, tmp_path):
         by_cluster = dict(admin.execute("SELECT cluster, count(*) FROM events GROUP BY 1"))
         assert by_cluster == {"a": 31, "b": 20}
         assert admin.execute("SELECT count FROM signatures WHERE id = 'lost'").fetchone() == (0,)
+        assert admin.execute("SELECT cluster, cause FROM deaths").fetchall() == [("a", "oom_kill")]
     # What a writer reads: its cluster's events, runs and rows set aside; every signature.
     with pg_connect(w_a) as conn, conn.cursor() as cur:
         assert cur.execute("SELECT DISTINCT cluster FROM events").fetchall() == [("a",)]
@@ -130,6 +149,7 @@ def test_two_clusters_with_their_own_roles(pg_url, tmp_path):
         assert count(cur, "DELETE FROM events WHERE cluster = 'b'") == 0
         assert count(cur, "UPDATE pipelines SET status = 'x' WHERE cluster = 'b'") == 0
         assert count(cur, "DELETE FROM pipelines WHERE cluster = 'b'") == 0
+        assert cur.execute("SELECT DISTINCT cluster FROM deaths").fetchall() == [("a",)]
         assert count(cur, "UPDATE events SET cause = 'sigkill' WHERE local_id = 1") == 1  # own
         conn.commit()
         for forged in (
@@ -140,6 +160,7 @@ def test_two_clusters_with_their_own_roles(pg_url, tmp_path):
             "UPDATE events SET cluster = 'b' WHERE cluster = 'a'",
             "INSERT INTO pipelines VALUES ('b', 'forged', 1, 'running', 0, 0, 0, 0, 0, '', '', 1)",
             "UPDATE pipelines SET cluster = 'b'",
+            "UPDATE deaths SET cluster = 'b'",
         ):
             with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level security"):
                 cur.execute(forged)
@@ -152,6 +173,10 @@ def test_two_clusters_with_their_own_roles(pg_url, tmp_path):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 cur.execute(statement)
             conn.rollback()
+    with pg_connect(w_b) as conn, conn.cursor() as cur:  # a's death is out of b's reach
+        assert cur.execute("SELECT count(*) FROM deaths").fetchone() == (0,)
+        assert count(cur, "DELETE FROM deaths") == 0
+        conn.commit()
     with pg_connect(r_all) as conn:
         clusters = conn.execute("SELECT DISTINCT cluster FROM events ORDER BY 1")
         assert clusters.fetchall() == [("a",), ("b",)]

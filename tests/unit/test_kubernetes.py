@@ -298,3 +298,71 @@ def test_a_nanny_stopped_by_sigterm_is_an_event_only_when_evicted(
         assert e.evidence["offender_container"] == "worker"
     finally:
         store.close()
+
+
+def test_the_pods_verdict_amends_the_lost_death_by_its_id(api_server, tmp_path):
+    """A worker lost with its nanny is decided `worker_lost`; the pod's status says the
+    kernel OOM-killed it: the same death (its id), now oom_kill by the kernel, its events
+    likewise; one death in the store, one count, and the metrics counted it once."""
+    import asyncio
+    import logging
+
+    from prometheus_client import CollectorRegistry
+
+    from oomguard import FailureEvent
+    from oomguard._death.record import Attribution, Death, Role, Task
+    from oomguard._decide import Record
+    from oomguard._guard import Guard
+    from oomguard._metrics import OomguardMetrics
+    from oomguard._store import FailureStore
+    from oomguard.scheduler_plugin._actions import DaskActions
+
+    api, _ = api_server
+    store = FailureStore(str(tmp_path / "s.sqlite3"), batch_interval=0.01)
+    store.start()
+    metrics, registry = OomguardMetrics(), CollectorRegistry()
+    registry.register(metrics)
+    try:
+        guard = Guard(None, logging.getLogger("test"))
+        actions = DaskActions(None, store, metrics, guard, PodLookup("data", api), cluster="k")
+        when = unix("2026-11-30T07:12:30Z")
+        death = Death(
+            id="d1", worker="tcp://10.42.1.23:4000", host="10.42.1.23", cause="worker_lost",
+            time=when, signature_id="lost", signature_title="worker_lost",
+            tasks=(Task("('load', 1)", role=Role.CULPRIT, pipeline="etl"),),
+            killer=Attribution("unknown", "inferred", "likely", "lost with its nanny"),
+        )  # fmt: skip
+        event = FailureEvent(
+            "infra", "worker_lost", "('load', 1)", "etl", death.worker, death.host, "lost",
+            "worker_lost", {"source": "no report"}, time=when, death="d1",
+        )  # fmt: skip
+
+        async def decide():
+            actions.apply([Record((event,), death)])
+            await asyncio.gather(*actions._lookups)
+
+        asyncio.run(decide())
+        assert store.flush() and guard.count == 0
+        (got,) = store.deaths()
+        assert (got.id, got.cluster, got.cause) == ("d1", "k", "oom_kill")
+        assert (got.killer.name, got.killer.how, got.killer.confidence) == (
+            "kernel",
+            "pod status",
+            "confirmed",
+        )
+        assert got.evidence["reason"] == "OOMKilled"
+        assert got.evidence["source"] == "kubernetes pod status"
+        (e,) = store.events()
+        assert (e.death, e.cause, e.killer, e.evidence["reason"]) == (
+            "d1",
+            "oom_kill",
+            "kernel",
+            "OOMKilled",
+        )
+        assert store.signature("lost").count == 1  # amended once, counted once
+        deaths = registry.get_sample_value(
+            "oomguard_worker_deaths_total", {"cause": "worker_lost", "killer": "unknown"}
+        )
+        assert deaths == 1.0
+    finally:
+        store.close()

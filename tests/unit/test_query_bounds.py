@@ -93,6 +93,19 @@ def test_a_bad_limit_or_cursor_is_refused_naming_it(filters, field):
         bounded("events", filters)
 
 
+@pytest.mark.parametrize(
+    "before", [[1.0, 7], [1.0, "x" * 257], [True, "d1"], [float("inf"), "d1"], "d1"]
+)
+def test_a_deaths_page_is_bounded_and_its_cursor_names_a_death(before):
+    assert bounded("deaths", {"limit": None}) == {
+        "limit": QUERY_MAX_ROWS,
+        "max_bytes": QUERY_MAX_BYTES,
+    }
+    assert bounded("deaths", {"before": [5, "a1b2"]})["before"] == (5.0, "a1b2")
+    with pytest.raises(ValueError, match=r"^before=.*: expected \[time, id\] of a death"):
+        bounded("deaths", {"before": before})
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     store = tmp_path_factory.mktemp("bounds") / "failures.sqlite3"
@@ -180,12 +193,12 @@ def test_the_pipelines_query_is_capped_and_writes_nothing(cluster):
             )
         )
     assert store.flush()
-    queued = store._enqueued
+    queued = store.writer._enqueued
     rows = _rpc(client, what="pipelines", limit=None)
     assert 0 < len(rows) <= QUERY_MAX_ROWS
     assert sum(len(r["summary"]) for r in rows) <= QUERY_MAX_BYTES + 16_100
     assert len(rows) < 1000  # the bytes ended this reply, not the rows
     assert len(_rpc(client, what="pipelines", limit=5)) == 5
-    assert store._enqueued == queued  # nothing written by the queries
+    assert store.writer._enqueued == queued  # nothing written by the queries
     with pytest.raises(Exception, match="limit"):
         _rpc(client, what="pipelines", limit="all")

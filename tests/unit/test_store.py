@@ -55,6 +55,16 @@ def store(request, tmp_path):
     s.close()
 
 
+def rows(store: FailureStore, sql: str, args: tuple = ()) -> list[tuple]:
+    """`sql` on the store's file (the spool's, for PostgreSQL), on a connection of the
+    test's own."""
+    conn = sqlite3.connect(store.file)
+    try:
+        return conn.execute(sql, args).fetchall()
+    finally:
+        conn.close()
+
+
 def fill(store: FailureStore, events, **kw) -> None:
     for e in events:
         assert store.add(e, **kw), store.last_error
@@ -138,9 +148,10 @@ def test_a_death_of_several_suspects_is_found_by_each_and_is_no_shards_own(store
     assert store.shard("nap-1") == [] and [e.evidence["n"] for e in store.shard("nap-2")] == [2]
     plan = " ".join(
         str(r)
-        for r in store._reader().execute(
+        for r in rows(
+            store,
             "EXPLAIN QUERY PLAN SELECT id FROM events WHERE (shard = 'a' OR (shard = '' AND "
-            "EXISTS (SELECT 1 FROM json_each(evidence, '$.suspects') WHERE value = 'a')))"
+            "EXISTS (SELECT 1 FROM json_each(evidence, '$.suspects') WHERE value = 'a')))",
         )
     )
     assert "events_shard" in plan and "SCAN events" not in plan.replace("SCAN events_", ""), plan
@@ -208,7 +219,7 @@ def test_member_lists_are_capped_but_the_true_distinct_count_is_kept(store):
 
 def member_rows(store: FailureStore, signature_id: str) -> dict[str, int]:
     sql = "SELECT field, count(*) FROM signature_members WHERE signature_id = ? GROUP BY field"
-    return {MEMBER_FIELDS[f]: n for f, n in store._reader().execute(sql, (signature_id,))}
+    return {MEMBER_FIELDS[f]: n for f, n in rows(store, sql, (signature_id,))}
 
 
 def test_member_rows_are_bounded_and_one_batch_is_counted_exactly(tmp_path):
@@ -417,16 +428,16 @@ def test_a_flood_is_committed_less_often_and_one_event_at_once_after(tmp_path):
         s.add(ev(n))
     s.start()
     try:
-        assert s.flush() and s._interval == FLOOD_INTERVAL
+        assert s.flush() and s.writer.interval == FLOOD_INTERVAL
         s.add(ev(FLOOD_ITEMS))
-        assert s.flush() and s._interval == 0.01
+        assert s.flush() and s.writer.interval == 0.01
         assert len(s.events(limit=None)) == FLOOD_ITEMS + 1
     finally:
         s.close()
 
 
 def test_a_failed_transaction_is_counted_and_flush_says_so(store):
-    other = sqlite3.connect(store._file, isolation_level=None)
+    other = sqlite3.connect(store.file, isolation_level=None)
     try:
         other.execute(
             "CREATE TRIGGER fail BEFORE INSERT ON events BEGIN SELECT RAISE(ABORT, 'disk on fire'); END"
@@ -466,7 +477,7 @@ def test_close_is_idempotent_and_safe_without_start(tmp_path):
 def test_memory_path_is_a_private_temporary_file():
     s = FailureStore(":memory:")
     s.start()
-    file = s._file
+    file = s.file
     fill(s, [ev(1)])
     assert len(s.events()) == 1 and os.path.exists(file)
     s.close()
@@ -475,7 +486,7 @@ def test_memory_path_is_a_private_temporary_file():
 
 def test_reads_from_other_threads_and_during_a_held_write_lock(store):
     fill(store, [ev(n) for n in range(3)])
-    other = sqlite3.connect(store._file, isolation_level=None)
+    other = sqlite3.connect(store.file, isolation_level=None)
     try:
         other.execute("BEGIN EXCLUSIVE")  # in WAL mode, readers still read
         other.execute("DELETE FROM events")
@@ -577,7 +588,7 @@ def test_migration_keeps_data_and_older_code_refuses_the_newer_file(tmp_path):
     try:
         assert [e.evidence["n"] for e in nxt.events()] == [1]
         fill(nxt, [ev(2)])
-        cols = [r[1] for r in nxt._reader().execute("PRAGMA table_info(events)")]
+        cols = [r[1] for r in rows(nxt, "PRAGMA table_info(events)")]
         assert "note" in cols
     finally:
         nxt.close()
@@ -623,8 +634,8 @@ def test_a_store_of_schema_1_migrates_and_keeps_everything(tmp_path):
         assert s.distinct_counts("sig-a")["hosts"] == 3
         indexes = {
             r[0]
-            for r in s._reader().execute(
-                "SELECT name FROM sqlite_master WHERE tbl_name = 'pipelines' AND type = 'index'"
+            for r in rows(
+                s, "SELECT name FROM sqlite_master WHERE tbl_name = 'pipelines' AND type = 'index'"
             )
         }
         assert "pipelines_updated" in indexes
@@ -759,28 +770,6 @@ def test_sigkill_loses_nothing_acknowledged(tmp_path):
         s.close()
 
 
-@pytest.mark.parametrize("same_batch", [False, True])
-def test_amend_replaces_the_worker_lost_events_of_that_death(store, same_batch):
-    w = "tcp://10.0.0.9:4000"
-    lost = dict(cause="worker_lost", worker=w, signature_id="lost-sig")
-    store.add(ev(1, **lost, time=T0 + 1))  # an earlier death of a process at this address
-    store.add(ev(2, **lost, time=T0 + 2))
-    if not same_batch:
-        assert store.flush()
-    assert store.amend(
-        ev(3, cause="sigkill", worker=w, signature_id="kill-sig", time=T0 + 3),
-        lost_at=T0 + 2 if not same_batch else None,
-    )
-    assert store.flush()
-    rows = store.events(limit=None)
-    assert sorted((e.cause, e.time) for e in rows) == [
-        ("sigkill", T0 + 3),
-        ("worker_lost", T0 + 1),
-    ]
-    by_id = {s.id: s.count for s in store.signatures()}
-    assert by_id.get("kill-sig") == 1 and by_id.get("lost-sig") == 1
-
-
 def test_close_waits_for_reads_running_on_other_threads(tmp_path):
     # The scheduler's gauge loop reads in a worker thread; a close() under a running query
     # closed its connection and crashed the process (segfault, seen under load).
@@ -808,7 +797,7 @@ def test_close_waits_for_reads_running_on_other_threads(tmp_path):
         s.close()
         t.join(10)
         assert outcome and "closed" in outcome[0], outcome
-        assert s._reads == 0
+        assert s.reader.reads == 0
 
 
 def test_a_store_of_schema_2_gets_killers_unknown_for_deaths_and_empty_for_exceptions(tmp_path):

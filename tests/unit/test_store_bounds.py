@@ -246,7 +246,7 @@ def test_the_stores_counts_reach_oomguard_store_errors_total(tmp_path):
     counts.sync(store, metrics)
     counts.sync(store, metrics)  # increments, not totals: counted once
     assert value("queue_full") == store.overflow > 0
-    store.disk_full = 2  # as the writer counts it
+    store.writer.disk_full = 2  # as the writer counts it
     counts.sync(store, metrics)
     assert value("disk_full") == 2.0
     store.close()

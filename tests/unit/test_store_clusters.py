@@ -96,18 +96,6 @@ def test_runs_of_one_name_on_two_clusters_are_two_runs(store):
     assert len(store.pipeline_runs("etl")) == 2
 
 
-def test_an_amend_replaces_the_worker_lost_event_of_its_own_cluster_only(store):
-    # Two clusters, one after another, gave a worker the same address.
-    lost = {"cause": "worker_lost", "signature_id": "sig-lost", "time": T0}
-    fill(store, [ev(1, "nightly", **lost), ev(1, "backfill", **lost)])
-    assert store.amend(ev(1, "backfill", cause="oom_kill", time=T0 + 5))
-    assert store.flush(), store.last_error
-    assert sorted((e.cluster, e.cause) for e in store.events()) == [
-        ("backfill", "oom_kill"),
-        ("nightly", "worker_lost"),
-    ]
-
-
 def test_a_cluster_that_is_not_text_is_refused_naming_the_field(store):
     assert not store.add(ev(1, 7))  # type: ignore[arg-type]
     assert "'cluster'" in store.last_error

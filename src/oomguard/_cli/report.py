@@ -1,13 +1,14 @@
 """`oomguard report`: the failure history, from a running scheduler or from a store file,
 and the memory peaks the workers learned.
 
-Three history sections: events (one failure of one shard each), signatures (deduplicated
-crashes across hosts) and pipelines (where each stands); and, on request (`--peaks`), the
-peaks: per task prefix, the largest memory growth admission learned, read from the workers'
-ledger files through `client.run` (or from one ledger file on this host; `report_peaks`).
+Four history sections: deaths (one row per worker death, with its tasks and their roles),
+events (one failure of one shard each), signatures (deduplicated crashes across hosts) and
+pipelines (where each stands); and, on request (`--peaks`), the peaks: per task prefix, the
+largest memory growth admission learned, read from the workers' ledger files through
+`client.run` (or from one ledger file on this host; `report_peaks`).
 Tables fit the terminal (COLUMNS when set) and never cut a shard, a signature id, a pipeline
 name or a task prefix: narrower layouts move them to lines of their own; piped to a file,
-nothing is shortened. `--json` prints the rows as `to_dict()` of `FailureEvent`,
+nothing is shortened. `--json` prints the rows as `to_dict()` of `Death`, `FailureEvent`,
 `SignatureRow`, `PipelineStatus` and `PeakRow`, so `FailureEvent.from_dict(row)` gives back
 what `oomguard.Failures` returns.
 
@@ -46,12 +47,12 @@ from .report_source import (
     shard_history,
     store_source,
 )
-from .report_tables import render_events, render_pipelines, render_signatures
+from .report_tables import render_deaths, render_events, render_pipelines, render_signatures
 from .terminal import echo, printable
 
 PROG = "oomguard report"
 #: The failure history: printed when no section is asked for.
-HISTORY = ("events", "signatures", "pipelines")
+HISTORY = ("deaths", "events", "signatures", "pipelines")
 SECTIONS = (*HISTORY, "peaks")
 
 _EPILOG = """\
@@ -61,17 +62,25 @@ examples:
   oomguard report --store /var/lib/dask/oomguard.sqlite3 --cause oom_kill --since 1h
   oomguard report --scheduler tcp://scheduler:8786 --shard "('load-0a1b', 17)"
   oomguard report --store history.sqlite3 --pipelines --pipeline etl
+  oomguard report --store history.sqlite3 --deaths --pipeline etl --since 1d
   oomguard report --store /shared/oomguard.sqlite3 --signatures --cluster etl-nightly
   oomguard report --store history.sqlite3 --events --json | jq '.events[].evidence'
   oomguard report --scheduler tcp://scheduler:8786 --peaks
   oomguard report --ledger /tmp/oomguard-1000/memory-ledger.json
 
-Filters narrow each section they apply to (never the peaks): --kind, --cause, --killer and --since the events (and
---cause, --since the signatures); --pipeline all three; --shard and --signature the events,
-and the signatures and pipelines to those the shown events name. --shard alone prints the
-shard's whole history oldest first, with evidence; with other filters or --limit, its
-newest events. --limit applies to each section (defaults: 1000 events, 100 signatures,
-100 pipelines). Times are local unless an ISO time carries an offset.
+DEATHS has one row per worker death, however many tasks it took: a death is counted once
+there, in its signature's COUNT and in oomguard_worker_deaths_total. EVENTS has one row per
+task a death is blamed on (its culprit, or each suspect), and one per task exception.
+
+Filters narrow each section they apply to (never the peaks): --kind, --cause, --killer and
+--since the events and deaths (and --cause, --since the signatures); --pipeline all four;
+--shard and --signature the events and deaths, and the signatures and pipelines to those
+the shown events name. With --shard or --pipeline, a death is shown when the shard (or a
+task of the pipeline) was among its tasks in any role, and ROLE says which: a death it was
+only displaced by says so on a line of its own. --shard alone prints the shard's whole
+history oldest first, with evidence; with other filters or --limit, its newest events.
+--limit applies to each section (defaults: 1000 deaths, 1000 events, 100 signatures, 100
+pipelines). Times are local unless an ISO time carries an offset.
 
 With neither --scheduler nor --store, the report reads a running scheduler when Dask's
 scheduler-address setting names one (DASK_SCHEDULER_ADDRESS); else the store that
@@ -90,8 +99,8 @@ Tables fit the terminal's width (or COLUMNS); a shard, signature id, pipeline na
 prefix is never cut: in a narrow terminal it moves to a line of its own. Piped to a
 file or another program, nothing is shortened or moved (COLUMNS=N sets a width).
 
-Without a section flag the report prints events, signatures and pipelines; the peaks only
-when asked for (--peaks, or --ledger). --peaks prints the memory peaks admission
+Without a section flag the report prints deaths, events, signatures and pipelines; the
+peaks only when asked for (--peaks, or --ledger). --peaks prints the memory peaks admission
 learned per task prefix, with an oomguard.memory(...) annotation to size from each: with a
 scheduler (--scheduler, or the scheduler-address setting), from the ledger file of every
 worker host (read only, through client.run; a host's workers share one file); with --ledger
@@ -100,9 +109,10 @@ put it (oomguard.worker.admission.ledger, else <crash-dir>/memory-ledger.json). 
 store holds no peaks: with --store, --peaks needs --ledger. --ledger alone prints only the
 peaks.
 
---json prints one document {"events": [...], "signatures": [...], "pipelines": [...],
-"peaks": [...]} (the sections asked for) whose rows are FailureEvent / SignatureRow /
-PipelineStatus.to_dict() and {"prefix", "peak" (bytes), "hosts", "suggested"}.
+--json prints one document {"deaths": [...], "events": [...], "signatures": [...],
+"pipelines": [...], "peaks": [...]} (the sections asked for) whose rows are Death /
+FailureEvent / SignatureRow / PipelineStatus.to_dict() and {"prefix", "peak" (bytes),
+"hosts", "suggested"}.
 
 exit status: 0 success; 1 the scheduler, the store or the ledger could not be read; 2 bad
 arguments; 3 --cluster, --pipeline, --signature or --shard names nothing in the history (no
@@ -204,10 +214,10 @@ def _usage_error(message: str) -> None:
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "report",
-        help="print the failure history (events, signatures, pipelines) and learned peaks",
-        description="Print the failure history a scheduler keeps: failure events, crash\n"
-        "signatures and pipeline statuses, from a running scheduler or a store file; and\n"
-        "the memory peaks the workers learned per task prefix (--peaks).",
+        help="print the failure history (deaths, events, signatures, pipelines) and peaks",
+        description="Print the failure history a scheduler keeps: worker deaths, failure\n"
+        "events, crash signatures and pipeline statuses, from a running scheduler or a store\n"
+        "file; and the memory peaks the workers learned per task prefix (--peaks).",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -416,6 +426,16 @@ def _print(data: dict[str, Any], sections: tuple[str, ...], args: argparse.Names
     else:
         width = output_width()
         blocks = []
+        if "deaths" in data:
+            blocks.append(
+                render_deaths(
+                    data["deaths"],
+                    width=width,
+                    shard=args.shard,
+                    pipeline=args.pipeline,
+                    empty=_empty("worker deaths", args, width),
+                )
+            )
         if "events" in data:
             titles = (
                 "SIGNATURES below"

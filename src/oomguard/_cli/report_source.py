@@ -20,7 +20,7 @@ from .._display import one_line
 from .._exceptions import ReportFailed, StoreError
 
 #: The Python API's defaults, so `--json` without `--limit` equals `Failures(client).events()`.
-DEFAULT_LIMITS = {"events": 1000, "signatures": 100, "pipelines": 100}
+DEFAULT_LIMITS = {"deaths": 1000, "events": 1000, "signatures": 100, "pipelines": 100}
 
 
 # --------------------------------------------------------------------------- sources
@@ -48,6 +48,11 @@ class _SchedulerSource:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             return self.failures.signatures(**filters)
+
+    def deaths(self, **filters: Any) -> Any:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return self.failures.deaths(**filters)
 
     def known(self, field: str, value: str) -> tuple[bool, list[str]]:
         answer = self.failures._query("known", field=field, value=value)
@@ -106,6 +111,9 @@ class _StoreSource:
 
     def events(self, **filters: Any) -> Any:
         return self.store.events(cluster=self.cluster, **filters)
+
+    def deaths(self, **filters: Any) -> Any:
+        return self.store.deaths(cluster=self.cluster, **filters)
 
     def signatures(self, **filters: Any) -> Any:
         return self.store.signatures(cluster=self.cluster, **filters)
@@ -302,6 +310,21 @@ def shard_history(args: argparse.Namespace) -> bool:
 def collect(source: Any, args: argparse.Namespace, sections: tuple[str, ...]) -> dict[str, list]:
     """The rows of each section (model objects), filtered as the arguments say."""
     out: dict[str, list] = {}
+    if "deaths" in sections:
+        # Every death is infra: --kind user has none. A shard or pipeline in any role.
+        out["deaths"] = (
+            []
+            if args.kind == "user"
+            else source.deaths(
+                cause=args.cause,
+                killer=args.killer,
+                pipeline=args.pipeline,
+                shard=args.shard,
+                signature=args.signature,
+                since=args.since,
+                limit=args.limit or DEFAULT_LIMITS["deaths"],
+            )
+        )
     need_events = "events" in sections or args.shard is not None or args.signature is not None
     events: list = []
     if need_events:
@@ -351,12 +374,17 @@ def collect(source: Any, args: argparse.Namespace, sections: tuple[str, ...]) ->
 
 def unknown_names(source: Any, args: argparse.Namespace) -> list[str]:
     """For --cluster, --pipeline, --signature and --shard that name nothing in the history
-    (no event, run or signature): one sentence each, with the names there are (for a shard:
-    those of the latest events) and the closest one."""
+    (no event, death, run or signature): one sentence each, with the names there are (for
+    a shard: those of the latest events) and the closest one."""
     from .._client.filters import unknown_name
 
     out = []
-    if args.shard is not None and not source.events(shard=args.shard, limit=1):
+    shard = args.shard
+    if (
+        shard is not None
+        and not source.events(shard=shard, limit=1)
+        and not source.deaths(shard=shard, limit=1)  # only displaced or queued there
+    ):
         shards = [e.shard for e in source.events(limit=DEFAULT_LIMITS["events"])]
         line = unknown_name("--shard", args.shard, "shard", list(dict.fromkeys(shards)))
         out.append(line.replace("=", " ", 1))

@@ -1,11 +1,13 @@
-"""The tables `oomguard report` prints of the failure history: events (or one shard's
-history), signatures and pipelines, each as lines that fit the terminal's width.
+"""The tables `oomguard report` prints of the failure history: worker deaths, events (or one
+shard's history), signatures and pipelines, each as lines that fit the terminal's width.
 """
 
 from __future__ import annotations
 
 import json
 
+from .._client.results import blamed, tasks_by_role
+from .._death.record import BLAMED, Death, Role
 from .._display import clock, one_line, utc_offset
 from .layout import PROSE_WIDTH, Column, Layout, key_line, lay_out, wrap
 
@@ -13,6 +15,101 @@ from .layout import PROSE_WIDTH, Column, Layout, key_line, lay_out, wrap
 # pipeline name): each table has layouts from the widest to the narrowest, and the first
 # whose rows fit is printed. Narrower layouts shorten only the events' signature title
 # (SIGNATURES prints it whole) and host, then move keys to lines of their own under the row.
+
+
+# One row per worker death. ROLE (with --shard or --pipeline): what that shard, or that
+# pipeline's tasks, had to do with the death.
+_DEATH_COLUMNS = [
+    Column("TIME"),
+    Column("CAUSE"),
+    Column("KILLER"),
+    Column("ROLE", "role"),
+    Column("HOST", "host"),
+    Column("SIGNATURE", "signature"),
+    Column("BLAMED", "blamed"),
+    Column("TASKS", "tasks", key=False),
+]
+_DEATH_LAYOUTS = [
+    Layout(("TIME", "CAUSE", "KILLER", "ROLE", "HOST", "SIGNATURE", "BLAMED", "TASKS")),
+    Layout(("TIME", "CAUSE", "KILLER", "ROLE", "HOST", "SIGNATURE"), below=("BLAMED", "TASKS")),
+    Layout(("TIME", "CAUSE", "KILLER", "ROLE", "SIGNATURE"), below=("HOST", "BLAMED", "TASKS")),
+    Layout(("TIME", "CAUSE", "KILLER", "ROLE"), below=("SIGNATURE", "HOST", "BLAMED", "TASKS")),
+]
+
+
+def render_deaths(
+    deaths: list[Death],
+    *,
+    width: int | None = None,
+    shard: str | None = None,
+    pipeline: str | None = None,
+    empty: list[str] | None = None,
+) -> list[str]:
+    """The deaths section: one row per worker death, the tasks it blamed and those it took
+    without blame. With `shard` (or `pipeline`), the ROLE its task(s) had there, and a line
+    for a death it was only displaced (or queued) by: its work lost, no blame."""
+    head = [f"DEATHS: {len(deaths)}, newest first, times {utc_offset()}"]
+    if not deaths:
+        return head + (empty or ["  no worker deaths recorded"])
+    focus = shard is not None or pipeline is not None
+    roles = [_roles(d, shard, pipeline) for d in deaths]
+    rows = [
+        [
+            clock(d.time),
+            d.cause,
+            d.killer.name if d.killer else "-",
+            ",".join(sorted(r.value for r in had)) or "-",
+            d.host or d.worker,
+            d.signature_id,
+            blamed(d) or "-",
+            tasks_by_role(d) or "-",
+        ]
+        for d, had in zip(deaths, roles, strict=True)
+    ]
+    layouts = _DEATH_LAYOUTS if focus else [_without(lay, "ROLE") for lay in _DEATH_LAYOUTS]
+    _, header, blocks = lay_out(_DEATH_COLUMNS, rows, layouts, width)
+    lines = head + header
+    for d, had, block in zip(deaths, roles, blocks, strict=True):
+        lines += block
+        if had and not had & BLAMED:
+            lines += wrap(_unblamed(d, shard, pipeline, had), width, "    ", hold=(shard or "",))
+    return lines
+
+
+def _roles(d: Death, shard: str | None, pipeline: str | None) -> set[Role]:
+    """The roles the shard, or the pipeline's tasks, had in `d` (none without either)."""
+    if shard is None and pipeline is None:
+        return set()
+    return {
+        t.role
+        for t in d.tasks
+        if t.role is not None
+        and (shard is None or t.key == shard)
+        and (pipeline is None or t.pipeline == pipeline)
+    }
+
+
+def _unblamed(d: Death, shard: str | None, pipeline: str | None, roles: set[Role]) -> str:
+    """A death the shard (or pipeline) only lost work to."""
+    culprits = [t for t in d.tasks if t.role in BLAMED]
+    by = ", ".join(f"{t.key} ({t.pipeline or 'no pipeline'})" for t in culprits) or "no task"
+    how = " and ".join(sorted(r.value for r in roles))
+    if shard is not None:
+        return (
+            f"{how}, not blamed: {shard} lost its work to this death of {by}; it carries "
+            "neither the death's count nor its signature"
+        )
+    return (
+        f"{how}, not blamed: pipeline {pipeline} lost work to this death of {by}; its tasks "
+        "carry neither the death's count nor its signature"
+    )
+
+
+def _without(layout: Layout, header: str) -> Layout:
+    return layout._replace(
+        row=tuple(h for h in layout.row if h != header),
+        below=tuple(h for h in layout.below if h != header),
+    )
 
 
 _EVENT_COLUMNS = [

@@ -6,11 +6,12 @@ import datetime
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from .._death.record import Death
 from .._display import quantity, shorten
 from .._exceptions import ConfigError
 from .._models import FailureEvent, PipelineStatus, SignatureRow
 from . import filters as _filters
-from .results import EventList, PipelineList, SignatureList
+from .results import DeathList, EventList, PipelineList, SignatureList
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -87,6 +88,7 @@ def uninstall(client: Client) -> None:
 
 #: The default limits, as `oomguard report` has them (its `DEFAULT_LIMITS`).
 _EVENTS_LIMIT, _SIGNATURES_LIMIT, _PIPELINES_LIMIT = 1000, 100, 100
+_DEATHS_LIMIT = 1000
 _KNOWN_SHOWN = 10  # pipeline names a KeyError lists
 #: Rows asked for per call; the scheduler may answer fewer (its reply is capped in bytes).
 _PAGE_ROWS = 1000
@@ -95,8 +97,10 @@ _PAGE_ROWS = 1000
 class Failures:
     """Query the failure history a scheduler keeps.
 
-    Lists come back as `EventList`, `SignatureList` and `PipelineList`: plain lists that
-    show as tables in a notebook and have `to_pandas()`. Filters are checked as
+    Lists come back as `DeathList`, `EventList`, `SignatureList` and `PipelineList`: plain
+    lists that show as tables in a notebook and have `to_pandas()`. A worker death is one
+    row of `deaths()` (with its tasks and their roles), and one count of its signature;
+    `events()` has one row per task it is blamed on, each naming it (`FailureEvent.death`). Filters are checked as
     `oomguard report` checks them: a bad one raises ValueError naming it, never ``[]``; a
     pipeline or signature id the history does not have gives ``[]`` with a UserWarning
     naming the known ones and the closest. `client` must be a `distributed.Client` and
@@ -115,6 +119,8 @@ class Failures:
     'etl-nightly'
     >>> oomguard.Failures(client, fleet=True).signatures()[0].clusters  # doctest: +SKIP
     ['etl-nightly', 'etl-backfill']
+    >>> failures.deaths(since="1h")                          # doctest: +SKIP
+    [<Death 2026-05-01 14:03:07 oom_kill killer=kernel worker=tcp://10.0.3.11:40211 ...>]
     >>> failures.events(cause="oom_kill", since="1h", limit=10)   # doctest: +SKIP
     [<FailureEvent 2026-05-01 14:03:07 oom_kill shard=('load', 17) attempt=2 pipeline=etl ...>]
     >>> failures.pipeline("etl").summary                      # doctest: +SKIP
@@ -251,6 +257,49 @@ class Failures:
             self._hint(pipeline=pipeline, signature=signature)
         return EventList((FailureEvent.from_dict(r) for r in rows), "newest first")
 
+    def deaths(
+        self,
+        *,
+        cause: str | None = None,
+        killer: str | None = None,
+        pipeline: str | None = None,
+        shard: Any = None,
+        signature: str | None = None,
+        worker: str | None = None,
+        since: float | str | datetime.datetime | datetime.timedelta | None = None,
+        limit: int | None = _DEATHS_LIMIT,
+    ) -> DeathList:
+        """Worker deaths, one row each, newest first, matching every filter given: each a
+        `Death` with its cause, killer, evidence, signature and its tasks, each with its
+        role (`Role`: culprit, suspect, displaced, queued) and pipeline. A death is counted
+        here once, as in `oomguard_worker_deaths_total` and in its signature's count; task
+        exceptions are not deaths (`events(kind="user")`).
+
+        ``shard`` and ``pipeline`` match a death among whose tasks they are, whatever the
+        role: a shard displaced by another pipeline's crash finds that death too (its role
+        there says so). The other filters are as for `events`.
+
+        >>> [d.cause for d in failures.deaths(pipeline="etl", since="1d")]  # doctest: +SKIP
+        ['oom_kill', 'oom_kill']
+        >>> failures.deaths()[0].with_role(Role.DISPLACED)     # doctest: +SKIP
+        (Task(key="('agg', 3)", ..., role=<Role.DISPLACED: 'displaced'>, pipeline='report'),)
+        """
+        rows = self._pages(
+            "deaths",
+            _filters.limit(limit),
+            _before,
+            cause=_filters.cause(cause),
+            killer=_filters.killer(killer),
+            pipeline=_filters.text(pipeline, "pipeline"),
+            shard=_filters.shard(shard),
+            signature=_filters.text(signature, "signature", "a signature id"),
+            worker=_filters.text(worker, "worker", "a worker's address"),
+            since=_filters.since(since),
+        )
+        if not rows:
+            self._hint(pipeline=pipeline, signature=signature)
+        return DeathList((Death.from_dict(r) for r in rows), "newest first")
+
     def _unknown(self, field: str, value: str) -> str | None:
         """Why a filter on `field` ("pipeline", "signature") matched nothing, when the
         history has no such name at all; None when it has (other filters narrowed)."""
@@ -359,7 +408,7 @@ class Failures:
 
 
 def _before(page: list[dict[str, Any]]) -> dict[str, Any]:
-    """The cursor of the events after `page` (newest first)."""
+    """The cursor of the events (or deaths) after `page` (newest first)."""
     return {"before": [page[-1]["time"], page[-1]["id"]]}
 
 

@@ -16,6 +16,7 @@ import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, NamedTuple
 
+from .._death.record import BLAMED, Death, Role
 from .._display import cell, clock, html_table, quantity, utc_offset
 from .._models import FailureEvent, PipelineStatus, SignatureRow
 
@@ -128,6 +129,44 @@ class EventList(_Table):
         Column("signature", lambda e: e.signature_id, 24),
         Column("title", lambda e: e.signature_title, 60),
         Column("summary", _summary, 300, prose=True),
+    )
+
+
+def blamed(d: Death) -> str:
+    """The tasks a death is blamed on: its culprit, or its suspects."""
+    return ", ".join(t.key for t in d.tasks if t.role in BLAMED)
+
+
+def tasks_by_role(d: Death, roles: tuple[Role, ...] = tuple(Role)) -> str:
+    """A death's tasks of `roles`, counted, with their pipelines:
+    "1 culprit (etl); 2 displaced (report); 1 queued"."""
+    parts = []
+    for role in roles:
+        tasks = d.with_role(role)
+        n = len(tasks) + d.more.get(role.value, 0)
+        if n:
+            pipelines = ", ".join(sorted({t.pipeline for t in tasks if t.pipeline}))
+            parts.append(f"{n} {role.value}" + (f" ({pipelines})" if pipelines else ""))
+    return "; ".join(parts)
+
+
+class DeathList(_Table):
+    """Worker deaths: `Failures.deaths()`, newest first, one row per death."""
+
+    noun = "worker death"
+    record = Death
+    times = ("time",)
+    columns = (
+        Column("time", lambda d: clock(d.time)),
+        Column("cause", lambda d: d.cause),
+        Column("killer", lambda d: d.killer.name if d.killer else ""),
+        Column("worker", lambda d: d.worker, 40),
+        Column("blamed", blamed, 80),
+        Column("pipelines", lambda d: _joined(sorted({t.pipeline for t in d.tasks} - {""})), 40),
+        Column("without blame", lambda d: tasks_by_role(d, (Role.DISPLACED, Role.QUEUED)), 80),
+        Column("signature", lambda d: d.signature_id, 24),
+        Column("title", lambda d: d.signature_title, 60),
+        Column("summary", lambda d: _summary(d), 300, prose=True),
     )
 
 

@@ -16,12 +16,16 @@ default) and ``wire=False`` (decided by the scheduler, never sent by a nanny).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from .._causes import Cause, Confidence, Killer, Known
+from .._display import clock, shorten
 
 IDENT_MAX = 256
 KEY_MAX = 1024
@@ -227,6 +231,142 @@ class Death:
 
     def with_role(self, role: Role) -> tuple[Task, ...]:
         return tuple(t for t in self.tasks if t.role is role)
+
+    def __repr__(self) -> str:
+        """<Death 2026-05-01 14:03:07 oom_kill killer=kernel worker=tcp://10.0.3.11:40211
+        culprit=('load', 17) tasks=3>, one line: the culprit, or how many suspects."""
+        killer = f" killer={shorten(self.killer.name, 16)}" if self.killer else ""
+        culprits = self.with_role(Role.CULPRIT)
+        suspects = self.with_role(Role.SUSPECT)
+        if len(culprits) == 1:
+            blamed = f" culprit={shorten(culprits[0].key, 48) or repr('')}"
+        else:
+            blamed = f" suspects={len(culprits) + len(suspects)}" if culprits or suspects else ""
+        tasks = len(self.tasks) + sum(self.more.values())
+        return (
+            f"<Death {clock(self.time)} {shorten(self.cause, 20)}{killer} "
+            f"worker={shorten(self.worker, 32) or repr('')}{blamed} tasks={tasks}>"
+        )
+
+    def to_dict(self, *, compact: bool = False) -> dict[str, Any]:
+        """Plain data (JSON and msgpack): every field, records as dicts, tuples as lists;
+        `compact`: fields at their default left out (as a store keeps it), which
+        `from_dict` reads back as they were."""
+        return _plain(self, compact)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Death:
+        """The death `to_dict` wrote, read leniently, as a history may hold one written by an
+        older or newer oomguard: unknown keys are ignored, a missing or malformed value is
+        the field's default (a record that cannot be read, None).
+
+        >>> Death.from_dict({"cause": "oom_kill", "tasks": [{"key": "x", "role": "culprit",
+        ...                  "future": 1}], "killer": {"name": "kernel"}}).tasks[0].role
+        <Role.CULPRIT: 'culprit'>
+        """
+        return _lenient(cls, d)
+
+
+_ATOMS = frozenset({str, int, float, bool, type(None)})
+
+
+def _plain(value: Any, compact: bool = False) -> Any:
+    if type(value) in _ATOMS:
+        return value
+    if dataclasses.is_dataclass(value):
+        out = {}
+        for f in dataclasses.fields(value):
+            v = getattr(value, f.name)
+            if not (compact and _is_default(f, v)):
+                out[f.name] = _plain(v, compact)
+        return out
+    if isinstance(value, tuple | list):
+        return [_plain(v, compact) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v, compact) for k, v in value.items()}
+    if isinstance(value, str) and type(value) is not str:
+        return str.__str__(value)  # an enum's value
+    return value
+
+
+def _is_default(f: dataclasses.Field, v: Any) -> bool:
+    if f.default is not dataclasses.MISSING:
+        return type(v) is type(f.default) and v == f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return v == f.default_factory()
+    return False
+
+
+_BAD = object()  # a value that does not fit its field: the field keeps its default
+
+
+def _lenient(cls: type, d: Any) -> Any:
+    if not isinstance(d, Mapping):
+        raise TypeError(f"a {cls.__name__} is a mapping, not {type(d).__name__}")
+    fields, out = _fields(cls), {}
+    for name, value in d.items():
+        field = fields.get(name)
+        if field is None:
+            continue  # a newer oomguard's
+        plain, read = field
+        if type(value) is plain:  # the usual case, read as it is
+            out[name] = value
+        elif (v := read(value)) is not _BAD:
+            out[name] = v
+    return cls(**out)  # TypeError when a field without a default is missing
+
+
+@functools.cache
+def _fields(cls: type) -> dict[str, tuple[type | None, Any]]:
+    """{name: (the plain type its value has as it is, or None; its reader)} of a record
+    type's fields, made once."""
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        plain = [a for a in (*typing.get_args(tp), tp) if a in (str, int, float, bool)]
+        out[f.name] = (plain[0] if plain else None, _reader(tp))
+    return out
+
+
+@functools.cache
+def _reader(tp: Any) -> Any:
+    """A function that reads a value as type `tp`, or returns _BAD."""
+    args = typing.get_args(tp)
+    if type(None) in args:
+        inner = _reader(next(a for a in args if a is not type(None)))
+        return lambda v: None if v is None else inner(v)
+    if dataclasses.is_dataclass(tp):
+
+        def record(v: Any) -> Any:
+            try:
+                return _lenient(tp, v)
+            except (TypeError, ValueError):
+                return _BAD
+
+        return record
+    origin = typing.get_origin(tp)
+    if origin is tuple and args[-1] is not Ellipsis:  # a Frame: (filename, lineno, function)
+        return lambda v: tuple(v) if isinstance(v, list | tuple) and len(v) == len(args) else _BAD
+    if origin is tuple:
+        item = _reader(args[0])
+
+        def items(v: Any) -> Any:
+            if not isinstance(v, list | tuple):
+                return _BAD
+            return tuple(x for x in map(item, v) if x is not _BAD)
+
+        return items
+    if origin is Mapping:
+        return lambda v: dict(v) if isinstance(v, Mapping) else _BAD
+    if isinstance(tp, type) and issubclass(tp, StrEnum):
+        known = tp._value2member_map_
+        return lambda v: known.get(v, _BAD) if isinstance(v, str) else _BAD
+    if tp is float:
+        return lambda v: float(v) if type(v) in (int, float) and math.isfinite(v) else _BAD
+    if tp in (str, int, bool):
+        return lambda v: v if type(v) is tp else _BAD
+    return lambda v: v if not isinstance(v, Mapping | list) else _BAD  # pragma: no cover
 
 
 #: The wire name of a field that the record calls otherwise (schema 1 kept its names).

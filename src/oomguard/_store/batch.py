@@ -1,12 +1,13 @@
 """One transaction of the store's writer: a batch of queued items (see `items`) inserted,
-with the signature, member and retention updates done by SQLite."""
+with the death, signature, member and retention updates done by SQLite."""
 
 from __future__ import annotations
 
 import sqlite3
 from typing import NamedTuple
 
-from .items import CLUSTER, ROW
+from . import deaths as _deaths
+from .items import DEATH_ROW, ROW
 from .schema import PIPELINE_COLUMNS
 
 
@@ -14,12 +15,12 @@ class _MultiRow:
     """An INSERT of many rows per statement: each sqlite3 step releases and retakes the
     GIL, so 10,000 single-row steps would fight the event loop's thread 10,000 times."""
 
-    def __init__(self, head: str, columns: int) -> None:
+    def __init__(self, head: str, columns: int, tail: str = "") -> None:
         # 999: the oldest SQLITE_MAX_VARIABLE_NUMBER still shipped (before SQLite 3.32).
         self.rows = max(1, min(100, 999 // columns))
         one = "(" + ", ".join("?" * columns) + ")"
-        self.single = f"{head} {one}"
-        self.many = f"{head} {', '.join([one] * self.rows)}"
+        self.single = f"{head} {one}{tail}"
+        self.many = f"{head} {', '.join([one] * self.rows)}{tail}"
 
 
 def _insert(conn: sqlite3.Connection, stmt: _MultiRow, rows: list[tuple]) -> None:
@@ -31,32 +32,32 @@ def _insert(conn: sqlite3.Connection, stmt: _MultiRow, rows: list[tuple]) -> Non
         conn.executemany(stmt.single, rows[full:])
 
 
-# A worker's address is only unique within its cluster: the amend's cluster narrows them.
-_LOST_EVENTS = (
-    "SELECT id, signature_id FROM events WHERE worker = :worker AND cluster = :cluster"
-    " AND cause = 'worker_lost' AND time = (SELECT max(time) FROM events"
-    " WHERE worker = :worker AND cluster = :cluster AND cause = 'worker_lost')"
-)
-_LOST_EVENTS_AT = (
-    "SELECT id, signature_id FROM events WHERE worker = :worker AND cluster = :cluster"
-    " AND cause = 'worker_lost' AND time = :time"
-)
 _INSERT_EVENT = _MultiRow(
     "INSERT INTO events (time, kind, cause, shard, pipeline, worker, host, signature_id,"
     " signature_title, evidence, attempt, grouping_version, killer, killer_how,"
-    " killer_confidence, killer_summary, cluster) VALUES",
+    " killer_confidence, killer_summary, cluster, death) VALUES",
     ROW,
 )
-# Per batch: one row per signature of the events with id > ?; title and grouping version
-# from the batch's latest event. NOT INDEXED: a rowid range scan, not a full index scan.
+# A death already stored under its (cluster, id) is not inserted again (`BatchDeaths`).
+_INSERT_DEATH = _MultiRow(_deaths.INSERT_DEATH, DEATH_ROW, " ON CONFLICT (cluster, id) DO NOTHING")
+# What a batch adds to its signatures: each death once (with seq > :dlast; its events name
+# it and count nothing), each event that has no death once (id > :last: task exceptions,
+# and events stored without a death). k orders them: the latest event (else death) gives
+# the title and grouping version. NOT INDEXED: a rowid range scan, not a full index scan.
+_SIGHTINGS = """WITH s AS (
+    SELECT signature_id, signature_title, grouping_version, time, id AS k, death = '' AS n
+    FROM events NOT INDEXED WHERE id > :last
+    UNION ALL
+    SELECT signature_id, signature_title, grouping_version, time, -seq, 1
+    FROM deaths WHERE seq > :dlast)"""
 # ("WHERE true" tells the parser that ON CONFLICT is not part of the join.)
-_UPSERT_SIGNATURES = """
+_UPSERT_SIGNATURES = f"""{_SIGHTINGS}
     INSERT INTO signatures (id, title, grouping_version, count, first_seen, last_seen, example)
-    SELECT e.signature_id, e.signature_title, e.grouping_version, g.n, g.t0, g.t1, ''
-    FROM (SELECT signature_id, count(*) AS n, min(time) AS t0, max(time) AS t1,
-                 max(id) AS latest
-          FROM events NOT INDEXED WHERE id > ? GROUP BY signature_id) AS g
-    JOIN events AS e ON e.id = g.latest
+    SELECT s.signature_id, s.signature_title, s.grouping_version, g.n, g.t0, g.t1, ''
+    FROM (SELECT signature_id, sum(n) AS n, min(time) AS t0, max(time) AS t1,
+                 max(k) AS latest
+          FROM s GROUP BY signature_id) AS g
+    JOIN s ON s.signature_id = g.signature_id AND s.k = g.latest
     WHERE true
     ON CONFLICT (id) DO UPDATE SET
         count = count + excluded.count,
@@ -65,9 +66,9 @@ _UPSERT_SIGNATURES = """
         title = excluded.title,
         grouping_version = excluded.grouping_version
 """
-# The signatures of the events with id > ? that have no row yet: the count to add.
-_NEW_SIGNATURES = """SELECT count(DISTINCT signature_id) FROM events NOT INDEXED
-    WHERE id > ? AND signature_id NOT IN (SELECT id FROM signatures)"""
+# The signatures of the batch that have no row yet: the count to add.
+_NEW_SIGNATURES = f"""{_SIGHTINGS} SELECT count(DISTINCT signature_id) FROM s
+    WHERE signature_id NOT IN (SELECT id FROM signatures)"""
 _OLDEST_SIGNATURES = "SELECT id FROM signatures ORDER BY last_seen, id LIMIT ?"
 _SET_EXAMPLE = "UPDATE signatures SET example = ? WHERE id = ? AND example = ''"
 # Per batch, the members of the events with id > ? that are not stored yet go through the
@@ -126,34 +127,54 @@ class Limits(NamedTuple):
     """What a commit needs of its store: the counts before it, and the bounds."""
 
     events: int  # events in the file
+    deaths: int  # deaths in the file
     signatures: int  # signature rows in the file
     member_rows: int
     max_pipelines: int
-    max_events: int
+    max_events: int  # events, and deaths, kept at most
     max_signatures: int
     ships: bool = False  # a spool: deletions of events are recorded for the history
 
 
+class Counts(NamedTuple):
+    """What is in the file after a commit, and the events it wrote."""
+
+    events: int
+    deaths: int
+    signatures: int
+    written: int
+
+
 class ShipMark(NamedTuple):
     """What a spool's shipper has in the history: the events up to id `sent`, these
-    deletions (seq, event id) and these pipeline runs (cluster, name, started, updated)."""
+    deletions (seq, event id), these pipeline runs (cluster, name, started, updated) and
+    the deaths up to seq `deaths` (0: not moved)."""
 
     sent: int
     deletes: list[tuple]
     runs: list[tuple]
+    deaths: int = 0
 
     def merge(self, newer: ShipMark | None) -> ShipMark:
         if newer is None:
             return self
         return ShipMark(
-            max(self.sent, newer.sent), self.deletes + newer.deletes, self.runs + newer.runs
+            max(self.sent, newer.sent),
+            self.deletes + newer.deletes,
+            self.runs + newer.runs,
+            max(self.deaths, newer.deaths),
         )
 
 
 def apply_mark(conn: sqlite3.Connection, mark: ShipMark) -> None:
     """Move a spool's marks past what was shipped, inside the caller's transaction. A run
     updated since it was sent keeps `shipped = 0`: its `updated` no longer matches."""
-    conn.execute("INSERT OR REPLACE INTO ship_state VALUES ('sent', ?)", (str(mark.sent),))
+    if mark.sent:  # 0: a mark of deaths only
+        conn.execute("INSERT OR REPLACE INTO ship_state VALUES ('sent', ?)", (str(mark.sent),))
+    if mark.deaths:
+        conn.execute(
+            "INSERT OR REPLACE INTO ship_state VALUES ('deaths_sent', ?)", (str(mark.deaths),)
+        )
     # By (seq, event id): a seq is reused once its row is gone, an event id never.
     conn.executemany("DELETE FROM ship_deletes WHERE seq = ? AND event_id = ?", mark.deletes)
     conn.executemany(
@@ -165,81 +186,57 @@ def apply_mark(conn: sqlite3.Connection, mark: ShipMark) -> None:
 
 def commit_batch(
     conn: sqlite3.Connection, items: list[tuple], limits: Limits, mark: ShipMark | None = None
-) -> tuple[int, int, int]:
-    """Commit `items` in one transaction: (events, signatures) in the file after it, and
-    the events written. Raises, rolled back, when it fails. `mark`: the shipper's, moved in
-    the same transaction (see pg/ship.py).
+) -> Counts:
+    """Commit `items` in one transaction; raises, rolled back, when it fails. `mark`: the
+    shipper's, moved in the same transaction (see pg/ship.py).
 
     Retention, in the same transaction: past `max_pipelines` runs the least recently updated
-    finished ones go; past `max_events` the oldest events; past `max_signatures` the least
-    recently seen signatures with their members (their events stay, until max-events).
+    finished ones go; past `max_events` the oldest events, and the oldest deaths; past
+    `max_signatures` the least recently seen signatures with their members (their events
+    stay, until max-events).
     """
     events: list[tuple] = []
     pipelines: list[tuple] = []
-    amends: list[tuple] = []
-    lost: set[tuple[str, str]] = set()  # (worker, cluster) with a worker_lost event here
+    deaths = _deaths.BatchDeaths()
     examples: dict[str, str] = {}
     for item in items:  # as little Python per item as possible: it holds the GIL
         n = len(item)
         if n == ROW:
             events.append(item)
-            if item[2] == "worker_lost":
-                lost.add((item[5], item[CLUSTER]))
-        elif n == 3:  # ("amend", event item, lost_at)
-            who = (item[1][5], item[1][CLUSTER])  # (worker, cluster)
-            when = item[2]
-            if who in lost:  # its worker_lost events may be in this very batch
-                mine = [
-                    e[0] for e in events if (e[5], e[CLUSTER]) == who and e[2] == "worker_lost"
-                ]
-                when = max(mine) if when is None else when
-                if when in mine:
-                    events = [
-                        e
-                        for e in events
-                        if (e[5], e[CLUSTER]) != who or e[2] != "worker_lost" or e[0] != when
-                    ]
-                    when = None
-            if when is not None or who not in lost:
-                amends.append((*who, when))
-            events.append(item[1][:ROW])
-            if len(item[1]) == ROW + 1:
-                examples.setdefault(item[1][7], item[1][ROW])
         elif n == ROW + 1:  # an event with an example trace (see event_item)
             events.append(item[:ROW])
             examples.setdefault(item[7], item[ROW])
+        elif n == 4:  # a death with its events (see death_item)
+            deaths.take(item, events, examples)
         else:
             pipelines.append(item[0])
-    count = limits.events + len(events)
+    count, dead = limits.events, limits.deaths
     signatures = limits.signatures
     try:
         conn.execute("BEGIN IMMEDIATE")
         if mark is not None:
             apply_mark(conn, mark)
-        # The single writer: every id above `last` is an event of this batch. The
-        # signature and member updates are computed from them by SQLite, which does the
-        # work without holding the GIL (the event loop's thread needs it).
+        # The single writer: every id above `last` (seq above `dlast`) is of this batch.
+        # The death, signature and member updates are computed from them by SQLite, which
+        # does the work without holding the GIL (the event loop's thread needs it).
         last = conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
-        for worker, cluster, lost_at in amends:
-            # The death's worker_lost events go; the amended one is inserted below.
-            who = {"worker": worker, "cluster": cluster, "time": lost_at}
-            replaced = conn.execute(
-                _LOST_EVENTS if lost_at is None else _LOST_EVENTS_AT, who
-            ).fetchall()
-            conn.executemany("DELETE FROM events WHERE id = ?", [(i,) for i, _ in replaced])
-            if limits.ships:
-                conn.executemany(
-                    "INSERT INTO ship_deletes (event_id) VALUES (?)", [(i,) for i, _ in replaced]
-                )
-            conn.executemany(
-                "UPDATE signatures SET count = count - 1 WHERE id = ?",
-                [(sid,) for _, sid in replaced],
-            )
-            count -= len(replaced)
+        dlast = conn.execute("SELECT coalesce(max(seq), 0) FROM deaths").fetchone()[0]
+        if deaths.replace:
+            gone, went = _deaths.replace_stored(conn, deaths.replace, limits.ships)
+            count -= gone
+            dead -= went
+        if deaths.rows:
+            _insert(conn, _INSERT_DEATH, list(deaths.rows.values()))
+            repeats = deaths.repeats(conn, dlast)
+            dead += len(deaths.rows) - len(repeats)
+            events = deaths.keep(events, repeats)
+            _deaths.insert_tasks(conn, dlast)
         _insert(conn, _INSERT_EVENT, events)
-        if events:
-            signatures += conn.execute(_NEW_SIGNATURES, (last,)).fetchone()[0]
-            conn.execute(_UPSERT_SIGNATURES, (last,))
+        count += len(events)
+        if events or deaths.rows:
+            at = {"last": last, "dlast": dlast}
+            signatures += conn.execute(_NEW_SIGNATURES, at).fetchone()[0]
+            conn.execute(_UPSERT_SIGNATURES, at)
             conn.executemany(_SET_EXAMPLE, [(ex, sid) for sid, ex in examples.items()])
             members = {"last": last, "rows": limits.member_rows}
             for statement in _MEMBERS:
@@ -262,6 +259,8 @@ def commit_batch(
                 (count - limits.max_events,),
             )
             count -= cur.rowcount
+        if dead > limits.max_events:
+            dead -= _deaths.forget_oldest(conn, dead - limits.max_events)
         if signatures > limits.max_signatures:
             signatures -= _forget_signatures(conn, signatures - limits.max_signatures)
         conn.execute("COMMIT")
@@ -271,7 +270,7 @@ def commit_batch(
         except sqlite3.Error:
             pass
         raise
-    return count, signatures, len(events)
+    return Counts(count, dead, signatures, len(events))
 
 
 def _forget_signatures(conn: sqlite3.Connection, n: int) -> int:

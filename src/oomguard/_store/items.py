@@ -1,14 +1,16 @@
-"""The queued form of a write: a FailureEvent or a PipelineStatus checked and encoded on
-the caller's thread (a bad field is refused there, naming it), so the writer thread only
-inserts tuples of atomics. Every text is made safe here, the store's one door
-(`oomguard._safe_text`): names printable and bounded, prose and evidence without control
-characters, so no row can break a batch of the spool or of the PostgreSQL history."""
+"""The queued form of a write: a FailureEvent, a death with its events, or a PipelineStatus
+checked and encoded on the caller's thread (a bad field is refused there, naming it), so the
+writer thread only inserts tuples of atomics. Every text is made safe here, the store's one
+door (`oomguard._safe_text`): names printable and bounded, prose and evidence without
+control characters, so no row can break a batch of the spool or of the PostgreSQL history."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
+from .._death.record import Death
 from .._models import FailureEvent, PipelineStatus
 from .._safe_text import EXAMPLE_CHARS, safe_name, safe_text, safe_value
 
@@ -23,14 +25,15 @@ _TEXT_FIELDS = (
     "signature_title",
 )
 #: After grouping_version, in the column order of batch._INSERT_EVENT: who ended the
-#: worker (issue 26), the cluster (issue 29; last, so CLUSTER is the row's last index).
-_LATER_FIELDS = ("killer", "killer_how", "killer_confidence", "killer_summary", "cluster")
+#: worker (issue 26), the cluster (issue 29) and the death it is part of (issue 38).
+_LATER_FIELDS = ("killer", "killer_how", "killer_confidence", "killer_summary", "cluster", "death")
 #: Prose, not a name: kept with its lines, and longer.
 _PROSE_FIELDS = frozenset({"killer_summary"})
 #: An events row's length; an item with an example trace has one more.
 ROW = 1 + len(_TEXT_FIELDS) + 3 + len(_LATER_FIELDS)
-#: The index of the cluster in an events row.
-CLUSTER = ROW - 1
+#: The index of the cluster, and of the death's id, in an events row.
+CLUSTER = ROW - 2
+DEATH = ROW - 1
 _PIPELINE_INT_FIELDS = (
     "shards_done",
     "shards_failed",
@@ -82,6 +85,84 @@ def event_item(e: FailureEvent, grouping_version: Any, example: Any) -> tuple:
 
 
 _encode_json = json.JSONEncoder(separators=(",", ":")).encode
+_encode_strict = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
+#: A death's row, in the column order of deaths.INSERT_DEATH.
+DEATH_COLUMNS = (
+    "id, cluster, time, worker, host, cause, killer, signature_id, signature_title, "
+    "grouping_version, record"
+)
+DEATH_ROW = DEATH_COLUMNS.count(",") + 1
+
+
+def death_item(
+    death: Death, events: Any, grouping_version: Any, example: Any, amend: Any
+) -> tuple:
+    """The queued form of a decided death and the events of the tasks it is blamed on:
+    (the deaths row, the events rows, the example, amend). Each event must name the death
+    (its `death` is the death's id, its cluster the death's)."""
+    if not isinstance(death, Death):
+        raise TypeError(f"expected a Death, got {type(death).__name__}")
+    if type(amend) is not bool:
+        raise TypeError(f"amend must be True or False, got {amend!r}")
+    if not isinstance(events, list | tuple):
+        raise TypeError(f"events must be a list of FailureEvent, got {type(events).__name__}")
+    texts = []
+    for name in ("id", "cluster", "worker", "host", "cause", "signature_id", "signature_title"):
+        value = getattr(death, name)
+        if not isinstance(value, str):
+            raise TypeError(f"field 'death.{name}' must be a str, got {type(value).__name__}")
+        texts.append(safe_name(str.__str__(value)))
+    if not death.id:
+        raise ValueError("field 'death.id' is empty: a death is stored by its id")
+    t = death.time
+    if isinstance(t, bool) or not isinstance(t, int | float) or t != t:
+        raise TypeError(f"field 'death.time' must be seconds since the epoch, got {t!r}")
+    killer = death.killer.name if death.killer is not None else ""
+    if not isinstance(killer, str):
+        raise TypeError(f"field 'death.killer.name' must be a str, got {killer!r}")
+    rows = tuple(event_item(e, grouping_version, "") for e in events)
+    for i, row in enumerate(rows):
+        if row[DEATH] != death.id or row[CLUSTER] != texts[1]:
+            raise ValueError(
+                f"event {i} (field 'death' {row[DEATH]!r}, 'cluster' {row[CLUSTER]!r}) does "
+                f"not name the death {death.id!r} of cluster {texts[1]!r}"
+            )
+    if type(grouping_version) is not int:
+        raise TypeError(f"grouping_version must be an int, got {grouping_version!r}")
+    if type(example) is not str:
+        raise TypeError(f"example must be a str, got {type(example).__name__}")
+    identity, cluster, worker, host, cause, sig, title = texts
+    row = (identity, cluster, float(t), worker, host, cause, safe_name(killer), sig, title)
+    return ((*row, grouping_version, _death_json(death)), rows, example, amend)
+
+
+def _death_json(death: Death) -> str:
+    """The death as stored: no crash text, no stacks (the trace stays with its signature),
+    no field at its default; its tasks' names as their events keep them (`safe_name`), every
+    other text safe. A value JSON cannot hold is refused, naming its field."""
+    tasks = tuple(
+        dataclasses.replace(
+            t,
+            stack=None,
+            key=safe_name(t.key),
+            prefix=safe_name(t.prefix),
+            pipeline=safe_name(t.pipeline),
+        )
+        for t in death.tasks
+    )
+    crash = dataclasses.replace(death.crash, text="") if death.crash is not None else None
+    d = dataclasses.replace(death, tasks=tasks, crash=crash).to_dict(compact=True)
+    d = safe_value(d, None)
+    try:
+        return _encode_strict(d)
+    except (TypeError, ValueError):
+        for name, value in d.items():
+            try:
+                _encode_strict(value)
+            except (TypeError, ValueError) as err:
+                raise TypeError(f"field 'death.{name}' is not JSON-serialisable: {err}") from None
+        raise
 
 
 def pipeline_row(p: PipelineStatus, updated: float) -> tuple:

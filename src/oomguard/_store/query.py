@@ -1,6 +1,7 @@
 """The read queries both stores run, written once: SQL text and its parameters for the
-filters and pages of events, one shard's history, the signature filters and the names a
-filter could have meant, in the dialect of SQLite (sqlite3) or PostgreSQL (psycopg).
+filters and pages of events and deaths, one shard's history, the signature filters and the
+names a filter could have meant, in the dialect of SQLite (sqlite3) or PostgreSQL
+(psycopg).
 
 Pure: nothing here runs a query. Each store passes its `Dialect` and runs what comes back.
 """
@@ -14,7 +15,11 @@ from typing import Any
 EVENT_COLUMNS = (
     "id, time, kind, cause, shard, pipeline, worker, host, signature_id, "
     "signature_title, evidence, attempt, killer, killer_how, killer_confidence, killer_summary, "
-    "cluster"
+    "cluster, death"
+)
+#: A death's columns as `deaths.death_from_row` reads them.
+DEATH_READ_COLUMNS = (
+    "id, cluster, time, worker, host, cause, signature_id, signature_title, record"
 )
 #: The member field codes a signature filter looks in (see schema.MEMBER_FIELDS).
 _SIGNATURE_FILTERS = (("cause", 4), ("pipeline", 3), ("cluster", 5))
@@ -22,15 +27,19 @@ _SIGNATURE_FILTERS = (("cause", 4), ("pipeline", 3), ("cluster", 5))
 
 @dataclass(frozen=True)
 class Dialect:
-    """How a backend writes parameters, and where a death's suspects are.
+    """How a backend writes parameters, and where a death's suspects and tasks are.
 
     `or_suspect`: for "shard" and "pipeline", the column's value, or (for the one event of
     a death that named no shard) one of the suspects in its evidence; two parameters each.
+    `among_tasks`: for "shard" and "pipeline", a death among whose tasks the value is; one
+    parameter, made by `task_value`.
     """
 
     mark: str  # a positional parameter: "?" or "%s"
     named: Callable[[str], str]  # a named one: ":x" or "%(x)s"
     or_suspect: Mapping[str, str]
+    among_tasks: Mapping[str, str]
+    task_value: Callable[[str, str], Any] = lambda field, value: value
 
 
 def events(
@@ -77,6 +86,53 @@ def events(
         where.append(f"time <= {m} AND (time < {m} OR id < {m})")
         args += [before[0], before[0], before[1]]
     sql = f"SELECT {EVENT_COLUMNS} FROM events"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    return sql + f" ORDER BY time DESC, id DESC LIMIT {m}", [*args, limit]
+
+
+def deaths(
+    d: Dialect,
+    *,
+    cluster: str | None,
+    since: float | None,
+    cause: str | None,
+    killer: str | None,
+    signature: str | None,
+    worker: str | None,
+    shard: str | None,
+    pipeline: str | None,
+    before: tuple[float, str] | None,
+    limit: int | None,
+    columns: str = DEATH_READ_COLUMNS,
+) -> tuple[str, list[Any]]:
+    """Deaths matching every filter given, newest first (by time, then id); a shard or a
+    pipeline among their tasks; `before` (time, id) of the last death of the previous page
+    gives the next page. `columns`: what to read of each (all `death_from_row` reads)."""
+    m = d.mark
+    where: list[str] = []
+    args: list[Any] = []
+    for column, value in (
+        ("cluster", cluster),
+        ("cause", cause),
+        ("killer", killer),
+        ("signature_id", signature),
+        ("worker", worker),
+    ):
+        if value is not None:
+            where.append(f"{column} = {m}")
+            args.append(value)
+    for field, value in (("shard", shard), ("pipeline", pipeline)):
+        if value is not None:
+            where.append(d.among_tasks[field])
+            args.append(d.task_value(field, value))
+    if since is not None:
+        where.append(f"time >= {m}")
+        args.append(since)
+    if before is not None:
+        where.append(f"time <= {m} AND (time < {m} OR id < {m})")
+        args += [before[0], before[0], before[1]]
+    sql = f"SELECT {columns} FROM deaths"
     if where:
         sql += " WHERE " + " AND ".join(where)
     return sql + f" ORDER BY time DESC, id DESC LIMIT {m}", [*args, limit]

@@ -1,20 +1,24 @@
-"""The reads of a FailureStore: queries on the caller's thread, each read with a read-only
-connection of its own while it runs (taken from the store's idle ones, opened when none is
-idle: as many as reads ever ran at once, not one per thread that ever read, so a thread
-pool's new threads open no new descriptors); the file is in WAL mode, so a read never waits
-for the writer."""
+"""The reads of a FailureStore, on the caller's thread, each with a read-only connection
+while it runs: an idle one, or a new one (as many as ever ran at once, not one per thread
+that ever read); in WAL mode a read never waits for the writer."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import logging
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator
 
+from .._death.record import Death
 from .._models import FailureEvent, PipelineStatus, SignatureRow
 from . import query
+from .deaths import death_from_row
 from .schema import MEMBER_FIELDS, PIPELINE_COLUMNS, connect
+
+logger = logging.getLogger("oomguard.store")
 
 # A death without a report that named no shard is stored under shard '' (and pipeline ''
 # when its suspects ran in several), its suspects in the evidence: a filter on a shard or a
@@ -25,7 +29,12 @@ _OR_SUSPECT = {
     "pipeline": "(pipeline = ? OR (pipeline = '' AND shard = '' AND EXISTS (SELECT 1 FROM "
     "json_each(evidence, '$.suspect_pipelines') WHERE value = ?)))",
 }
-SQLITE = query.Dialect("?", lambda name: f":{name}", _OR_SUSPECT)
+# A death's tasks (`death_tasks`): its culprit, suspects, displaced and queued tasks alike.
+_AMONG_TASKS = {
+    "shard": "seq IN (SELECT death FROM death_tasks WHERE shard = ?)",
+    "pipeline": "seq IN (SELECT death FROM death_tasks WHERE pipeline = ?)",
+}
+SQLITE = query.Dialect("?", lambda name: f":{name}", _OR_SUSPECT, _AMONG_TASKS)
 # Each member list comes back as one JSON array: one row per signature, not one per member.
 _SELECT_SIGNATURE = (
     "SELECT id, title, grouping_version, count, first_seen, last_seen, example, "
@@ -52,7 +61,7 @@ def _read(method):
         try:
             return method(self, *args, **kwargs)
         finally:
-            conn = self._local.conn if outer else None
+            conn = getattr(self._local, "conn", None) if outer else None
             if outer:
                 self._local.conn = None
             with self._lock:
@@ -64,22 +73,61 @@ def _read(method):
     return read
 
 
-class ReaderMixin:
-    """events(), shard(), signatures(), signature(), distinct_counts() and the pipeline reads
-    of a FailureStore. FailureStore.__init__ sets the state below; close() waits for the
-    reads in progress (`_reads`) before it closes their connections (`_readers`)."""
+class Reader:
+    """The reads of a FailureStore: events(), deaths(), shard(), signatures(), signature(),
+    distinct_counts(), totals(), known() and the pipeline reads, each on the caller's
+    thread with that thread's own read-only connection. It owns those connections and
+    counts the reads in progress, which `close` waits for before closing them (closing one
+    under a running query crashes the process)."""
 
-    path: str
-    member_cap: int
-    _file: str
-    _lock: threading.Lock
-    _closed: bool
-    _thread: threading.Thread | None
-    _local: threading.local
-    _readers: list[sqlite3.Connection]
-    _idle: list[sqlite3.Connection]  # readers no read uses now
-    _reads: int
-    _reads_done: threading.Condition
+    #: Longest list returned per SignatureRow field; distinct_counts() has the true numbers.
+    member_cap: int = 1000
+
+    def __init__(self, path: str) -> None:
+        self.path = path  # as the store was given it, for messages
+        self._file = ""  # the file, once `open`
+        self._lock = threading.Lock()
+        self._open = False
+        self._closed = False
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+        self._idle: list[sqlite3.Connection] = []  # readers no read uses now
+        self._reads = 0  # in progress, on any thread
+        self._reads_done = threading.Condition(self._lock)
+
+    def open(self, file: str) -> None:
+        """Reads may start: the store's file exists, migrated. The first reader opens now,
+        with the store's other descriptors: what starts later (a worker joining, a query)
+        finds it idle instead of opening one of its own."""
+        self._file = file
+        self._open = True
+        with contextlib.suppress(sqlite3.Error):  # else the first read opens it
+            self._idle.append(self._open_reader())
+
+    def refuse(self) -> None:
+        """Reads from now on are refused (RuntimeError)."""
+        with self._lock:
+            self._closed = True
+
+    @property
+    def reads(self) -> int:
+        """Reads in progress."""
+        return self._reads
+
+    def close(self, timeout: float) -> None:
+        """Refuse new reads, wait for those in progress, close every read connection."""
+        with self._lock:
+            self._closed = True
+            if not self._reads_done.wait_for(lambda: self._reads == 0, timeout):
+                msg = "oomguard failure store %s: close(): %d reads still running after %ss; %s"
+                logger.error(msg, self.path, self._reads, timeout, "their connections stay open")
+                return
+            readers, self._readers, self._idle = self._readers, [], []
+        for conn in readers:
+            try:
+                conn.close()
+            except sqlite3.Error:
+                pass
 
     def _reader(self) -> sqlite3.Connection:
         """The read connection of the read running on this thread; only inside a method
@@ -87,7 +135,7 @@ class ReaderMixin:
         conn = getattr(self._local, "conn", None)
         if conn is not None:
             return conn
-        if self._thread is None or self._closed:
+        if not self._open or self._closed:
             state = "closed" if self._closed else "not started"
             raise RuntimeError(f"FailureStore({self.path!r}) is {state}; reads need start().")
         with self._lock:
@@ -147,6 +195,64 @@ class ReaderMixin:
             limit=_limit(limit),
         )
         return [_event(r) for r in _within(self._reader().execute(sql, args), max_bytes)]
+
+    @_read
+    def deaths(
+        self,
+        *,
+        cluster: str | None = None,
+        since: float | None = None,
+        cause: str | None = None,
+        killer: str | None = None,
+        signature: str | None = None,
+        worker: str | None = None,
+        shard: str | None = None,
+        pipeline: str | None = None,
+        before: tuple[float, str] | None = None,
+        limit: int | None = 1000,
+        max_bytes: int | None = None,
+    ) -> list[Death]:
+        """Worker deaths, one each, newest first (by time, then id), matching every filter
+        given: `shard` and `pipeline` match a death among whose tasks they are, whatever
+        its role there (culprit, suspect, displaced or queued). Pages as `events` does,
+        `before` (time, id) the last death of the previous page. Deaths stored before
+        deaths had rows (an older oomguard) are not here: their events are.
+
+        >>> [(d.cause, d.with_role(Role.CULPRIT)[0].key) for d in store.deaths(since=t)]
+        [('oom_kill', "('load-0a1b', 17)")]
+        """
+        sql, args = query.deaths(
+            SQLITE,
+            cluster=cluster,
+            since=since,
+            cause=cause,
+            killer=killer,
+            signature=signature,
+            worker=worker,
+            shard=shard,
+            pipeline=pipeline,
+            before=before,
+            limit=_limit(limit),
+        )
+        rows = _within(self._reader().execute(sql, args), max_bytes)
+        return [death_from_row(r) for r in rows]
+
+    @_read
+    def death_times(
+        self, *, since: float | None = None, cluster: str | None = None, limit: int | None = None
+    ) -> list[tuple[float, str]]:
+        """(time, cause) of each death `deaths()` returns with these filters, newest first,
+        without reading the deaths themselves: what a plot of them needs (the dashboard).
+
+        >>> store.death_times(since=time.time() - 3600)
+        [(1790000310.5, 'oom_kill'), (1790000012.0, 'native_crash')]
+        """
+        sql, args = query.deaths(
+            SQLITE, cluster=cluster, since=since, cause=None, killer=None, signature=None,
+            worker=None, shard=None, pipeline=None, before=None, limit=_limit(limit),
+            columns="time, cause",
+        )  # fmt: skip
+        return self._reader().execute(sql, args).fetchall()
 
     @_read
     def shard(
@@ -355,6 +461,7 @@ def _event(r: tuple) -> FailureEvent:
         killer_confidence=r[14],
         killer_summary=r[15],
         cluster=r[16],
+        death=r[17],
     )
 
 

@@ -160,6 +160,44 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE pipelines ADD COLUMN shipped INTEGER NOT NULL DEFAULT 0",
         "CREATE INDEX pipelines_unshipped ON pipelines(shipped) WHERE shipped = 0",
     ),
+    (
+        # One account per worker death (issue 38): the decided death (one row, its JSON
+        # without crash text or stacks: the trace stays with its signature), its tasks
+        # with their roles (for the shard and pipeline filters), and on each event the id
+        # of the death it is part of. Deaths stored before are events only: their `death`
+        # is '' and they have no row here (not backfilled), so a signature counted each of
+        # their events, as it still counts every event that has no death.
+        "ALTER TABLE events ADD COLUMN death TEXT NOT NULL DEFAULT ''",
+        "CREATE INDEX events_death ON events(cluster, death) WHERE death <> ''",
+        """CREATE TABLE deaths (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,  -- insertion order, never reused
+            id TEXT NOT NULL,
+            cluster TEXT NOT NULL,
+            time REAL NOT NULL,
+            worker TEXT NOT NULL,
+            host TEXT NOT NULL,
+            cause TEXT NOT NULL,
+            killer TEXT NOT NULL,
+            signature_id TEXT NOT NULL,
+            signature_title TEXT NOT NULL,
+            grouping_version INTEGER NOT NULL,
+            record TEXT NOT NULL,  -- JSON: Death.to_dict()
+            UNIQUE (cluster, id)
+        )""",
+        "CREATE INDEX deaths_time ON deaths(time)",
+        "CREATE INDEX deaths_cluster ON deaths(cluster, time)",
+        "CREATE INDEX deaths_signature ON deaths(signature_id, time)",
+        "CREATE INDEX deaths_worker ON deaths(worker, time)",
+        """CREATE TABLE death_tasks (
+            death INTEGER NOT NULL,  -- deaths.seq
+            shard TEXT NOT NULL,
+            pipeline TEXT NOT NULL,
+            role TEXT NOT NULL,
+            PRIMARY KEY (death, shard)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX death_tasks_shard ON death_tasks(shard)",
+        "CREATE INDEX death_tasks_pipeline ON death_tasks(pipeline)",
+    ),
 )
 
 #: The SignatureRow lists kept in signature_members; the position is the stored code.

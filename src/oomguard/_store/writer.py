@@ -1,6 +1,6 @@
-"""The writes of a FailureStore: add(), amend() and upsert_pipeline() append to a bounded
+"""The writes of a FailureStore: add(), record() and upsert_pipeline() append to a bounded
 queue on the caller's thread (no I/O); one writer thread commits the queue in batches, one
-transaction each, with the signature, member and retention updates done by SQLite."""
+transaction each, with the death, signature, member and retention updates done by SQLite."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+from .._death.record import Death
 from .._models import FailureEvent, PipelineStatus
-from .batch import Limits, ShipMark, commit_batch, disk_full
-from .items import describe_event, event_item, item_size, pipeline_row
+from .batch import Counts, Limits, ShipMark, commit_batch, disk_full
+from .items import death_item, describe_event, event_item, item_size, pipeline_row
 
 logger = logging.getLogger("oomguard.store")
 
@@ -35,49 +36,113 @@ FLOOD_ITEMS = 500
 FLOOD_INTERVAL = 0.25
 
 
-class WriterMixin:
-    """add(), amend(), upsert_pipeline(), flush() and the writer thread of a FailureStore.
-    FailureStore.__init__ sets the state below; start() opens `_conn` and starts `_thread`."""
+class Writer:
+    """The writes of a FailureStore: add(), record(), upsert_pipeline(), flush() and the
+    shipper's marks queue on the caller's thread; one writer thread commits the queue.
+    It owns the queue, the thread, the writer's connection (given by `start`) and the
+    counters below; the settings may change while it runs (`configure_store`)."""
 
-    path: str
-    max_events: int
-    max_signatures: int
-    queue_size: int
-    queue_bytes: int
-    full_retry: float
-    batch_interval: float
-    max_pipelines: int
-    member_rows: int
-    written: int
-    overflow: int
-    write_errors: int
-    disk_full: int
+    written: int  # events committed by this writer
+    overflow: int  # items refused because the queue was full
+    write_errors: int  # items refused as bad data, or lost with a failed transaction
+    disk_full: int  # times the writer found the disk full (see _write_batch)
     last_error: str
-    _lock: threading.Lock
-    _closed: bool
-    _queue: collections.deque[tuple]
-    _sizes: collections.deque[int]
-    _queued_bytes: int
-    _refusing: bool
-    _full_since: float | None
-    _enqueued: int
-    _processed: int
-    _lost: collections.deque[tuple[int, int]]
-    _done: threading.Condition
-    _wake: threading.Event
-    _stopping: bool
-    _thread: threading.Thread | None
-    _conn: sqlite3.Connection | None
-    _event_count: int
-    _signature_count: int
-    _last_log: float
+    interval: float  # seconds until the next commit (batch_interval, or longer in a flood)
+    #: A spool of a PostgreSQL history (`oomguard._store.pg`): amends record the events
+    #: they delete, and `on_commit` is called on the writer thread after each commit.
     ships: bool
     on_commit: Callable[[], None] | None
-    _ship_mark: ShipMark | None
-    _marks_asked: int
-    _marks_done: int
-    _writer_gone: bool
-    _interval: float  # seconds until the next commit (batch_interval, or longer in a flood)
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        max_events: int,
+        max_signatures: int,
+        queue_size: int,
+        queue_bytes: int,
+        batch_interval: float,
+        max_pipelines: int,
+        member_rows: int,
+    ) -> None:
+        self.path = path  # for the log
+        self.max_events = max_events
+        self.max_signatures = max_signatures
+        self.queue_size = queue_size
+        self.queue_bytes = queue_bytes
+        self.full_retry = FULL_RETRY
+        self.batch_interval = float(batch_interval)
+        self.max_pipelines = max_pipelines
+        self.member_rows = member_rows
+        self.written = 0
+        self.overflow = 0
+        self.write_errors = 0
+        self.disk_full = 0
+        self.last_error = ""
+        self.interval = self.batch_interval
+        self.ships = False
+        self.on_commit = None
+        self._queue: collections.deque[tuple] = collections.deque()
+        self._sizes: collections.deque[int] = collections.deque()  # item_size of each
+        self._queued_bytes = 0
+        self._refusing = False  # the queue is full: the WARNING was logged
+        self._full_since: float | None = None  # monotonic time the disk was found full
+        self._lock = threading.Lock()  # makes "check length, append, count" one step
+        self._closed = False
+        self._enqueued = 0  # items ever queued; an item's sequence number is its rank
+        self._processed = 0  # items taken from the queue: committed, or lost (see _lost)
+        self._lost: collections.deque[tuple[int, int]] = collections.deque(maxlen=1024)
+        self._done = threading.Condition()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._conn: sqlite3.Connection | None = None
+        self._counts = Counts(0, 0, 0, 0)  # in the file (events, deaths, signatures)
+        self._last_log = 0.0
+        self._ship_mark: ShipMark | None = None  # the shipper's, for the next transaction
+        self._marks_asked = 0  # mark_shipped() calls taken
+        self._marks_done = 0  # of those, committed
+        self._writer_gone = False  # the writer thread ended
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self, conn: sqlite3.Connection) -> None:
+        """Take the store's migrated connection and start the writer thread."""
+        (events,) = conn.execute("SELECT count(*) FROM events").fetchone()
+        (deaths,) = conn.execute("SELECT count(*) FROM deaths").fetchone()
+        (signatures,) = conn.execute("SELECT count(*) FROM signatures").fetchone()
+        self._counts = Counts(events, deaths, signatures, 0)
+        self._conn = conn
+        self._thread = threading.Thread(target=self._run, name="oomguard-store", daemon=True)
+        self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def close(self, timeout: float) -> bool:
+        """Refuse new items, commit what is queued, stop the thread and close the
+        connection. False when the thread did not stop within `timeout` (it keeps its
+        connection and exits on its own)."""
+        with self._lock:
+            self._closed = True
+        if self._thread is not None:
+            self._stopping = True
+            self._wake.set()
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                self._error(
+                    f"close(): the writer did not stop within {timeout}s; "
+                    f"{len(self._queue)} queued items were not written"
+                )
+                return False
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except sqlite3.Error:
+                pass
+            self._conn = None
+        return True
 
     # -- writes (from the event loop) -----------------------------------------------------
 
@@ -99,28 +164,35 @@ class WriterMixin:
             return False
         return self._put(item)
 
-    def amend(
+    def record(
         self,
-        event: FailureEvent,
+        death: Death,
+        events: Sequence[FailureEvent],
         *,
         grouping_version: int = 1,
         example: str = "",
-        lost_at: float | None = None,
+        amend: bool = False,
     ) -> bool:
-        """Queue the real cause of a death first recorded as ``worker_lost`` (its report came
-        late, or the pod said what happened): the worker's ``worker_lost`` events of time
-        `lost_at` (default: its latest) are replaced by `event`, so the death stays one
-        event. Otherwise as `add`.
+        """Queue one decided worker death with the events of the tasks it is blamed on
+        (each names it: its `death` is the death's id, its cluster the death's), written in
+        one transaction. As `add`: never blocks, never raises, no I/O on the caller's
+        thread; False when refused (`last_error` names a bad field).
 
-        >>> store.amend(event_with_the_real_cause)
+        The death is stored once per (cluster, id): a repeat is dropped. `amend=True`
+        replaces the stored death of that (cluster, id) and its events (a late report, a
+        pod's or SLURM's verdict on a worker lost with its nanny); its signature's count
+        moves from the old signature to the new one. A signature counts each death that
+        carries it once, however many of its events name it.
+
+        >>> store.record(death, [event], grouping_version=1, example=normalised_trace)
         True
         """
         try:
-            item = event_item(event, grouping_version, example)
+            item = death_item(death, events, grouping_version, example, amend)
         except Exception as e:  # a scheduler hook must never raise
-            self._error(f"amend(): {describe_event(event)}: {e}")
+            self._error(f"record(): death {getattr(death, 'id', '?')!r}: {e}")
             return False
-        return self._put(("amend", item, lost_at))
+        return self._put(item)
 
     def upsert_pipeline(self, status: PipelineStatus) -> None:
         """Queue the latest status of one run of a pipeline: it replaces the stored status
@@ -246,14 +318,14 @@ class WriterMixin:
     # -- the writer thread ----------------------------------------------------------------
 
     def _run(self) -> None:
-        self._interval = self.batch_interval
+        self.interval = self.batch_interval
         while True:
             full = self._full_since is not None
-            self._wake.wait(max(self.full_retry, self._interval) if full else self._interval)
+            self._wake.wait(max(self.full_retry, self.interval) if full else self.interval)
             self._wake.clear()
             stopping = self._stopping
             flood = len(self._queue) >= FLOOD_ITEMS
-            self._interval = (
+            self.interval = (
                 max(self.batch_interval, FLOOD_INTERVAL) if flood else self.batch_interval
             )
             try:
@@ -356,8 +428,9 @@ class WriterMixin:
         """One transaction of `items`; raises (rolled back) when it fails."""
         assert self._conn is not None
         limits = Limits(
-            self._event_count,
-            self._signature_count,
+            self._counts.events,
+            self._counts.deaths,
+            self._counts.signatures,
             self.member_rows,
             self.max_pipelines,
             self.max_events,
@@ -368,15 +441,13 @@ class WriterMixin:
             mark, self._ship_mark = self._ship_mark, None
             asked = self._marks_asked
         try:
-            count, signatures, written = commit_batch(self._conn, items, limits, mark)
+            self._counts = commit_batch(self._conn, items, limits, mark)
         except BaseException:
             if mark is not None:  # taken again by the next transaction
                 with self._lock:
                     self._ship_mark = mark.merge(self._ship_mark)
             raise
-        self._event_count = count
-        self._signature_count = signatures
-        self.written += written
+        self.written += self._counts.written
         if mark is not None:
             with self._done:
                 self._marks_done = asked

@@ -29,9 +29,7 @@ from .._words import death_line
 from ._setup import address_host
 from ._slurm_jobs import SlurmJobs
 from ._trust import LOGGED_ABORTS, Bounded
-
-#: What a pod lookup says of the killer: event fields, not evidence (see kubernetes._killer).
-_KILLER_FIELDS = ("killer", "killer_how", "killer_confidence", "killer_summary")
+from ._verdict import KILLER_FIELDS, with_verdict
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -104,51 +102,55 @@ class DaskActions:
                 self._stop(d)
 
     def _record(self, d: Record) -> None:
+        """Store a failure and count it: a death once (`oomguard_worker_deaths_total`),
+        with its events (`oomguard_failures_total`, one each); a late report only amends
+        the death counted when it was decided without one."""
+        cluster = self.cluster
         events = [
-            e if e.cluster == self.cluster else dataclasses.replace(e, cluster=self.cluster)
+            e if e.cluster == cluster else dataclasses.replace(e, cluster=cluster)
             for e in d.events
         ]
-        for event in events:
-            if d.amends is not None:
-                self.store.amend(
-                    event,
-                    grouping_version=d.grouping_version,
-                    example=d.example,
-                    lost_at=d.amends or None,
-                )
-            else:
+        death = d.death
+        if death is None:  # a task's exception, a stopped nanny's task: events only
+            for event in events:
                 self.store.add(event, grouping_version=d.grouping_version, example=d.example)
                 self.metrics.failure(event.kind, event.cause)
-        death = d.death
-        if death is None or not events:
             return
-        killer = death.killer.name if death.killer is not None else ""
-        self.metrics.deaths(death.cause, killer)
-        if d.amends is None:
+        if death.cluster != cluster:
+            death = dataclasses.replace(death, cluster=cluster)
+        amend = d.amends is not None
+        self.store.record(
+            death, events, grouping_version=d.grouping_version, example=d.example, amend=amend
+        )
+        if amend:
+            return
+        for event in events:
+            self.metrics.failure(event.kind, event.cause)
+        self.metrics.deaths(death.cause, death.killer.name if death.killer is not None else "")
+        if events:
             logger.info("oomguard: %s", safe_name(death_line(events[0]), LINE_BYTES))
         if death.cause == "worker_lost":
-            self.slurm_jobs.lost(self.store, self.guard, events[0])
+            self.slurm_jobs.lost(self.store, self.guard, death, events, d.grouping_version)
             if self._pods is not None:
-                task = asyncio.create_task(self._pod_evidence(events[0]))
+                lookup = self._pod_evidence(death, events, d.grouping_version)
+                task = asyncio.create_task(lookup)
                 self._lookups.add(task)
                 task.add_done_callback(self._lookups.discard)
 
-    async def _pod_evidence(self, event) -> None:
-        """No report: the nanny died too. Ask Kubernetes what happened to the pod."""
+    async def _pod_evidence(self, death, events, grouping_version: int) -> None:
+        """No report: the nanny died too. Ask Kubernetes what happened to the pod, and
+        amend the death with its verdict."""
         with self.guard("pod_lookup"):
             # Pods are found by IP: the worker's address, not the hostname events carry.
-            ip = address_host(event.worker) or event.host
-            found = await asyncio.to_thread(self._pods.evidence, ip, since=event.time)
+            ip = address_host(death.worker) or death.host
+            found = await asyncio.to_thread(self._pods.evidence, ip, since=death.time)
             if found is not None:
                 cause, extra = found
-                evidence = dict(event.evidence)
-                evidence.update({k: v for k, v in extra.items() if _scalar(v)})
-                killer = {k: evidence.pop(k) for k in _KILLER_FIELDS if k in evidence}
-                if killer:
-                    evidence["killer_summary"] = killer["killer_summary"]
-                self.store.amend(
-                    dataclasses.replace(event, cause=str(cause), evidence=evidence, **killer),
-                    lost_at=event.time,
+                evidence = {k: v for k, v in extra.items() if _scalar(v)}
+                killer = {k: evidence.pop(k) for k in KILLER_FIELDS if k in evidence}
+                amended, amended_events = with_verdict(death, events, evidence, killer, str(cause))
+                self.store.record(
+                    amended, amended_events, grouping_version=grouping_version, amend=True
                 )
 
     def nanny_stopped(self, worker: str, signal: str, keys: list[str], pipeline_of) -> None:
@@ -185,7 +187,7 @@ class DaskActions:
             ip = address_host(e.worker) or e.host  # pods are found by IP
             found = await asyncio.to_thread(self._pods.evidence, ip, since=e.time)
             extra = {k: v for k, v in found[1].items() if _scalar(v)} if found else {}
-            killer = {k: extra.pop(k) for k in _KILLER_FIELDS if k in extra}
+            killer = {k: extra.pop(k) for k in KILLER_FIELDS if k in extra}
             if not killer:
                 return  # stopped in order (or deleted): no failure
             for r in records:

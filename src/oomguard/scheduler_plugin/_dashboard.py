@@ -1,4 +1,5 @@
-"""oomguard's page in the Dask dashboard: failures by cause over time, the signature table
+"""oomguard's page in the Dask dashboard: worker deaths (each once) and task exceptions by
+cause over time, the signature table
 with a drill-down to one signature's example trace and evidence, and pipeline statuses.
 Read-only.
 
@@ -112,7 +113,7 @@ class OomguardPage:
         self.header = Div(text="", sizing_mode="stretch_width", name="oomguard-header")
         self.failures = ColumnDataSource(failure_columns([], 0.0), name="oomguard-failures")
         self.plot = figure(
-            title="Failures by cause (last 24 hours)",
+            title="Worker deaths by cause, each once, and task exceptions (last 24 hours)",
             x_axis_type="datetime",
             height=260,
             sizing_mode="stretch_width",
@@ -131,12 +132,12 @@ class OomguardPage:
         self.plot.add_tools(
             HoverTool(
                 renderers=bars,
-                tooltips=[("cause", "$name"), ("failures", "@$name"), ("bin", "@time{%F %T}")],
+                tooltips=[("cause", "$name"), ("count", "@$name"), ("bin", "@time{%F %T}")],
                 formatters={"@time": "datetime"},
             )
         )
         self.plot.y_range.start = 0
-        self.plot.yaxis.axis_label = "failures"
+        self.plot.yaxis.axis_label = "deaths, exceptions"
         self.plot.legend.click_policy = "hide"
         self.plot.add_layout(self.plot.legend[0], "right")
 
@@ -258,15 +259,16 @@ class OomguardPage:
             self._store_id, self._read_at, self._live_names = id(store), now, names
             self._show(snap, now)
             self._set_header(
-                f"oomguard: signatures {len(snap.signatures)}, failures in the last 24 hours "
-                f"{len(snap.events)}, live pipelines {len(live)}. Cluster {cluster!r}, "
-                f"history: {store.path}"
+                f"oomguard, last 24 hours: worker deaths {len(snap.deaths)} (each once, "
+                f"however many tasks it took), task exceptions {len(snap.exceptions)}; "
+                f"signatures {len(snap.signatures)}, live pipelines {len(live)}. Cluster "
+                f"{cluster!r}, history: {store.path}"
             )
         self.pipelines.data = pipeline_columns(live, self._stored)
 
     def _show(self, snap: Snapshot, now: float) -> None:
         self._stored = snap.pipelines
-        self.failures.data = failure_columns(snap.events, now)
+        self.failures.data = failure_columns(snap.failures(), now)
         cols = signature_columns(snap.signatures, self._cluster)
         if cols != self.signatures.data:
             self.signatures.data = cols

@@ -1,6 +1,7 @@
-"""The dashboard page's data: failures binned by cause, the signature and pipeline tables as
-column dicts, one signature's drill-down text, and the store reads behind them. Pure: no
-Bokeh, no Dask (the page in `_dashboard.py` shows what these return).
+"""The dashboard page's data: worker deaths (each once, as `Failures.deaths()` has them)
+and task exceptions binned by cause, the signature and pipeline tables as column dicts, one
+signature's drill-down text, and the store reads behind them. Pure: no Bokeh, no Dask (the
+page in `_dashboard.py` shows what these return).
 """
 
 from __future__ import annotations
@@ -11,16 +12,17 @@ import logging
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .._causes import DEATH_CAUSES, Cause
+from .._causes import Cause
 
 if TYPE_CHECKING:
     from .._models import FailureEvent, PipelineStatus, SignatureRow
 
 logger = logging.getLogger("oomguard.scheduler")
 
-#: The plot covers this much history, from at most this many events (newest first).
+#: The plot covers this much history, from at most this many deaths and as many events
+#: (newest first).
 WINDOW_S = 24 * 3600.0
 MAX_EVENTS = 5000
 MAX_SIGNATURES = 200
@@ -30,19 +32,28 @@ BIN_STEPS = (1, 5, 10, 30, 60, 300, 600, 1800, 3600, 3 * 3600, 6 * 3600, 86400)
 MAX_BINS = 60
 OTHER = "other"
 CAUSES = tuple(c.value for c in Cause) + (OTHER,)
-_DEATH_CAUSES = frozenset(c.value for c in DEATH_CAUSES)
+#: The causes of a task's own failure (an exception it raised): no worker died.
+TASK_CAUSES = frozenset({Cause.EXCEPTION.value, Cause.MEMORY_ERROR.value})
 
 
-def failure_columns(events: Iterable[FailureEvent], now: float) -> dict[str, list]:
-    """Failure counts per time bin and cause, as ColumnDataSource columns: `time` (bin
-    centre, ms since the epoch), `width` (ms) and one column per cause in CAUSES. A worker
-    death counts once, however many shards its events name (same worker, time and cause).
+class DeathAt(NamedTuple):
+    """One worker death, as the plot needs it (`FailureStore.death_times`)."""
 
-    >>> cols = failure_columns(store.events(since=time.time() - 3600), time.time())
-    >>> sum(cols["oom_kill"])
+    time: float
+    cause: str
+
+
+def failure_columns(failures: Iterable[DeathAt | FailureEvent], now: float) -> dict[str, list]:
+    """Counts per time bin and cause, as ColumnDataSource columns: `time` (bin centre, ms
+    since the epoch), `width` (ms) and one column per cause in CAUSES. Each of `failures`
+    counts once: a worker death (whatever the number of its tasks) or a task's exception
+    (`Snapshot.failures`); anything with a `time` and a `cause`.
+
+    >>> deaths = [DeathAt(*d) for d in store.death_times(since=time.time() - 3600)]
+    >>> sum(failure_columns(deaths, time.time())["oom_kill"])
     3
     """
-    events = list(events)
+    events = list(failures)
     columns: dict[str, list] = {"time": [], "width": [], **{c: [] for c in CAUSES}}
     if not events:
         return columns
@@ -52,12 +63,7 @@ def failure_columns(events: Iterable[FailureEvent], now: float) -> dict[str, lis
     start = math.floor(oldest / width) * width
     n = min(int((now - start) // width) + 1, MAX_BINS + 1)
     counts = {c: [0] * n for c in CAUSES}
-    deaths: set[tuple[str, float, str]] = set()
     for e in events:
-        if e.cause in _DEATH_CAUSES:
-            if (e.worker, e.time, e.cause) in deaths:
-                continue  # another shard of a death already counted
-            deaths.add((e.worker, e.time, e.cause))
         # A clock ahead of ours (another host) lands in the newest bin, not off the plot.
         i = min(max(int((e.time - start) // width), 0), n - 1)
         counts[e.cause if e.cause in counts else OTHER][i] += 1
@@ -168,12 +174,19 @@ def signature_detail(row: SignatureRow | None, events: Sequence[FailureEvent]) -
 
 @dataclass
 class Snapshot:
-    """What one refresh read from the store (in a thread)."""
+    """What one refresh read from the store (in a thread): the window's worker deaths (one
+    each) and task exceptions (and MemoryErrors: failures no worker died of), the
+    signatures and the pipeline runs."""
 
-    events: list[FailureEvent] = field(default_factory=list)
+    deaths: list[DeathAt] = field(default_factory=list)
+    exceptions: list[FailureEvent] = field(default_factory=list)
     signatures: list[SignatureRow] = field(default_factory=list)
     pipelines: list[PipelineStatus] = field(default_factory=list)
     written: int = -1
+
+    def failures(self) -> list[DeathAt | FailureEvent]:
+        """What the plot counts: each worker death once, each task exception once."""
+        return [*self.deaths, *self.exceptions]
 
 
 def read_store(store: Any, now: float, cluster: str | None = None) -> Snapshot:
@@ -189,8 +202,11 @@ def read_store(store: Any, now: float, cluster: str | None = None) -> Snapshot:
             signatures = history.reader.signatures(limit=MAX_SIGNATURES, cluster=cluster)
         except Exception as e:  # away since: the next refresh tries again
             logger.info("oomguard dashboard: the history is away (%s)", type(e).__name__)
+    window = {"since": now - WINDOW_S, "limit": MAX_EVENTS, "cluster": cluster}
+    exceptions = [e for c in sorted(TASK_CAUSES) for e in store.events(cause=c, **window)]
     return Snapshot(
-        events=store.events(since=now - WINDOW_S, limit=MAX_EVENTS, cluster=cluster),
+        deaths=[DeathAt(*d) for d in store.death_times(**window)],
+        exceptions=[e for e in exceptions if not e.death],
         signatures=signatures,
         pipelines=store.pipelines(limit=MAX_PIPELINES, cluster=cluster),
         written=written,

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from .._models import PipelineStatus
     from .._store import FailureStore
 
-_READS = ("events", "signatures", "shard", "signature")
+_READS = ("events", "deaths", "signatures", "shard", "signature")
 
 
 class Queries:
@@ -44,8 +44,8 @@ class Queries:
         ]
 
     async def answer(self, what: str, filters: dict[str, Any]) -> Any:
-        """The events, shard histories, signatures and pipelines of this cluster only,
-        unless `fleet` is true (every cluster in the store) or `cluster` names one
+        """The events, deaths, shard histories, signatures and pipelines of this cluster
+        only, unless `fleet` is true (every cluster in the store) or `cluster` names one
         (`query_scope`)."""
         filters = safe_filters(filters)  # names as the store keeps them
         cluster = query_scope(self.cluster, filters)

@@ -1,12 +1,13 @@
 """The server-side bounds of one `oomguard_query` reply: at most QUERY_MAX_ROWS rows and
 about QUERY_MAX_BYTES of text, whatever the client asked for (``limit=None`` included). A
 longer list is read page by page with a cursor (`oomguard.Failures` and `oomguard report` do):
-``before`` = [time, id] of the last event of the previous page for "events", ``after`` for
-"shard" (oldest first), ``offset`` for "signatures". A cursor or limit that is not one
-raises ValueError naming the field. The names a filter gives (a pipeline, a shard, a
-signature) are made safe as the store makes the names it keeps (`safe_filters`), so a
-filter finds what was stored from the same text. "pipelines" is answered from the runs
-in memory and the store, read only, and capped alike (`pipelines_reply`).
+``before`` = [time, id] of the last event of the previous page for "events" (of the last
+death, its id a str, for "deaths"), ``after`` for "shard" (oldest first), ``offset`` for
+"signatures". A cursor or limit that is not one raises ValueError naming the field. The
+names a filter gives (a pipeline, a shard, a signature) are made safe as the store makes
+the names it keeps (`safe_filters`), so a filter finds what was stored from the same text.
+"pipelines" is answered from the runs in memory and the store, read only, and capped alike
+(`pipelines_reply`).
 """
 
 from __future__ import annotations
@@ -24,10 +25,22 @@ QUERY_MAX_ROWS = 1000
 #: row always comes back. The scheduler's memory for one query is a few times this.
 QUERY_MAX_BYTES = 4 * 2**20
 
-_CURSORS = {"events": "before", "shard": "after"}
+_CURSORS = {"events": "before", "shard": "after", "deaths": "before"}
+#: Longest death id a cursor may name (ids are 16 hex digits; a history may hold others).
+_ID_MAX = 256
 #: The filters that name something the store keeps as a name: "name" (one pipeline) and
 #: "value" (a "known" query) included.
-_NAMES = ("pipeline", "shard", "signature", "signature_id", "name", "value", "killer", "cause")
+_NAMES = (
+    "pipeline",
+    "shard",
+    "signature",
+    "signature_id",
+    "name",
+    "value",
+    "killer",
+    "cause",
+    "worker",
+)
 
 
 def bounded(what: str, filters: dict[str, Any]) -> dict[str, Any]:
@@ -36,7 +49,7 @@ def bounded(what: str, filters: dict[str, Any]) -> dict[str, Any]:
     >>> bounded("events", {"limit": None, "cause": "oom_kill"})
     {'limit': 1000, 'cause': 'oom_kill', 'max_bytes': 4194304}
     """
-    if what not in ("events", "shard", "signatures"):
+    if what not in ("events", "shard", "signatures", "deaths"):
         return filters
     out = dict(filters)
     out["limit"] = capped(out.get("limit", QUERY_MAX_ROWS))
@@ -45,7 +58,7 @@ def bounded(what: str, filters: dict[str, Any]) -> dict[str, Any]:
     )
     cursor = _CURSORS.get(what)
     if cursor is not None and out.get(cursor) is not None:
-        out[cursor] = _cursor(out[cursor], cursor)
+        out[cursor] = _cursor(out[cursor], cursor, str if what == "deaths" else int)
     if what == "signatures" and "offset" in out:
         out["offset"] = _count(out["offset"], "offset")
     return out
@@ -64,8 +77,9 @@ def _count(value: Any, name: str) -> int:
     return value
 
 
-def _cursor(value: Any, name: str) -> tuple[float, int]:
-    """[time, id] of an event (a list over msgpack, a tuple in process)."""
+def _cursor(value: Any, name: str, kind: type = int) -> tuple[float, Any]:
+    """[time, id] of an event (`kind` int) or a death (str): a list over msgpack, a tuple
+    in process."""
     ok = isinstance(value, list | tuple) and len(value) == 2
     if ok:
         t, i = value
@@ -73,12 +87,14 @@ def _cursor(value: Any, name: str) -> tuple[float, int]:
             isinstance(t, int | float)
             and not isinstance(t, bool)
             and math.isfinite(t)
-            and isinstance(i, int)
+            and isinstance(i, kind)
             and not isinstance(i, bool)
+            and (kind is not str or len(i) <= _ID_MAX)
         )
     if not ok:
-        raise ValueError(f"{name}={value!r}: expected [time, id] of an event")
-    return float(t), int(i)
+        what = "a death" if kind is str else "an event"
+        raise ValueError(f"{name}={value!r}: expected [time, id] of {what}")
+    return float(t), kind(i)
 
 
 def safe_filters(filters: dict[str, Any]) -> dict[str, Any]:

@@ -6,25 +6,28 @@ nanny with its worker (measured in tests/slurm: a Python SIGTERM handler there n
 runs). No death report comes, and the death is decided `worker_lost` after the grace
 timeout. Each worker plugin names its SLURM job in its HOST_TOPIC event (SLURM_JOB_ID,
 SLURM_STEP_ID of its environment); for a lost worker with a job, `SlurmJobs.amend` asks
-SLURM (`slurm_job.query`, off the event loop, bounded) and amends the stored event with
-the job's state: killer `slurm`, known by `job state`, confirmed where the state says
-SLURM ended the job (TIMEOUT, CANCELLED, PREEMPTED, ...). The job id is a label a
+SLURM (`slurm_job.query`, off the event loop, bounded) and amends the stored death (by its
+id) and its events with the job's state: killer `slurm`, known by `job state`, confirmed
+where the state says SLURM ended the job (TIMEOUT, CANCELLED, PREEMPTED, ...). The job id is a label a
 worker sends: a wrong one makes oomguard describe another job, never decide anything.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from .._causes import Confidence, Killer, Known
 from .._death import slurm
 from .._lookups.slurm_job import query, valid_job_id
 from ._trust import Bounded
+from ._verdict import with_verdict
 
 if TYPE_CHECKING:
+    from .._death.record import Death
     from .._guard import Guard
+    from .._models import FailureEvent
     from .._store import FailureStore
 
 JOBS_KEPT = 4096  # workers whose job is remembered (a worker's address, most recent)
@@ -47,32 +50,46 @@ class SlurmJobs:
     def job_of(self, worker: str) -> tuple[str, str | None] | None:
         return self._jobs.get(worker)
 
-    def lost(self, store: FailureStore, guard: Guard, event: Any) -> None:
-        """A `worker_lost` event was stored: amend it with SLURM's verdict, in a task."""
-        job = self.job_of(event.worker)
+    def lost(
+        self,
+        store: FailureStore,
+        guard: Guard,
+        death: Death,
+        events: Sequence[FailureEvent],
+        grouping_version: int = 1,
+    ) -> None:
+        """A `worker_lost` death was stored: amend it with SLURM's verdict, in a task."""
+        job = self.job_of(death.worker)
         if job is None:
             return
-        task = asyncio.ensure_future(self.amend(store, guard, event, *job))
+        amend = self.amend(store, guard, death, events, grouping_version, *job)
+        task = asyncio.ensure_future(amend)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def amend(self, store, guard, event, job: str, step: str | None) -> None:
+    async def amend(
+        self,
+        store: FailureStore,
+        guard: Guard,
+        death: Death,
+        events: Sequence[FailureEvent],
+        grouping_version: int,
+        job: str,
+        step: str | None,
+    ) -> None:
         with guard("slurm_lookup"):
             facts = await asyncio.to_thread(query, job, step, accounting=self.accounting)
             if not facts.get("slurm_state"):
                 return  # SLURM said nothing of it (no scontrol here, or forgotten)
-            evidence = {**event.evidence, **facts}
-            killer = verdict(facts)
-            evidence["killer_summary"] = killer["killer_summary"]
+            evidence = dict(facts)
             if slurm.ended_by_slurm(facts):
                 evidence["summary"] = "no report from the nanny: SLURM ended its job"
-            store.amend(
-                dataclasses.replace(event, evidence=evidence, **killer), lost_at=event.time
-            )
+            amended, amended_events = with_verdict(death, events, evidence, verdict(facts))
+            store.record(amended, amended_events, grouping_version=grouping_version, amend=True)
 
 
 def verdict(facts: dict) -> dict[str, str]:
-    """The event's killer fields for a lost worker in a SLURM job in state `facts`.
+    """The killer fields for a lost worker in a SLURM job in state `facts`.
 
     >>> verdict({"slurm_job_id": "7", "slurm_state": "TIMEOUT"})["killer_confidence"]
     'confirmed'

@@ -6,12 +6,15 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from ..._death.record import Death
 from ..._exceptions import StoreError
 from ..._models import FailureEvent, PipelineStatus, SignatureRow
 from ..._urls import check_url, redact
 from .. import query
+from ..deaths import death_from_row
 from ..reads import _event, _signature, _within
 from ..schema import MEMBER_FIELDS
+from .deaths import among_tasks
 from .schema import NAMESPACE
 
 # As in the SQLite store: a death that named no shard is found by each of its suspects.
@@ -20,7 +23,9 @@ _OR_SUSPECT = {
     "pipeline": "(pipeline = %s OR (pipeline = '' AND shard = ''"
     " AND evidence::jsonb -> 'suspect_pipelines' ? %s))",
 }
-POSTGRES = query.Dialect("%s", lambda name: f"%({name})s", _OR_SUSPECT)
+# A death among whose tasks a shard or pipeline is: the GIN index on `tasks`.
+_AMONG_TASKS = {"shard": "tasks @> %s::jsonb", "pipeline": "tasks @> %s::jsonb"}
+POSTGRES = query.Dialect("%s", lambda name: f"%({name})s", _OR_SUSPECT, _AMONG_TASKS, among_tasks)
 _SELECT_SIGNATURE = (
     "SELECT id, title, grouping_version, count, first_seen, last_seen, example, "
     + ", ".join(
@@ -129,6 +134,37 @@ class PgReader:
             limit=_limit(limit),
         )
         return [_event(r) for r in self._rows(sql, args, max_bytes)]
+
+    def deaths(
+        self,
+        *,
+        cluster: str | None = None,
+        since: float | None = None,
+        cause: str | None = None,
+        killer: str | None = None,
+        signature: str | None = None,
+        worker: str | None = None,
+        shard: str | None = None,
+        pipeline: str | None = None,
+        before: tuple[float, str] | None = None,
+        limit: int | None = 1000,
+        max_bytes: int | None = None,
+    ) -> list[Death]:
+        """As FailureStore.deaths, over every cluster or the one named."""
+        sql, args = query.deaths(
+            POSTGRES,
+            cluster=cluster,
+            since=since,
+            cause=cause,
+            killer=killer,
+            signature=signature,
+            worker=worker,
+            shard=shard,
+            pipeline=pipeline,
+            before=before,
+            limit=_limit(limit),
+        )
+        return [death_from_row(r) for r in self._rows(sql, args, max_bytes)]
 
     def shard(
         self,

@@ -1,8 +1,8 @@
 """Per-cluster roles on the PostgreSQL history (`oomguard history grant`).
 
-A scheduler's role can add and amend its own cluster's rows and no other's. The tables that
-hold a cluster's rows (events, pipeline runs, rows set aside: `schema.CLUSTER_TABLES`) are
-under row-level security since schema version 2: a role listed in `cluster_roles` sees only
+A scheduler's role can add and amend its own cluster's rows and no other's. The tables
+that hold a cluster's rows (events, pipeline runs, rows set aside; deaths since version 3:
+`schema.CLUSTER_TABLES`) are under row-level security since schema version 2: a role listed in `cluster_roles` sees only
 the rows of its clusters, and writes only those of the cluster it `writes`, whatever its
 statement says (an UPDATE or DELETE of another cluster's rows touches none; an INSERT or an
 UPDATE that would make one is refused). Signatures (their counts, lists and example) are
@@ -95,7 +95,9 @@ def grant(
         )
         cur.execute(sql.SQL("REVOKE ALL ON {} FROM {}").format(tables, name))
         cur.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(tables, name))
-        sequence = sql.Identifier(NAMESPACE, "events_id_seq")
+        sequence = sql.SQL(", ").join(
+            sql.Identifier(NAMESPACE, s) for s in ("events_id_seq", "deaths_seq_seq")
+        )
         if read_only:
             cur.execute(sql.SQL("REVOKE ALL ON SEQUENCE {} FROM {}").format(sequence, name))
         else:

@@ -14,14 +14,24 @@ NAMESPACE = "oomguard"
 #: pg_advisory_xact_lock's key while migrating: "OOMG".
 LOCK_KEY = 0x4F4F4D47
 
-#: The tables that hold a cluster's rows, each under row-level security (migration 2): a
+#: The tables that hold a cluster's rows, each under row-level security (migrations 2, 3): a
 #: role listed in `cluster_roles` reads only its clusters' rows and writes only those it
 #: `writes`; the tables' owner, and a role not listed, are not restricted.
-CLUSTER_TABLES = ("events", "pipelines", "set_aside")
+CLUSTER_TABLES = ("events", "pipelines", "set_aside", "deaths")
 # Uncorrelated subqueries: PostgreSQL runs each once per statement, not once per row.
 _LISTED = "NOT EXISTS (SELECT 1 FROM cluster_roles WHERE role = current_user)"
 _CLUSTERS = "ARRAY(SELECT cluster FROM cluster_roles WHERE role = current_user)"
 _WRITES = "ARRAY(SELECT cluster FROM cluster_roles WHERE role = current_user AND writes)"
+
+
+def _own_rows(table: str) -> tuple[str, str]:
+    """Row-level security on `table`: a listed role reaches its own clusters' rows only."""
+    return (
+        f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY",
+        f"CREATE POLICY clusters ON {table} USING ({_LISTED} OR cluster = ANY "
+        f"({_CLUSTERS})) WITH CHECK ({_LISTED} OR cluster = ANY ({_WRITES}))",
+    )
+
 
 #: MIGRATIONS[i] takes the schema from version i to i + 1. Append; never edit a released one.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -127,15 +137,38 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE POLICY own ON cluster_roles USING (role = current_user)",
         # Every role's queries read it (the policies below): each sees its own rows only.
         "GRANT SELECT ON cluster_roles TO PUBLIC",
-        *(
-            statement
-            for table in CLUSTER_TABLES
-            for statement in (
-                f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY",
-                f"CREATE POLICY clusters ON {table} USING ({_LISTED} OR cluster = ANY "
-                f"({_CLUSTERS})) WITH CHECK ({_LISTED} OR cluster = ANY ({_WRITES}))",
-            )
-        ),
+        *(s for table in ("events", "pipelines", "set_aside") for s in _own_rows(table)),
+    ),
+    (
+        # One account per worker death (issue 38), as the SQLite store keeps it: each
+        # event names its death, and the death is one row per (cluster, id), replaced by
+        # an amend (`deaths.UPSERT_DEATHS`). Deaths sent before are events only (not
+        # backfilled): their signatures counted each of their events.
+        "ALTER TABLE events ADD COLUMN death text NOT NULL DEFAULT ''",
+        """CREATE TABLE deaths (
+            seq bigserial PRIMARY KEY,
+            origin text NOT NULL,       -- the spool that sent it last
+            local_seq bigint NOT NULL,  -- its seq there
+            id text NOT NULL,
+            cluster text NOT NULL,
+            time double precision NOT NULL,
+            worker text NOT NULL,
+            host text NOT NULL,
+            cause text NOT NULL,
+            killer text NOT NULL,
+            signature_id text NOT NULL,
+            signature_title text NOT NULL,
+            grouping_version integer NOT NULL,
+            record text NOT NULL,  -- JSON, as the SQLite store keeps it
+            tasks jsonb NOT NULL,  -- its tasks (key, pipeline, role): the shard and pipeline filters
+            UNIQUE (cluster, id)
+        )""",
+        "CREATE INDEX deaths_time ON deaths(time)",
+        "CREATE INDEX deaths_cluster ON deaths(cluster, time)",
+        "CREATE INDEX deaths_signature ON deaths(signature_id, time)",
+        "CREATE INDEX deaths_worker ON deaths(worker, time)",
+        "CREATE INDEX deaths_tasks ON deaths USING gin (tasks jsonb_path_ops)",
+        *_own_rows("deaths"),
     ),
 )
 

@@ -28,6 +28,7 @@ from ..._urls import error_line, redact
 from ..batch import ShipMark, apply_mark
 from ..schema import connect as connect_spool
 from ..store import FailureStore
+from . import deaths as _deaths
 from . import sql
 from .aside import Book, SetAside, Synced, record, run_item, split
 from .schema import NAMESPACE, migrate
@@ -104,6 +105,7 @@ class Shipper:
         self.last_error = ""
         self.backlog = 0  # events in the spool not sent yet, as of the last round
         self.origin = ""
+        self.deaths = _deaths.DeathShipper(redact(url), batch)  # the spool's deaths, its part
         self._cursor = 0  # the last event id sent
         # Sent, their marks maybe not stored yet: deletions (seq, event id), runs (key: updated).
         self._deletes_sent: set[tuple] = set()
@@ -126,7 +128,7 @@ class Shipper:
     def start(self) -> None:
         """Read (or make) the spool's origin and mark, then start the thread. The database is
         not contacted here: a scheduler starts whether or not it is reachable."""
-        local = connect_spool(self.spool._file)
+        local = connect_spool(self.spool.file)
         state = "SELECT key, value FROM ship_state"
         try:
             rows = dict(local.execute(state).fetchall())
@@ -143,6 +145,7 @@ class Shipper:
         self._local = local
         self.origin = rows["origin"]
         self._cursor = int(rows.get("sent", 0))
+        self.deaths.start(rows)
         self.spool.ships = True
         self.spool.on_commit = self._wake.set
         self._thread = threading.Thread(target=self._run, name="oomguard-ship", daemon=True)
@@ -167,7 +170,7 @@ class Shipper:
             return
         if not self.spool.flush_marks(timeout):  # the spool's writer stopped first
             try:
-                self._mark_here(ShipMark(self._cursor, [], []))
+                self._mark_here(ShipMark(self._cursor, [], [], self.deaths.cursor))
             except sqlite3.Error as e:  # sent again by the next shipper: no loss
                 self.last_error = f"spool: {e!r}"
         for conn in (self._pg, self._local):
@@ -231,10 +234,11 @@ class Shipper:
         if (self._pg is None or self._pg.closed) and not self._connect():
             return True
         events, deletes, pipelines, examples = self._read()
+        self._ship_deaths()
         if not (events or deletes or pipelines):
             self.backlog = 0
             self._retention()
-            return False
+            return self.deaths.full
         try:
             self._send(events, deletes, pipelines, examples)
         except _data_errors():
@@ -243,7 +247,14 @@ class Shipper:
             self._split(events, deletes, pipelines, examples)
         self._mark(events, deletes, pipelines)
         self._retention()
-        return len(events) == self.batch or bool(deletes) or bool(pipelines)
+        return len(events) == self.batch or bool(deletes) or bool(pipelines) or self.deaths.full
+
+    def _ship_deaths(self) -> None:
+        """The spool's deaths: sent apart from the events (`pg/deaths.py`), their mark
+        moved as the events' is."""
+        mark = self.deaths.round(self._local, self._pg, self.origin, _data_errors())
+        if mark is not None and not self.spool.mark_shipped(mark):
+            self._mark_here(mark)
 
     def _count_backlog(self) -> None:
         """The events waiting in the spool, while the history is away (a range count)."""
@@ -264,6 +275,7 @@ class Shipper:
         try:
             migrate(conn, self.url)
             conn.execute(sql.CREATE_STAGE)
+            conn.execute(_deaths.CREATE_STAGE)
             conn.commit()
         except StoreError as e:
             conn.close()
@@ -396,6 +408,8 @@ class Shipper:
                 cur.execute(sql.DROP_CLUSTER_EVENTS, (self.cluster, n - self.max_events))
             if self.max_age is not None:
                 cur.execute(sql.DROP_OLD_EVENTS, (time.time() - self.max_age,))
+            oldest = time.time() - self.max_age if self.max_age is not None else None
+            _deaths.retention(cur, self.cluster, self.max_events, oldest)
             cur.execute("SELECT count(*) FROM signatures")
             (n,) = cur.fetchone()
             if n > self.max_signatures:

@@ -11,7 +11,7 @@ from ..items import ROW
 SPOOL_EVENT_COLUMNS = (
     "id, cluster, time, kind, cause, shard, pipeline, worker, host, signature_id, "
     "signature_title, evidence, attempt, grouping_version, killer, killer_how, "
-    "killer_confidence, killer_summary"
+    "killer_confidence, killer_summary, death"
 )
 SPOOL_EVENTS = f"SELECT {SPOOL_EVENT_COLUMNS} FROM events WHERE id > ? ORDER BY id LIMIT ?"
 SPOOL_DELETES = "SELECT seq, event_id FROM ship_deletes ORDER BY seq LIMIT ?"
@@ -27,7 +27,7 @@ SPOOL_BACKLOG = "SELECT count(*) FROM events WHERE id > ?"
 STAGE_COLUMNS = (
     "local_id, cluster, time, kind, cause, shard, pipeline, worker, host, signature_id, "
     "signature_title, evidence, attempt, grouping_version, killer, killer_how, "
-    "killer_confidence, killer_summary"
+    "killer_confidence, killer_summary, death"
 )
 assert STAGE_COLUMNS.count(",") + 1 == ROW + 1  # the events row (with its cluster), its id
 
@@ -35,12 +35,13 @@ CREATE_STAGE = """CREATE TEMP TABLE IF NOT EXISTS stage (
     local_id bigint, cluster text, time double precision, kind text, cause text, shard text,
     pipeline text, worker text, host text, signature_id text, signature_title text,
     evidence text, attempt integer, grouping_version integer, killer text, killer_how text,
-    killer_confidence text, killer_summary text
+    killer_confidence text, killer_summary text, death text
 ) ON COMMIT DELETE ROWS"""
 COPY_STAGE = f"COPY stage ({STAGE_COLUMNS}) FROM STDIN"
 
 # One statement: the staged events not sent before (an event arrives once: its origin and
-# local id are unique), their signatures counted, their members kept (about `rows` values
+# local id are unique), their signatures counted (an event that names a death counts
+# nothing: its death does, `deaths.UPSERT_DEATHS`), their members kept (about `rows` values
 # per field at most). Signatures and members are locked in key order: schedulers sending
 # at once wait for each other, never deadlock.
 INSERT_STAGED = f"""
@@ -49,9 +50,10 @@ WITH new AS (
     SELECT %(origin)s, {STAGE_COLUMNS} FROM stage ORDER BY local_id
     ON CONFLICT (origin, local_id) DO NOTHING
     RETURNING local_id, cluster, time, cause, shard, pipeline, worker, host, signature_id,
-              signature_title, grouping_version
+              signature_title, grouping_version, death
 ), agg AS (
-    SELECT signature_id, count(*) AS n, min(time) AS t0, max(time) AS t1,
+    SELECT signature_id, count(*) FILTER (WHERE death = '') AS n, min(time) AS t0,
+           max(time) AS t1,
            max(local_id) AS latest
     FROM new GROUP BY signature_id
 ), sig AS (
@@ -101,13 +103,14 @@ SET_ASIDE = (
     "INSERT INTO set_aside (origin, cluster, kind, item, reason, time)"
     " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
 )
-# An amend replaced these events of this origin: gone, and uncounted from their signatures.
+# An amend replaced these events of this origin: gone, and uncounted from their signatures
+# (those that counted: without a death; a death's count moves with the death).
 DELETE_SENT = """
 WITH gone AS (
-    DELETE FROM events WHERE origin = %s AND local_id = ANY(%s) RETURNING signature_id
+    DELETE FROM events WHERE origin = %s AND local_id = ANY(%s) RETURNING signature_id, death
 )
 UPDATE signatures s SET count = s.count - g.n
-FROM (SELECT signature_id, count(*) AS n FROM gone GROUP BY 1) g
+FROM (SELECT signature_id, count(*) AS n FROM gone WHERE death = '' GROUP BY 1) g
 WHERE s.id = g.signature_id
 """
 UPSERT_PIPELINE = """
