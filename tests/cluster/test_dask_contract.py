@@ -54,6 +54,17 @@ def _state() -> tuple[dict[int, str], list[str]]:
     return _descriptors(), sorted(t.name for t in threading.enumerate())
 
 
+def _settled() -> tuple[dict[int, str], list[str]]:
+    """`_state()` once the last cluster's leftovers are gone: the threads that watch a nanny's
+    worker process end a moment after the cluster does (later on a loaded machine)."""
+    deadline = time.monotonic() + 30
+    state = _state()
+    while any("watch process" in t for t in state[1]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        state = _state()
+    return state
+
+
 async def _a_cluster_comes_and_goes(directory: str) -> None:
     async with Scheduler(dashboard_address=":0", local_directory=directory) as s:
         async with (
@@ -69,7 +80,7 @@ def test_descriptors_and_threads_are_back_where_they_were(tmp_path):
     # Once without oomguard: what Dask and multiprocessing open once per process for good
     # (the resource tracker's pipe, Dask's offload thread) is open before the count.
     asyncio.run(_a_cluster_comes_and_goes(str(tmp_path)))
-    before = _state()
+    before = _settled()
     config = {**PRELOADS, "oomguard.scheduler.store": str(tmp_path / "s.sqlite3")}
     with dask.config.set(config):
         for _ in range(2):
