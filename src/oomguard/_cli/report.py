@@ -455,7 +455,10 @@ def _print(data: dict[str, Any], sections: tuple[str, ...], args: argparse.Names
         if "signatures" in data:
             blocks.append(
                 render_signatures(
-                    data["signatures"], width=width, empty=_empty("signatures", args, width)
+                    data["signatures"],
+                    width=width,
+                    empty=_empty("signatures", args, width),
+                    detail=args.signature is not None,
                 )
             )
         if "pipelines" in data:
