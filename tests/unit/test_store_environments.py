@@ -168,6 +168,24 @@ def test_each_cluster_keeps_its_latest_workers(tmp_path, monkeypatch):
         s.close()
 
 
+def test_a_list_finds_the_suspects_of_its_most_frequent_signatures(tmp_path, monkeypatch):
+    monkeypatch.setattr(store_environments, "SUSPECT_ROWS", 1)
+    s = FailureStore(str(tmp_path / "s.sqlite3"), batch_interval=0.01)
+    s.start()
+    try:
+        five_workers(s)
+        record(s, *(death(n, n % 2, env("spot")) for n in range(5)))
+        record(s, *(death(10 + n, n % 2, env("spot"), signature="sig-b") for n in range(4)))
+        record(s, death(20, 3, env("ondemand"), signature="sig-c"))  # counted once: no query
+        first, second, third = s.signatures()
+        assert (first.id, second.id, third.id) == ("sig-a", "sig-b", "sig-c")
+        assert first.environment_suspects and second.environment_suspects == []
+        assert s.signature("sig-b").environment_suspects  # alone, always
+        assert second.first_environment["labels"] == {"NODE_POOL": "spot"}
+    finally:
+        s.close()
+
+
 def test_a_bad_environment_is_refused_at_the_door_and_named(tmp_path):
     s = FailureStore(str(tmp_path / "s.sqlite3"))
     s.start()

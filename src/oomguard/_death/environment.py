@@ -158,23 +158,43 @@ class Suspect:
         return dataclasses.asdict(self)
 
 
+class Baseline:
+    """The workers' values, indexed once by name ({name: {slot: value}} and the count of
+    each value): every signature a query or an abort reads compares with the same."""
+
+    def __init__(self, workers: Mapping[Hashable, Mapping[str, str]]) -> None:
+        self.said: dict[str, dict[Hashable, str]] = {}
+        for at, its in workers.items():
+            for name, value in its.items():
+                self.said.setdefault(name, {})[at] = value
+        self.counts = {name: Counter(by_slot.values()) for name, by_slot in self.said.items()}
+
+
 def suspects(
     deaths: Iterable[tuple[Hashable, Mapping[str, str]]],
-    workers: Mapping[Hashable, Mapping[str, str]],
+    workers: Baseline | Mapping[Hashable, Mapping[str, str]],
 ) -> list[Suspect]:
     """The suspects of one signature: `deaths` as (slot, `values`) of each, `workers` the
-    baseline {slot: `values`}; at most `SUSPECTS_MAX`, the least likely by chance first.
+    baseline ({slot: `values`}, or indexed already); at most `SUSPECTS_MAX`, the least
+    likely by chance first. O(the deaths' values), past indexing the baseline.
 
     A worker has a value when the baseline says so or it died with it (its environment may
     have changed since, or the baseline never heard of it): a dying worker always counts."""
+    # Deaths of one worker with one environment (the same values object, as the callers
+    # keep one per distinct environment) are counted together.
+    groups: Counter[tuple[Hashable, int]] = Counter()
+    shared: dict[int, Mapping[str, str]] = {}
+    for at, its in deaths:
+        groups[at, id(its)] += 1
+        shared[id(its)] = its
     named: Counter[str] = Counter()  # deaths whose environment names the label or field
     having: Counter[tuple[str, str]] = Counter()
     slots: dict[tuple[str, str], set] = {}  # the workers that died with a value
     naming: dict[str, set] = {}  # the workers that died with the label or field
-    for at, its in deaths:
-        for name, value in its.items():
-            named[name] += 1
-            having[name, value] += 1
+    for (at, key), times in groups.items():
+        for name, value in shared[key].items():
+            named[name] += times
+            having[name, value] += times
             slots.setdefault((name, value), set()).add(at)
             naming.setdefault(name, set()).add(at)
     candidates = [
@@ -182,15 +202,12 @@ def suspects(
     ]
     if not candidates:
         return []
-    wanted = {name for name, _ in candidates}
-    said: dict[str, dict[Hashable, str]] = {name: {} for name in wanted}  # baseline values
-    for at, its in workers.items():
-        for name in wanted.intersection(its):
-            said[name][at] = its[name]
+    baseline = workers if isinstance(workers, Baseline) else Baseline(workers)
     out = []
     for name, value in candidates:
-        k, n, by_slot = having[name, value], named[name], said[name]
-        w = sum(v == value for v in by_slot.values())
+        k, n = having[name, value], named[name]
+        by_slot = baseline.said.get(name, {})
+        w = baseline.counts[name][value] if by_slot else 0
         w += sum(by_slot.get(at) != value for at in slots[name, value])
         total = len(by_slot) + sum(at not in by_slot for at in naming[name])
         share = w / total

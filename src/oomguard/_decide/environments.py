@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from .._death.environment import suspects, values
+from .._death.environment import Baseline, suspects, values
 from .._death.record import Death, Environment
 
 #: Workers (slots: a nanny's address, a worker's without one) kept, as the history keeps.
@@ -46,12 +46,14 @@ class EnvironmentTally:
         # signature -> {death id: (slot, values)}, oldest first
         self._deaths: OrderedDict[str, OrderedDict[str, tuple[str, dict]]] = OrderedDict()
         self._kept: dict[tuple, dict[str, str]] = {}  # one dict per distinct environment
+        self._baseline: Baseline | None = None  # the workers indexed, until one starts
 
     def worker(self, at: str, environment: Environment) -> None:
         """The worker at slot `at` started with `environment`."""
         self._workers.pop(at, None)
         self._workers[at] = environment
         self._values[at] = self._one(values(environment))
+        self._baseline = None
         while len(self._workers) > SLOTS_KEPT:
             gone, _ = self._workers.popitem(last=False)
             self._values.pop(gone, None)
@@ -83,7 +85,9 @@ class EnvironmentTally:
         deaths = self._deaths.get(signature_id)
         if not deaths:
             return []
-        return [s.to_dict() for s in suspects(deaths.values(), self._values)]
+        if self._baseline is None:
+            self._baseline = Baseline(self._values)
+        return [s.to_dict() for s in suspects(deaths.values(), self._baseline)]
 
     def _one(self, its: dict[str, str]) -> dict[str, str]:
         """`its`, or the equal dict kept already: many deaths, few environments."""

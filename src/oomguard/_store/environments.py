@@ -13,7 +13,10 @@ baseline), each signature's first environment, and its suspects, found when it i
   read, so it follows every death and every worker start, also after a restart. A store of
   one cluster (a scheduler's own file, a spool) gives that cluster's; a PostgreSQL history,
   the fleet's (every cluster the reader may read). A signature counted fewer than
-  `MIN_DEATHS` times cannot have one and costs no query.
+  `MIN_DEATHS` times cannot have one and costs no query; of a list, the first
+  `SUSPECT_ROWS` signatures that can have one get theirs (the list is most frequent
+  first): about 2 ms each at most, so a reply of 1,000 rows stays a fraction of a second
+  (docs/performance.md). One signature read alone always gets its own.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._death.environment import MIN_DEATHS, suspects, values
+from .._death.environment import MIN_DEATHS, Baseline, suspects, values
 from .._death.record import Environment
 from .._models import SignatureRow
 from .._safe_text import safe_name, safe_value
@@ -34,6 +37,8 @@ WORKERS_KEPT = 4096
 #: A signature's latest deaths its suspects are found from (the scheduler's tally keeps
 #: as many).
 DEATHS_READ = 200
+#: Signatures of one list whose suspects are found, at most (see the module docstring).
+SUSPECT_ROWS = 100
 #: The tag of a queued worker environment (`item`), among the writer's items.
 ITEM = "worker_environment"
 
@@ -116,7 +121,7 @@ def attach(
     rows: Sequence[SignatureRow], fetch: Callable[[str, Sequence[Any]], list], sql: Sql
 ) -> list[SignatureRow]:
     """`rows` with their first environment and suspects; `fetch(sql, args)` runs a query
-    of the store (its dialect `sql`). Each cluster's baseline is read once per call."""
+    of the store (its dialect `sql`)."""
     if not rows:
         return list(rows)
     ids = [r.id for r in rows]
@@ -124,28 +129,56 @@ def attach(
     for i in range(0, len(ids), 500):
         chunk = ids[i : i + 500]
         firsts.update(fetch(sql.firsts(len(chunk)), chunk))
-    baselines: dict[str, dict[tuple[str, str], dict[str, str]]] = {}
+    read = _Read(fetch, sql)
     out = []
+    room = SUSPECT_ROWS
     for row in rows:
         found: list[dict[str, Any]] = []
-        if row.count >= MIN_DEATHS:
-            deaths = []
-            for cluster, nanny, worker, text in fetch(sql.deaths, (row.id, DEATHS_READ)):
-                its = values(_loads(text))
-                if its:
-                    deaths.append(((cluster, nanny or worker), its))
-            workers: dict[tuple[str, str], dict[str, str]] = {}
-            for cluster in sorted({c for (c, _), _ in deaths}):
-                if cluster not in baselines:
-                    baselines[cluster] = {
-                        (cluster, slot): values(_loads(text))
-                        for slot, text in fetch(sql.workers, (cluster,))
-                    }
-                workers.update(baselines[cluster])
-            found = [s.to_dict() for s in suspects(deaths, workers)]
+        if row.count >= MIN_DEATHS and room > 0:
+            room -= 1
+            found = read.suspects(row.id)
         env = _loads(firsts.get(row.id))
         out.append(dataclasses.replace(row, first_environment=env, environment_suspects=found))
     return out
+
+
+class _Read:
+    """What one `attach` reads once: each distinct environment's values (its JSON parsed
+    once), each cluster's workers, the baseline of each set of clusters (indexed once)."""
+
+    def __init__(self, fetch: Callable[[str, Sequence[Any]], list], sql: Sql) -> None:
+        self.fetch = fetch
+        self.sql = sql
+        self._values: dict[Any, dict[str, str]] = {}  # JSON text -> its values
+        self._workers: dict[str, dict[tuple[str, str], dict[str, str]]] = {}  # by cluster
+        self._baselines: dict[tuple[str, ...], Baseline] = {}
+
+    def values(self, text: Any) -> dict[str, str]:
+        if text not in self._values:
+            self._values[text] = values(_loads(text))
+        return self._values[text]
+
+    def baseline(self, clusters: tuple[str, ...]) -> Baseline:
+        if clusters not in self._baselines:
+            for c in clusters:
+                if c not in self._workers:
+                    rows = self.fetch(self.sql.workers, (c,))
+                    self._workers[c] = {(c, slot): self.values(text) for slot, text in rows}
+            joined = {k: v for c in clusters for k, v in self._workers[c].items()}
+            self._baselines[clusters] = Baseline(joined)
+        return self._baselines[clusters]
+
+    def suspects(self, signature_id: str) -> list[dict[str, Any]]:
+        deaths = []
+        for cluster, nanny, worker, text in self.fetch(
+            self.sql.deaths, (signature_id, DEATHS_READ)
+        ):
+            if its := self.values(text):
+                deaths.append(((cluster, nanny or worker), its))
+        if not deaths:
+            return []
+        clusters = tuple(sorted({c for (c, _), _ in deaths}))
+        return [s.to_dict() for s in suspects(deaths, self.baseline(clusters))]
 
 
 def _loads(text: Any) -> dict[str, Any]:
