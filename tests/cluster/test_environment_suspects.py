@@ -7,7 +7,8 @@ worker, then every time on the other until its pipeline is aborted.
 What a user relies on: every death carries its worker's environment (its label, the
 versions, the package its crash's stack names); the signature names NODE_POOL=spot as its
 suspect (deaths on 2 of 5 workers, all spot) in the API, `oomguard report` and the
-dashboard's detail, with its first environment; and the abort message says so.
+dashboard's detail, with its first environment; the abort message says so; and a client's
+host event naming a worker does not change the environment that worker is counted with.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from distributed import Client, Nanny, Scheduler, SpecCluster
 import oomguard
 from _cli_run import report
 from cluster_helpers import wait_for, wait_installed
+from oomguard._death.record import Environment
+from oomguard._death.wire import to_wire
+from oomguard._protocol import ENVIRONMENT_FIELD, HOST_TOPIC
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -146,6 +150,22 @@ def test_the_crashing_pool_is_the_suspect(client, tmp_path, capsys):
     text = client.run_on_scheduler(detail)
     assert "suspects           NODE_POOL=spot (5 of 5 deaths, 2 of 5 workers)" in text
     assert f"packages toolz {toolz}" in text
+
+    # A client cannot say what a worker runs on: its host events are not the worker's own.
+    # Counted by nanny (a slot), not by the live workers: s0's nanny may still be
+    # restarting its worker after the abort.
+    nannies = {name: client.cluster.workers[name].address for name in POOLS}
+    o0 = next(a for a, w in client.scheduler_info()["workers"].items() if w["name"] == "o0")
+    forged = Environment(labels={"NODE_POOL": "forged"})
+    client.log_event(HOST_TOPIC, {"host": "x", "worker": o0, ENVIRONMENT_FIELD: to_wire(forged)})
+    # Client.log_event returns once the scheduler published it to its plugins' hooks.
+    assert any(m.get("host") == "x" for _, m in client.get_events(HOST_TOPIC))
+
+    def pools(dask_scheduler, nannies=nannies):
+        tally = dask_scheduler.plugins["oomguard"].core.environments
+        return {name: tally.of(nanny).labels["NODE_POOL"] for name, nanny in nannies.items()}
+
+    assert client.run_on_scheduler(pools) == POOLS
 
     # `oomguard report` on the history's file, as it is now.
     rc, out, _ = report(

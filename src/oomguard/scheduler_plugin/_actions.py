@@ -26,7 +26,7 @@ from .._decide import (
 )
 from .._decide.environments import EnvironmentTally, slot
 from .._exceptions import ReportError
-from .._protocol import RUN_ALONE_ANNOTATION
+from .._protocol import ENVIRONMENT_FIELD, RUN_ALONE_ANNOTATION
 from .._safe_text import safe_name, safe_text
 from .._words import death_line
 from ._setup import address_host
@@ -110,10 +110,10 @@ class DaskActions:
         (`environments`: the core's) and kept in the history. A worker that sends none (an
         older oomguard) is left out of the count; one that sends a bad one too, said once."""
         self.slurm_jobs.note(worker, msg)
-        if "environment" not in msg:
+        if ENVIRONMENT_FIELD not in msg:
             return
         try:
-            environment = wire.environment(msg["environment"])
+            environment = wire.environment(msg[ENVIRONMENT_FIELD])
         except ReportError as e:
             self.guard.once(
                 "environment",

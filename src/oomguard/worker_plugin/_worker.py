@@ -32,7 +32,7 @@ from .._host.growth import GrowthSplit, thread_system_time
 from .._host.paths import configured_crash_dir, crash_path, flight_path
 from .._log import follow_dask_logging
 from .._private import create, private_dir
-from .._protocol import HOST_TOPIC, RUNS_ALONE_FIELD, WORKER_PLUGIN
+from .._protocol import ENVIRONMENT_FIELD, HOST_TOPIC, RUNS_ALONE_FIELD, WORKER_PLUGIN
 from ._admission import install_admission
 from ._alone import AloneGate
 
@@ -158,11 +158,11 @@ class OomguardWorkerPlugin(WorkerPlugin):
             self._internal_error("setup")
 
     def _environment(self) -> dict[str, Any]:
-        """{"environment": ...} for the host event, as the nanny reads it for its reports
+        """{ENVIRONMENT_FIELD: ...} for the host event, as the nanny reads it for its reports
         ({} when it cannot be read: the host event goes without it)."""
         try:
             labels = _environment.configured_labels()
-            return {"environment": to_wire(_environment.read(os.environ, labels))}
+            return {ENVIRONMENT_FIELD: to_wire(_environment.read(os.environ, labels))}
         except Exception:
             self._internal_error("environment")
             return {}
