@@ -19,7 +19,7 @@ from .deaths import (
     sampled_stack,
     suspects_line,
 )
-from .environments import environment_line, suspect_phrase, suspects_phrase, suspects_sentence
+from .environments import environment_line, suspects_phrase, suspects_sentence
 from .summaries import pipeline_summary
 
 __all__ = [
@@ -40,7 +40,6 @@ __all__ = [
     "sampled_stack",
     "shard_name",
     "subject",
-    "suspect_phrase",
     "suspects_line",
     "suspects_phrase",
     "suspects_sentence",

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+# `_death.environment.FIELDS`, in the order a line says them (words sit below _death).
 _FIELDS = ("python", "dask", "distributed", "oomguard", "kernel", "image")
 
 
