@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import logging
 import os
+import re
 import threading
 from typing import Any
 
@@ -156,6 +157,40 @@ def get_optional_str(key: str) -> str | None:
     if not isinstance(value, str):
         raise ConfigError(f"oomguard.{key} is {value!r}; expected a string or null.")
     return value
+
+
+#: A label's name: an environment variable's (`oomguard.worker.labels`).
+_LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+
+
+def get_labels(key: str, reserved: tuple[str, ...] = (), most: int = 16) -> tuple[str, ...]:
+    """Names of environment variables whose values label a worker: a list, or one string
+    of names separated by commas or spaces (as an environment variable gives it), each
+    once, at most `most`, none of `reserved`.
+
+    >>> with dask.config.set({"oomguard.worker.labels": "NODE_POOL, INSTANCE_TYPE"}):
+    ...     get_labels("worker.labels")
+    ('NODE_POOL', 'INSTANCE_TYPE')
+    """
+    value = get(key)
+    if value in (None, "", "null", "None"):
+        return ()
+    names = value.replace(",", " ").split() if isinstance(value, str) else value
+    if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
+        raise ConfigError(
+            f"oomguard.{key} is {value!r}; expected a list of environment variable names."
+        )
+    names = tuple(dict.fromkeys(n.strip() for n in names))
+    for name in names:
+        if not _LABEL_NAME.fullmatch(name) or name in reserved:
+            raise ConfigError(
+                f"oomguard.{key} names {name!r}; expected the name of an environment "
+                "variable (letters, digits and _, at most 64, not starting with a digit)"
+                + (f", none of {', '.join(reserved)}." if reserved else ".")
+            )
+    if len(names) > most:
+        raise ConfigError(f"oomguard.{key} names {len(names)} variables; at most {most}.")
+    return names
 
 
 #: The longest cluster name (oomguard.scheduler.cluster-name): a label, not a document.

@@ -114,7 +114,13 @@ class FailureEvent(_Record):
 @dataclass(frozen=True, repr=False)
 class SignatureRow(_Record):
     """One deduplicated signature across every host and every cluster of the history:
-    `count` counts its events on all of them, `clusters` names the clusters that saw it."""
+    `count` counts its events on all of them, `clusters` names the clusters that saw it.
+
+    Where it lives (docs/reading-a-report.md): `first_environment`, the environment of its
+    first death that had one ({} when none did), and `environment_suspects`, the label and
+    environment values its deaths have much more often than the workers they died among,
+    the most telling first: dicts of name, value, deaths, of_deaths, workers, of_workers and
+    p (e.g. NODE_POOL=spot on 4 of 4 deaths, 2 of 5 workers)."""
 
     _list_fields: ClassVar[tuple[str, ...]] = (
         "hosts",
@@ -123,6 +129,7 @@ class SignatureRow(_Record):
         "pipelines",
         "causes",
         "clusters",
+        "environment_suspects",
     )
 
     id: str
@@ -138,14 +145,22 @@ class SignatureRow(_Record):
     causes: list[str] = field(default_factory=list)
     example: str = ""  # a normalised trace, paths scrubbed
     clusters: list[str] = field(default_factory=list)
+    first_environment: dict[str, Any] = field(default_factory=dict)
+    environment_suspects: list[dict[str, Any]] = field(default_factory=list)
 
     def __repr__(self) -> str:
         """<SignatureRow 6d4c109d5cf8c83f 'oom_kill in load_shard' count=3 hosts=2
-        causes=oom_kill last 2026-05-01 14:03:07>; the id is never cut."""
+        causes=oom_kill last 2026-05-01 14:03:07 suspect NODE_POOL=spot>; the id is never
+        cut, the most telling suspect said where there is one."""
         causes = shorten(",".join(self.causes), 40) or "''"
+        suspect = ""
+        if self.environment_suspects and isinstance(self.environment_suspects[0], dict):
+            s = self.environment_suspects[0]
+            value = f"{s.get('name')}={s.get('value')}"
+            suspect = f" suspect {shorten(value, 40)}"
         return (
             f"<SignatureRow {self.id} {shorten(self.title, 60)!r} count={self.count} "
-            f"hosts={len(self.hosts)} causes={causes} last {clock(self.last_seen)}>"
+            f"hosts={len(self.hosts)} causes={causes} last {clock(self.last_seen)}{suspect}>"
         )
 
 

@@ -32,6 +32,9 @@ HOST_TOPIC = "oomguard-host"
 #: The HOST_TOPIC field by which a worker plugin says it can run a task alone
 #: (`RUN_ALONE_ANNOTATION`): its worker may then be chosen for a suspect's retry.
 RUNS_ALONE_FIELD = "runs-alone"
+#: The HOST_TOPIC field with the environment a worker started with (`_death.record`'s
+#: `Environment`, on the wire): the scheduler counts the cluster's workers by it.
+ENVIRONMENT_FIELD = "environment"
 #: The activity name of an admission wait on Dask's Fine Performance Metrics page.
 ADMISSION_WAIT_METRIC = "oomguard-admission-wait"
 

@@ -249,7 +249,7 @@ def test_slurmstepd_names_the_job():
         {
             "cause": "sigterm",
             "signals": [sigterm_from(99, "slurmstepd")],
-            "environment": {"slurm_job_id": "42", "slurm_step_id": "0"},
+            "slurm_job": {"slurm_job_id": "42", "slurm_step_id": "0"},
         }
     )
     assert (a.name, a.confidence) == ("slurm", "confirmed")
@@ -261,9 +261,7 @@ def test_slurmstepd_names_the_job():
 
 
 def test_slurm_job_without_a_sender_is_likely_slurm():
-    a = attribute(
-        {"cause": "sigterm", "environment": {"slurm_job_id": "42", "slurm_step_id": "0"}}
-    )
+    a = attribute({"cause": "sigterm", "slurm_job": {"slurm_job_id": "42", "slurm_step_id": "0"}})
     assert (a.name, a.how, a.confidence) == ("slurm", "job state", "likely")
     assert a.facts["slurm_job_id"] == "42"
 
@@ -280,7 +278,7 @@ def test_malformed_inputs_never_raise_and_never_hide_the_death(junk):
             "killers": junk,
             "oomd": junk,
             "host_reading": junk,
-            "environment": junk,
+            "slurm_job": junk,
             "evidence": junk,
         }
     )

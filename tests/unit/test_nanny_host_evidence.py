@@ -58,7 +58,7 @@ def test_host_reading_killers_and_environment_reach_the_build(tmp_path, built):
         from oomguard._host.readings import slurm_environment
 
         life = _Life(pid=worker.pid, started=1.0, address="tcp://w:1", name="w", memory_limit=None)
-        life.environment = slurm_environment(worker.pid)
+        life.slurm_job = slurm_environment(worker.pid)
         with HostMeter() as meter:
             take_readings(life, meter)
         assert life.host is not None and life.host["available"] > 0
@@ -75,8 +75,8 @@ def test_host_reading_killers_and_environment_reach_the_build(tmp_path, built):
     (kw,) = built
     assert kw["host_reading"] is life.host and kw["host_reading"]["time"] < 2e9
     assert set(kw["host_reading"]) == {"time", "total", "available", "psi_some10", "psi_full10"}
-    said = kw["environment"].pop("slurm")  # what SLURM says of the job (no SLURM here)
-    assert kw["environment"] == {"slurm_job_id": "4242", "slurm_step_id": "1"}
+    said = kw["slurm_job"].pop("slurm")  # what SLURM says of the job (no SLURM here)
+    assert kw["slurm_job"] == {"slurm_job_id": "4242", "slurm_step_id": "1"}
     assert said["slurm_job_id"] == "4242" and said["slurm_query_seconds"] < 30
     # The last periodic scan's earlyoom, gone by the death, is still named.
     assert {"name": "earlyoom", "pid": 999_999_999, "cmdline": "earlyoom"} in kw["killers"]

@@ -111,7 +111,7 @@ def test_stderr_path_is_never_guessed():
 
 def _death(cause, facts, **extra):
     env = {"slurm_job_id": "2", "slurm_step_id": None, "slurm": facts}
-    return attribute(Seen(environment=env, **extra), cause, {})
+    return attribute(Seen(slurm_job=env, **extra), cause, {})
 
 
 def test_a_sigkill_in_a_timed_out_job_is_slurm_confirmed():
@@ -192,7 +192,7 @@ def test_the_scheduler_checks_slurm_evidence():
         "slurm_step_id": None,
         "slurm": {**facts, "slurm_query_seconds": 0.1},
     }
-    death = build(dataclasses.replace(EXAMPLE, exitcode=-9, environment=env))
+    death = build(dataclasses.replace(EXAMPLE, exitcode=-9, slurm_job=env))
     ok = wire.decode(wire.encode(death))
     assert ok.evidence["slurm_state"] == "TIMEOUT"
     assert (ok.killer.name, ok.killer.how) == ("slurm", "job state")

@@ -93,7 +93,10 @@ A store may hold the history of many clusters, one after another (each named by 
 oomguard.scheduler.cluster-name). The report reads the whole history, from a store or a
 scheduler; --cluster NAME narrows the events and pipelines to that cluster's, and the
 signatures to those it saw. A signature's COUNT is across every cluster, and CLUSTERS (in
---json, "clusters") names the clusters that saw it.
+--json, "clusters") names the clusters that saw it. Under the table, a signature whose
+deaths have a value of the workers' environment far more often than the workers do says so
+("ID suspects: NODE_POOL=spot (4 of 4 deaths, 2 of 5 workers)"); with --signature, its
+first environment too ("environment_suspects", "first_environment" in --json).
 
 Tables fit the terminal's width (or COLUMNS); a shard, signature id, pipeline name or task
 prefix is never cut: in a narrow terminal it moves to a line of its own. Piped to a
@@ -455,7 +458,10 @@ def _print(data: dict[str, Any], sections: tuple[str, ...], args: argparse.Names
         if "signatures" in data:
             blocks.append(
                 render_signatures(
-                    data["signatures"], width=width, empty=_empty("signatures", args, width)
+                    data["signatures"],
+                    width=width,
+                    empty=_empty("signatures", args, width),
+                    detail=args.signature is not None,
                 )
             )
         if "pipelines" in data:

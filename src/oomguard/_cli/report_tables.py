@@ -9,6 +9,7 @@ import json
 from .._client.results import blamed, tasks_by_role
 from .._death.record import BLAMED, Death, Role
 from .._display import clock, one_line, utc_offset
+from .._words import environment_line, suspects_phrase
 from .layout import PROSE_WIDTH, Column, Layout, key_line, lay_out, wrap
 
 # Tables fit the terminal without cutting what a user copies (a shard, a signature id, a
@@ -232,8 +233,15 @@ _SIGNATURE_LAYOUTS = [
 
 
 def render_signatures(
-    rows: list, *, width: int | None = None, empty: list[str] | None = None
+    rows: list,
+    *,
+    width: int | None = None,
+    empty: list[str] | None = None,
+    detail: bool = False,
 ) -> list[str]:
+    """The signatures' table, then a line for each that has suspects (the values its deaths
+    have much more often than the workers); `detail` (--signature): its first environment
+    too."""
     head = f"SIGNATURES: {len(rows)}, most frequent first"
     if not rows:
         return [head] + (empty or ["  no signatures recorded"])
@@ -250,7 +258,16 @@ def render_signatures(
         for s in rows
     ]
     _, header, blocks = lay_out(_SIGNATURE_COLUMNS, body, _SIGNATURE_LAYOUTS, width)
-    return [head, *header, *(line for block in blocks for line in block)]
+    notes = []
+    for s in rows:
+        if s.environment_suspects:
+            line = f"{s.id} suspects: {suspects_phrase(s.environment_suspects)}"
+            notes += wrap(line, width, "  ", hold=(s.id,))
+        if detail:
+            env = environment_line(s.first_environment) or "not known"
+            notes += wrap(f"{s.id} first environment: {env}", width, "  ", hold=(s.id,))
+    lines = [head, *header, *(line for block in blocks for line in block)]
+    return lines + ["", *notes] if notes else lines
 
 
 _COUNTS = ("DONE", "FAILED", "ABORTED", "INFRA", "USER")

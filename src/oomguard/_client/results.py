@@ -19,6 +19,7 @@ from typing import Any, ClassVar, NamedTuple
 from .._death.record import BLAMED, Death, Role
 from .._display import cell, clock, html_table, quantity, utc_offset
 from .._models import FailureEvent, PipelineStatus, SignatureRow
+from .._words import suspects_phrase
 
 #: A REPL shows at most this many records of a list (the first and the last ones)...
 REPR_ROWS = 20
@@ -185,6 +186,8 @@ class SignatureList(_Table):
         Column("pipelines", lambda s: _joined(s.pipelines), 40),
         Column("first seen", lambda s: clock(s.first_seen)),
         Column("last seen", lambda s: clock(s.last_seen)),
+        # The values its deaths have much more often than the workers (NODE_POOL=spot).
+        Column("suspects", lambda s: suspects_phrase(s.environment_suspects), 120, prose=True),
     )
 
 

@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from .._safe_text import safe_name
 from .cause import crash_signal, describe_signal, explain
 from .facts import evidence, facts_from
 from .killer import attribute
@@ -32,6 +33,7 @@ from .record import (
     Cgroup,
     Crash,
     Death,
+    Environment,
     HostMemory,
     MemoryCounters,
     Seen,
@@ -112,6 +114,29 @@ def _task(t: Any, i: int, missing: list[str], cuts: dict[str, int]) -> Task | No
         stack_time=_opt_float(t.get("stack_time")),
         grew=_opt_int(t.get("grew"), 0),
     )
+
+
+def _environment(env: Any, missing: list[str]) -> Environment | None:
+    """The worker's environment within its caps, each text one printable line (a label's
+    value is whatever its variable held); None with a note for anything else."""
+    if env is None:
+        return None
+    if not isinstance(env, Environment):
+        missing.append(f"environment: not an Environment ({type(env).__name__}), dropped")
+        return None
+    out = {}
+    for f in dataclasses.fields(Environment):
+        value, meta = getattr(env, f.name), f.metadata
+        if meta["keys"] is None:  # a text
+            out[f.name] = safe_name(value, meta["cap"]) if isinstance(value, str) else ""
+        else:  # labels, packages: {text: text}
+            pairs = list(value.items())[: meta["cap"]] if isinstance(value, Mapping) else []
+            out[f.name] = {
+                safe_name(k, meta["keys"]): safe_name(v, meta["items"])
+                for k, v in pairs
+                if isinstance(k, str) and isinstance(v, str)
+            }
+    return Environment(**out)
 
 
 def _counters(c: Any, field: str, missing: list[str]) -> MemoryCounters | None:
@@ -314,6 +339,7 @@ def build(seen: Seen, max_bytes: int = MAX_REPORT_BYTES) -> Death:
             f"frames (longest had {cuts['longest']})"
         )
 
+    environment = _environment(seen.environment, missing)
     the_time = _opt_float(seen.time)
     if the_time is None:
         missing.append("time: not a finite number, set to 0.0")
@@ -361,6 +387,7 @@ def build(seen: Seen, max_bytes: int = MAX_REPORT_BYTES) -> Death:
         killer=who,
         missing=tuple(all_missing),
         truncated=tuple(truncated),
+        environment=environment,
     )
     # Fit with room to spare for the crash note added below.
     death = _fit(death, max_bytes - 256, len(raw_text) if raw_text is not None else 0)

@@ -339,8 +339,8 @@ def _host_facts(seen: Seen) -> dict[str, Any]:
 
 def _slurm_facts(seen: Seen) -> dict[str, Any]:
     """The job from the worker's environment, and what SLURM said of it after the death
-    (``environment["slurm"]``: `slurm_job.query`'s flat facts, keys in `slurm.KEYS`)."""
-    env = _map(seen.environment)
+    (``slurm_job["slurm"]``: `slurm_job.query`'s flat facts, keys in `slurm.KEYS`)."""
+    env = _map(seen.slurm_job)
     out = {}
     for key in ("slurm_job_id", "slurm_step_id"):
         v = env.get(key)

@@ -8,9 +8,12 @@ scheduler builds the deaths no report described (a worker lost with its nanny, a
 clean exit) with the same record.
 
 Field metadata (`spec`): ``cap`` (longest str, most items of a tuple or keys of a mapping),
-``min`` (smallest int), ``items`` (the cap of each str in a tuple), ``choices`` (the values a
-str or int may take), ``optional`` (absent from reports of older nannies: read as the
-default) and ``wire=False`` (decided by the scheduler, never sent by a nanny).
+``min`` (smallest int), ``items`` (the cap of each str in a tuple, or of each value of a
+mapping of str), ``keys`` (the cap of each key of a mapping of str), ``choices`` (the values
+a str or int may take), ``safe`` (a str made one printable line on arrival,
+`_safe_text.safe_name`, as every key and value of a mapping of str is), ``optional`` (absent
+from reports of older nannies: read as the default) and ``wire=False`` (decided by the
+scheduler, never sent by a nanny).
 """
 
 from __future__ import annotations
@@ -47,7 +50,9 @@ def spec(
     cap: int | None = None,
     min: int | None = None,
     items: int | None = None,
+    keys: int | None = None,
     choices: frozenset | None = None,
+    safe: bool = False,
     optional: bool = False,
     wire: bool = True,
 ) -> dict[str, Any]:
@@ -56,7 +61,9 @@ def spec(
         "cap": cap,
         "min": min,
         "items": items,
+        "keys": keys,
         "choices": choices,
+        "safe": safe,
         "optional": optional,
         "wire": wire,
     }
@@ -177,6 +184,44 @@ class Attribution:
     memory: bool = False
 
 
+#: An environment's caps: a version or a kernel release, a container image, the labels
+#: (`oomguard.worker.labels`: names and values) and the packages a crash's stack names.
+ENV_VALUE_MAX = 128
+IMAGE_MAX = 256
+LABELS_MAX = 16
+LABEL_NAME_MAX = 64
+PACKAGES_MAX = 8
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What a worker ran on and with, read once per worker start (`_host.environment`):
+    the versions of Python, dask, distributed and oomguard, the kernel release, the
+    container image where the worker's environment names one, and its `labels`: the values
+    of the environment variables `oomguard.worker.labels` names ({"NODE_POOL": "spot"}). A
+    death's also has `packages`: the versions of the packages its crash's stack names
+    (`_death.environment.stack_packages`). Every text is one printable line, capped.
+
+    >>> Environment(python="3.11.9", labels={"NODE_POOL": "spot"}).labels["NODE_POOL"]
+    'spot'
+    """
+
+    python: str = field(default="", metadata=spec(cap=ENV_VALUE_MAX, safe=True))
+    dask: str = field(default="", metadata=spec(cap=ENV_VALUE_MAX, safe=True))
+    distributed: str = field(default="", metadata=spec(cap=ENV_VALUE_MAX, safe=True))
+    oomguard: str = field(default="", metadata=spec(cap=ENV_VALUE_MAX, safe=True))
+    kernel: str = field(default="", metadata=spec(cap=ENV_VALUE_MAX, safe=True))
+    image: str = field(default="", metadata=spec(cap=IMAGE_MAX, safe=True))
+    labels: Mapping[str, str] = field(
+        default_factory=dict,
+        metadata=spec(cap=LABELS_MAX, keys=LABEL_NAME_MAX, items=ENV_VALUE_MAX),
+    )
+    packages: Mapping[str, str] = field(
+        default_factory=dict,
+        metadata=spec(cap=PACKAGES_MAX, keys=LABEL_NAME_MAX, items=ENV_VALUE_MAX),
+    )
+
+
 SCHEMA_VERSION = 1
 #: The causes a nanny reports: `worker_lost` is the scheduler's (no report came).
 REPORT_CAUSES = frozenset(c.value for c in Cause if c not in (Cause.WORKER_LOST,))
@@ -184,8 +229,9 @@ REPORT_CAUSES = frozenset(c.value for c in Cause if c not in (Cause.WORKER_LOST,
 
 @dataclass(frozen=True)
 class Death:
-    """One worker death. The fields up to `truncated` are what the worker's nanny saw and
-    sent (schema 1); the rest is the scheduler's decision.
+    """One worker death. The fields up to `truncated`, and `environment`, are what the
+    worker's nanny saw and sent (schema 1); the rest is the scheduler's decision (for a
+    death no report described, `environment` too: what its worker said at its start).
 
     >>> d = Death(worker="tcp://10.0.0.5:40001", cause="oom_kill", time=1.0,
     ...           tasks=(Task("('load', 7)", "load"),))
@@ -225,6 +271,8 @@ class Death:
     signature_title: str = field(default="", metadata=spec(wire=False))
     #: Tasks the death touched past the `LIST_MAX` kept in `tasks`, by role.
     more: Mapping[str, int] = field(default_factory=dict, metadata=spec(wire=False))
+    # The worker's environment (issue 40): sent by the nanny.
+    environment: Environment | None = field(default=None, metadata=spec(optional=True))
 
     def role_of(self, key: str) -> Role | None:
         return next((t.role for t in self.tasks if t.key == key), None)
@@ -411,12 +459,14 @@ class Seen:
     cgroup_reading: Mapping[str, Any] | None = None
     # The host: memory after the death and at the last reading while it ran, the nanny's
     # own memory kill of it, the kernel log's OOM victim, the userspace killers running
-    # there, systemd-oomd's counters, the SLURM job of its environment
+    # there, systemd-oomd's counters, the SLURM job its environment names
     host_memory: Mapping[str, Any] | None = None
     host_reading: Mapping[str, Any] | None = None
     nanny_memory_kill: Mapping[str, Any] | None = None
     kernel_log_victim: Mapping[str, Any] | None = None
     killers: tuple[Mapping[str, Any], ...] | None = None
     oomd: Mapping[str, Any] | None = None
-    environment: Mapping[str, Any] | None = None
+    slurm_job: Mapping[str, Any] | None = None
     missing: tuple[str, ...] = ()  # what could not be read
+    # The worker's environment at its start, with the packages its crash's stack names
+    environment: Environment | None = None

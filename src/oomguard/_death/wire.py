@@ -16,7 +16,11 @@ both taken). Floats must be finite. Strings and lists longer than their caps are
 stack as ``[filename, lineno, function]``, and the scheduler's fields (`wire=False`) never.
 Evidence is flat: at most `EVIDENCE_MAX` keys (each a str of at most 128 characters) of
 str (at most 1,024), int, float, bool or None; its ``slurm_*`` keys are those of
-`slurm.KEYS`, typed, with a job state SLURM has (`wire_check.slurm_evidence`).
+`slurm.KEYS`, typed, with a job state SLURM has (`wire_check.slurm_evidence`). A mapping of
+str to str (an environment's labels and packages) has at most ``cap`` keys of at most
+``keys`` characters and values of at most ``items``. The texts of an environment, which
+its worker's settings and environment variables name, are made one printable line on
+arrival (`_safe_text.safe_name`), not refused: they are labels, and a worker may set any.
 
 The whole report, msgpack-encoded, must fit in ``max_bytes`` (at least `MIN_REPORT_BYTES`).
 `ReportError.reason` is one of `REASONS`, usable as a Prometheus label.
@@ -36,6 +40,7 @@ import msgpack
 
 from .._exceptions import ReportError
 from .._protocol import VALIDATION_REASONS
+from .._safe_text import safe_name
 from . import record
 from .record import (
     EVIDENCE_KEY_MAX,
@@ -43,6 +48,7 @@ from .record import (
     SCHEMA_VERSION,
     WIRE_NAMES,
     Death,
+    Environment,
 )
 from .wire_check import (
     INT_MAX,
@@ -63,6 +69,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "decode",
     "encode",
+    "environment",
     "to_wire",
     "validate",
 ]
@@ -136,7 +143,7 @@ def _check(tp: Any, meta: Mapping[str, Any], none: bool = False) -> _Check:
         assert args[-1] is Ellipsis, f"only tuple[X, ...] is supported, not {tp}"
         return _tuple(args[0], meta, none)
     if origin is Mapping:
-        return _evidence
+        return _labels(meta) if args == (str, str) else _evidence
     return _scalar(tp, meta, none)
 
 
@@ -144,13 +151,14 @@ def _scalar(tp: Any, meta: Mapping[str, Any], none: bool) -> _Check:
     choices, cap, least = meta.get("choices"), meta.get("cap"), meta.get("min")
     if tp is str:
         cap = cap if cap is not None else INT_MAX
+        safe = meta.get("safe", False)
 
         def check(v: Any, where: str) -> Any:
             if type(v) is not str or len(v) > cap or not v.isascii():
                 v = _str(v, where, cap, none=none)
             if choices is not None and v not in choices:
                 raise ReportError(where, f"{v!r} is not one of {sorted(choices)}", "bad_value")
-            return v
+            return safe_name(v, cap) if safe else v
 
     elif tp is int:
         lowest = least if least is not None else INT_MIN
@@ -226,6 +234,26 @@ def _frame(v: Any, parent: str, i: int | None) -> tuple:
     )
 
 
+def _labels(meta: Mapping[str, Any]) -> _Check:
+    """A mapping of str to str: its size, each key's and value's, each made safe."""
+    cap, key_cap, value_cap = meta["cap"], meta["keys"], meta["items"]
+
+    def check(v: Any, where: str) -> dict[str, str]:
+        d = _map(v, where, None)
+        if len(d) > cap:
+            raise ReportError(where, f"has {len(d)} keys, the cap is {cap}", "too_large")
+        out = {}
+        for k, value in d.items():
+            if len(k) > key_cap:
+                message = f"has a key of {len(k)} characters, the cap is {key_cap}"
+                raise ReportError(where, message, "too_large")
+            value = _str(value, f"{where}.{safe_name(k, 64)}", value_cap)
+            out[safe_name(k, key_cap)] = safe_name(value, value_cap)
+        return out
+
+    return check
+
+
 def _evidence(v: Any, where: str) -> dict[str, Any]:
     ev = _map(v, where, None)
     if len(ev) > record.EVIDENCE_MAX:
@@ -296,6 +324,26 @@ def validate(report: object, max_bytes: int = MAX_REPORT_BYTES) -> Death:
     except Exception as exc:  # a bug or a hostile object: still a rejected report, not a crash
         message = f"could not be validated ({type(exc).__name__})"
         raise ReportError("report", message, "bad_value") from exc
+
+
+def environment(value: object) -> Environment:
+    """The `Environment` a worker's host event says (its ``environment``), checked as a
+    report's is, or `ReportError` naming the bad field. Never raises anything else.
+
+    >>> wired = to_wire(Environment(python="3.11.9", labels={"NODE_POOL": "spot"}))
+    >>> environment(wired).labels
+    {'NODE_POOL': 'spot'}
+    >>> environment({**wired, "labels": {"NODE_POOL": 7}})
+    Traceback (most recent call last):
+    oomguard.ReportError: environment.labels.NODE_POOL: must be str, not int
+    """
+    try:
+        return _record_check(Environment)(value, "environment")
+    except ReportError:
+        raise
+    except Exception as exc:
+        message = f"could not be validated ({type(exc).__name__})"
+        raise ReportError("environment", message, "bad_value") from exc
 
 
 # --------------------------------------------------------------------------- wire format

@@ -14,7 +14,7 @@ from typing import Any
 
 from .._causes import Cause, Confidence, Killer, Kind, Known, kind_of
 from .._death.killer import for_cause
-from .._death.record import LIST_MAX, Attribution, Death, Role, Task
+from .._death.record import LIST_MAX, Attribution, Death, Environment, Role, Task
 from .._models import FailureEvent
 from .._signature import scrub
 from .._words import (
@@ -111,10 +111,12 @@ def decided(
     name_of: Callable[[ShardKey], str],
     attempts: Mapping[ShardKey, int],
     alone: str = "",
+    environment: Environment | None = None,
 ) -> Account:
     """The death of `case`, decided now, and its events: `keys` is {str: key} of what `b`
     blames (None: unknown); `name_of` names a task's pipeline; `attempts` the number each
-    blamed shard's failure gets; `alone`, why a suspect placed to run alone did not."""
+    blamed shard's failure gets; `alone`, why a suspect placed to run alone did not;
+    `environment`, what its worker said at its start (for a death no report described)."""
     report, removal, cause = case.report, case.removal, case.cause
     killer = case.report.killer if report is not None and report.killer else for_cause(cause)
     suspects = tuple(sorted(keys)) if b.suspected else ()
@@ -149,7 +151,7 @@ def decided(
     sig, example = signed(cause, report, entries.get(first), first, suspects)
     cap_evidence(evidence)  # measured once per death, shared by its events
     when = removal.time if removal is not None else report.time
-    base = report if report is not None else _unreported(case, cause, removal)
+    base = report if report is not None else _unreported(case, cause, removal, environment)
     death = dataclasses.replace(
         base,
         worker=case.worker,
@@ -205,7 +207,7 @@ def late(
     return Account(record)
 
 
-def _unreported(case: Case, cause: Cause, removal: Any) -> Death:
+def _unreported(case: Case, cause: Cause, removal: Any, environment: Environment | None) -> Death:
     """The death no report described: what the scheduler knew of the worker."""
     return Death(
         worker=case.worker,
@@ -216,6 +218,7 @@ def _unreported(case: Case, cause: Cause, removal: Any) -> Death:
         cause=cause.value,
         time=removal.time if removal is not None else 0.0,
         memory_limit=removal.memory_limit if removal is not None else None,
+        environment=environment,
     )
 
 

@@ -7,7 +7,8 @@ of the tasks it is blamed on), `budget` (deaths
 per key, Dask's bound kept exactly), `memory` and `resize` (after a memory kill: a larger
 worker, waited for a while, or an abort), `isolation` (after a memory kill shared by
 several tasks: each runs alone) and the `FailurePolicy` (per-shard evidence and the abort);
-`signatures` names each crash, and the words a person reads come from `oomguard._words`.
+`signatures` names each crash, `environments` where its deaths live, and the words a person
+reads come from `oomguard._words`.
 The scheduler plugin turns Dask's hooks into calls here and applies the returned
 decisions; nothing here touches Dask.
 
@@ -39,6 +40,7 @@ from .accounts import task_record
 from .blame import blame, blamed, memory_kill
 from .budget import DeathBudget
 from .decisions import Decision, Forgive, Hold, Release, Stop
+from .environments import EnvironmentTally, slot
 from .isolation import RUN_ALONE_TIMEOUT, Isolation
 from .pairing import Case, DeathPairing, Removal
 from .policy import FailurePolicy
@@ -79,6 +81,8 @@ class DecisionCore:
             abort_on_repeat_signature=abort_on_repeat_signature,
         )
         self.larger_only = larger_only
+        self.environments = EnvironmentTally()  # where deaths live: an abort names it
+        self.policy.suspects = self.environments.suspects
         self.workers: dict[str, int | None] = {}  # address -> memory limit
         self.held: set = set()
         self.stopped: dict[Any, Stop] = {}  # key -> the Stop that erred it
@@ -304,7 +308,10 @@ class DecisionCore:
         attempts = {s: self.policy.attempt(s) for s in named if s}
         # A shared memory death, and one of them was to run alone: why it did not.
         alone = self.isolation.why(keys.values()) if b.shared else ""
-        account = accounts.decided(case, b, keys, self.runs.name_of, attempts, alone)
+        at = slot(case.worker, removal.nanny if removal is not None else None)
+        env = self.environments.of(at)  # a death no report described: its worker's
+        account = accounts.decided(case, b, keys, self.runs.name_of, attempts, alone, env)
+        self.environments.died(account.record.death)
         out.append(account.record)
         decisions: list[tuple[AbortDecision, Any]] = []
         if b.suspected:
@@ -410,7 +417,9 @@ class DecisionCore:
     def _amend(self, case: Case) -> list[Decision]:
         # Each amended event keeps the attempt of the one it replaces.
         attempts = {t.key: max(1, self.policy.attempt(t.key) - 1) for t in blamed(case)[0]}
-        return [accounts.late(case, self.runs.name_of, attempts).record]
+        record = accounts.late(case, self.runs.name_of, attempts).record
+        self.environments.died(record.death)
+        return [record]
 
     # --- stopping --------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ erred or forgotten) unless `shard_reopened` says its result was lost and it runs
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .._causes import DEATH_CAUSES, Cause, Killer, Kind, kind_of, shard_death
@@ -32,6 +32,7 @@ from .._words import (
     no_larger_abort_message,
     over_budget_message,
     pipeline_summary,
+    suspects_sentence,
 )
 from .runs import RunLabel, ShardKey
 
@@ -42,9 +43,6 @@ __all__ = ["AbortDecision", "FailurePolicy"]
 _HISTORY_CAP = 64
 # Erred shards kept per pipeline: the first names the culprit of a failed run.
 _ERRED_KEPT = 5
-
-
-# --------------------------------------------------------------------------- records
 
 
 # --------------------------------------------------------------------------- policy
@@ -77,6 +75,8 @@ class FailurePolicy:
         self._pipelines: dict[RunLabel, PipelineCounts] = {}
         self._shards: dict[ShardKey, ShardRecord] = {}
         self.dirty: set[RunLabel] = set()  # pipelines changed since `take_dirty`
+        # A signature's suspects (`_death.environment`), which an abort names: the core's.
+        self.suspects: Callable[[str], list[dict]] = lambda signature_id: []
 
     def configure(self, *, max_shard_infra_failures: int, abort_on_repeat_signature: bool) -> None:
         """Set when a shard is a deterministic crasher (also while running: decisions
@@ -245,7 +245,7 @@ class FailurePolicy:
             evidence=dict(event.evidence or {}),
             workers=(event.worker,) if event.worker else (),
             hosts=(event.host,) if event.host else (),
-            message=message,
+            message=f"{message} {suspects_sentence(self.suspects(event.signature_id))}".rstrip(),
         )
         if run is not None:
             p = self._pipeline(run)
@@ -396,6 +396,7 @@ class FailurePolicy:
             workers=workers,
             hosts=hosts,
             crashed=crashed,
+            suspects=self.suspects(event.signature_id),
         )
         return AbortDecision(
             pipeline=event.pipeline,

@@ -7,6 +7,7 @@ import sqlite3
 from typing import NamedTuple
 
 from . import deaths as _deaths
+from . import environments as _environments
 from .items import DEATH_ROW, ROW
 from .schema import PIPELINE_COLUMNS
 
@@ -199,6 +200,7 @@ def commit_batch(
     pipelines: list[tuple] = []
     deaths = _deaths.BatchDeaths()
     examples: dict[str, str] = {}
+    environments: list[tuple] = []
     for item in items:  # as little Python per item as possible: it holds the GIL
         n = len(item)
         if n == ROW:
@@ -208,6 +210,8 @@ def commit_batch(
             examples.setdefault(item[7], item[ROW])
         elif n == 4:  # a death with its events (see death_item)
             deaths.take(item, events, examples)
+        elif n == 2:  # a worker's environment (see environments.item)
+            environments.append(item[1])
         else:
             pipelines.append(item[0])
     count, dead = limits.events, limits.deaths
@@ -241,6 +245,9 @@ def commit_batch(
             members = {"last": last, "rows": limits.member_rows}
             for statement in _MEMBERS:
                 conn.execute(statement, members)
+        if deaths.rows:
+            _environments.first(conn, dlast)
+        _environments.write(conn, environments)
         conn.executemany(_UPSERT_PIPELINE, pipelines)
         if pipelines:
             runs = conn.execute("SELECT count(*) FROM pipelines").fetchone()[0]

@@ -198,6 +198,21 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX death_tasks_shard ON death_tasks(shard)",
         "CREATE INDEX death_tasks_pipeline ON death_tasks(pipeline)",
     ),
+    (
+        # Where a crash lives (issue 40, `environments.py`): each cluster's workers with
+        # the environment their latest start said (a slot: a worker's nanny), and each
+        # signature's first environment ('' until a death with one).
+        """CREATE TABLE worker_environments (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,  -- new with each update, never reused
+            cluster TEXT NOT NULL,
+            slot TEXT NOT NULL,
+            time REAL NOT NULL,
+            environment TEXT NOT NULL,  -- JSON: Environment
+            UNIQUE (cluster, slot)
+        )""",
+        "CREATE INDEX worker_environments_cluster ON worker_environments(cluster, time)",
+        "ALTER TABLE signatures ADD COLUMN first_environment TEXT NOT NULL DEFAULT ''",
+    ),
 )
 
 #: The SignatureRow lists kept in signature_members; the position is the stored code.

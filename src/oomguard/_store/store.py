@@ -12,8 +12,10 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
+from .._models import SignatureRow
+from . import environments
 from .batch import CREATE_BATCH_MEMBERS
-from .reads import Reader
+from .reads import Reader, _read
 from .schema import MIGRATIONS, check_file, connect, migrate, require_json
 from .writer import WAL_CHECKPOINT_PAGES, WRITER_CACHE_KIB, Writer
 
@@ -111,6 +113,7 @@ class FailureStore:
     add = _of("writer", Writer.add)
     record = _of("writer", Writer.record)
     upsert_pipeline = _of("writer", Writer.upsert_pipeline)
+    worker_environment = _of("writer", Writer.worker_environment)
     flush = _of("writer", Writer.flush)
     mark_shipped = _of("writer", Writer.mark_shipped)
     flush_marks = _of("writer", Writer.flush_marks)
@@ -118,8 +121,6 @@ class FailureStore:
     deaths = _of("reader", Reader.deaths)
     death_times = _of("reader", Reader.death_times)
     shard = _of("reader", Reader.shard)
-    signatures = _of("reader", Reader.signatures)
-    signature = _of("reader", Reader.signature)
     totals = _of("reader", Reader.totals)
     distinct_counts = _of("reader", Reader.distinct_counts)
     pipeline = _of("reader", Reader.pipeline)
@@ -148,6 +149,22 @@ class FailureStore:
     #: they delete, and `on_commit` is called on the writer thread after each commit.
     ships = _setting("writer", "ships")
     on_commit = _setting("writer", "on_commit")
+
+    def signatures(self, *, environment: bool = True, **filters: Any) -> list[SignatureRow]:
+        """`Reader.signatures`, each row with where its crash lives (`environments.attach`;
+        `environment=False`: without, as the dashboard's table reads them)."""
+        rows = self.reader.signatures(**filters)
+        return environments.attach(rows, self._fetch, environments.SQLITE) if environment else rows
+
+    def signature(self, signature_id: str) -> SignatureRow | None:
+        """`Reader.signature`, with where its crash lives."""
+        row = self.reader.signature(signature_id)
+        if row is None:
+            return None
+        return environments.attach([row], self._fetch, environments.SQLITE)[0]
+
+    def _fetch(self, sql: str, args: Any) -> list[tuple]:
+        return _fetch(self.reader, sql, args)
 
     @property
     def file(self) -> str:
@@ -209,3 +226,9 @@ class FailureStore:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
         if self.history is not None:
             self.history.close()
+
+
+@_read
+def _fetch(reader: Reader, sql: str, args: Any) -> list[tuple]:
+    """One query of `reader` (a read as its own methods are: counted, refused once closed)."""
+    return reader._reader().execute(sql, args).fetchall()

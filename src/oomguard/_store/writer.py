@@ -11,9 +11,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from .._death.record import Death
+from .._death.record import Death, Environment
 from .._models import FailureEvent, PipelineStatus
 from .batch import Counts, Limits, ShipMark, commit_batch, disk_full
+from .environments import item as environment_item
 from .items import death_item, describe_event, event_item, item_size, pipeline_row
 
 logger = logging.getLogger("oomguard.store")
@@ -212,6 +213,22 @@ class Writer:
             self._error(f"upsert_pipeline(): {e}")
             return
         self._put((row,))
+
+    def worker_environment(
+        self, cluster: str, slot: str, environment: Environment, time: float
+    ) -> bool:
+        """Queue the environment a worker of `cluster` said at its start (`slot`: its
+        nanny; see `environments`). As `add`: never blocks, never raises, no I/O.
+
+        >>> store.worker_environment("etl", "tcp://10.0.0.5:40000", environment, 1.7e9)
+        True
+        """
+        try:
+            queued = environment_item(cluster, slot, environment, time)
+        except Exception as e:
+            self._error(f"worker_environment(): {e}")
+            return False
+        return self._put(queued)
 
     def _put(self, item: tuple) -> bool:
         size = item_size(item)

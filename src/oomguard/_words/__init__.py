@@ -1,7 +1,8 @@
 """Every sentence a person reads about a death or a run, as pure functions of plain values.
 
 What killed a worker (`causes`), a death's evidence, culprit and log line (`deaths`), why a
-pipeline was aborted (`aborts`), a run in one sentence (`summaries`). The deciding code
+pipeline was aborted (`aborts`), a run in one sentence (`summaries`), where a crash lives
+(`environments`). The deciding code
 (`oomguard._decide`, the scheduler plugin's actions, the nanny's report) counts and decides,
 and calls these for its words; nothing here decides anything.
 """
@@ -18,6 +19,7 @@ from .deaths import (
     sampled_stack,
     suspects_line,
 )
+from .environments import environment_line, suspects_phrase, suspects_sentence
 from .summaries import pipeline_summary
 
 __all__ = [
@@ -28,6 +30,7 @@ __all__ = [
     "culprit_line",
     "death_line",
     "describe_cause",
+    "environment_line",
     "evidence_summary",
     "exception_name",
     "no_larger_abort_message",
@@ -38,4 +41,6 @@ __all__ = [
     "shard_name",
     "subject",
     "suspects_line",
+    "suspects_phrase",
+    "suspects_sentence",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from distributed import KilledWorker
@@ -11,6 +11,7 @@ from .._causes import Cause, memory_death
 from .._exceptions import LastWorker
 from .._units import format_bytes
 from .causes import describe_cause, listing, plural, shard_name, shell_arg, subject, times
+from .environments import suspects_sentence
 
 if TYPE_CHECKING:
     from .._models import FailureEvent, PipelineCounts, ShardRecord
@@ -31,10 +32,12 @@ def abort_message(
     workers: Sequence[str],
     hosts: Sequence[str],
     crashed: int,
+    suspects: Sequence[Mapping[str, Any]] = (),
 ) -> str:
     """Why the policy aborted `event.pipeline`: `shard` (its record) reached `max_failures`
     (`reason` "count"), or died with one signature on `repeat_worker` and on `event.worker`
-    (`reason` "repeat"); what to do next. `crashed`: the pipeline's shards that crashed."""
+    (`reason` "repeat"); what to do next. `crashed`: the pipeline's shards that crashed;
+    `suspects`: the values its signature's deaths have far more than the workers."""
     evidence = event.evidence or {}
     if len(shard.causes) == 1:
         what = f"{subject(cause)} {_describe(event, cause)}"
@@ -90,6 +93,7 @@ def abort_message(
         f"{times(shard.infra)}: {what}. "
         f"Crash signature: {sig}. "
         f"Workers: {listing(workers) or 'unknown'}; hosts: {listing(hosts) or 'unknown'}. "
+        f"{suspects_sentence(suspects)}"
         f"oomguard treats the shard as a deterministic crasher because {why}. "
         f"Pipeline tally: {tally}. "
         f"Next: {todo}; `oomguard report --shard {shell_arg(event.shard)}` shows every "

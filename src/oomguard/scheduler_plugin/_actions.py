@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .._death import wire
 from .._decide import (
     EndAlone,
     Forgive,
@@ -23,7 +24,9 @@ from .._decide import (
     Widen,
     nanny_stop_record,
 )
-from .._protocol import RUN_ALONE_ANNOTATION
+from .._decide.environments import EnvironmentTally, slot
+from .._exceptions import ReportError
+from .._protocol import ENVIRONMENT_FIELD, RUN_ALONE_ANNOTATION
 from .._safe_text import safe_name, safe_text
 from .._words import death_line
 from ._setup import address_host
@@ -100,6 +103,30 @@ class DaskActions:
                 self._widen(d)
             elif isinstance(d, Stop):
                 self._stop(d)
+
+    def host_event(self, worker: str, msg: dict, environments: EnvironmentTally) -> None:
+        """A worker's host event, taken (`Workers.host_event`): its SLURM job noted, and its
+        environment checked as a report's is, counted among the cluster's workers
+        (`environments`: the core's) and kept in the history. A worker that sends none (an
+        older oomguard) is left out of the count; one that sends a bad one too, said once."""
+        self.slurm_jobs.note(worker, msg)
+        if ENVIRONMENT_FIELD not in msg:
+            return
+        try:
+            environment = wire.environment(msg[ENVIRONMENT_FIELD])
+        except ReportError as e:
+            self.guard.once(
+                "environment",
+                "oomguard: the worker %s sent an environment that was refused (%s); "
+                "further refusals are not logged",
+                safe_name(worker),
+                safe_name(str(e), 512),
+            )
+            return
+        ws = self.scheduler.workers.get(worker)
+        at = slot(worker, ws.nanny if ws is not None else None)
+        environments.worker(at, environment)
+        self.store.worker_environment(self.cluster, at, environment, time.time())
 
     def _record(self, d: Record) -> None:
         """Store a failure and count it: a death once (`oomguard_worker_deaths_total`),

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._causes import Cause
+from .._words import environment_line, suspects_phrase
 
 if TYPE_CHECKING:
     from .._models import FailureEvent, PipelineStatus, SignatureRow
@@ -149,6 +150,12 @@ def signature_detail(row: SignatureRow | None, events: Sequence[FailureEvent]) -
         f"pipelines  {_members(row.pipelines)}",
         f"clusters   {_members(row.clusters)}",
         "",
+        "Where it lives",
+        "--------------",
+        f"first environment  {environment_line(row.first_environment) or 'not known'}",
+        "suspects           "
+        + (suspects_phrase(row.environment_suspects) or "none stands out against the workers"),
+        "",
         "Example trace",
         "-------------",
         row.example.rstrip() or "(no trace was recorded for this signature)",
@@ -193,13 +200,17 @@ def read_store(store: Any, now: float, cluster: str | None = None) -> Snapshot:
     """Blocking: run it in a thread. `cluster`: this cluster's events and runs, and the
     signatures it saw (None: the whole history)."""
     written = store.written
-    signatures = store.signatures(limit=MAX_SIGNATURES, cluster=cluster)
+    # The table shows no suspects: its rows are read without them (a signature's detail has
+    # them).
+    signatures = store.signatures(limit=MAX_SIGNATURES, cluster=cluster, environment=False)
     history = getattr(store, "history", None)
     if history is not None and history.shipper.up and signatures:
         # The PostgreSQL history knows every cluster that saw them, and their whole count
         # (one bounded query; with the history away, this scheduler's own view).
         try:
-            signatures = history.reader.signatures(limit=MAX_SIGNATURES, cluster=cluster)
+            signatures = history.reader.signatures(
+                limit=MAX_SIGNATURES, cluster=cluster, environment=False
+            )
         except Exception as e:  # away since: the next refresh tries again
             logger.info("oomguard dashboard: the history is away (%s)", type(e).__name__)
     window = {"since": now - WINDOW_S, "limit": MAX_EVENTS, "cluster": cluster}

@@ -335,8 +335,8 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
 
     def _worker_event(self, worker: str, topic: str, msg: dict) -> None:
         """An event of `worker` itself, from its own stream (`WorkerEvents`): a task that
-        waited for host memory, or its hostname, SLURM job and whether it can run a task
-        alone (its worker plugin's setup)."""
+        waited for host memory, or its hostname, SLURM job, environment and whether it can
+        run a task alone (its worker plugin's setup)."""
         if self.core is None:
             return
         if topic == ADMISSION_TOPIC:
@@ -349,7 +349,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
                 out = self.core.isolation.worker_able(worker, time.monotonic())
                 asyncio.get_running_loop().call_soon(self._apply_guarded, out)  # after the hook
             if self.workers.host_event({**msg, "worker": worker}) and self.actions is not None:
-                self.actions.slurm_jobs.note(worker, msg)
+                self.actions.host_event(worker, msg, self.core.environments)
 
     def _removed(self, msg: dict) -> None:
         """Dask's `remove-worker` event, published after it counted the dead worker's tasks

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._death.record import MemoryCounters
+from .._death.record import Environment, MemoryCounters
 from .._host import cgroup as _cgroup
 from .._host.readings import HostMeter, OomdXattrs
 
@@ -34,7 +34,8 @@ class _Life:
     host: dict | None = None  # HostMeter.read() at the last reading while it ran
     oomd_watch: OomdXattrs | None = None  # systemd-oomd's xattrs on its group, ancestors
     oomd: dict | None = None  # their sums at the last reading while it ran
-    environment: dict | None = None  # slurm_environment(pid), read at its start
+    slurm_job: dict | None = None  # slurm_environment(pid), read at its start
+    environment: Environment | None = None  # _host.environment.read, at its start
     files: _Files | None = None  # kept open for take_readings; closed by close()
 
     def close(self) -> None:

@@ -36,6 +36,7 @@ from .._admission.config import AdmissionConfig
 from .._admission.startup import Start, StartupReservations, startup_peak
 from .._guard import Guard
 from .._host import cgroup as _cgroup
+from .._host.environment import configured_labels
 from .._host.oom_killers import find_killers
 from .._host.paths import configured_crash_dir, private_crash_dir
 from .._host.readings import HostMeter, OomdXattrs, slurm_environment
@@ -97,6 +98,7 @@ class OomguardNannyPlugin(NannyPlugin):
         self._closing = False
         self._close_reason = ""  # Nanny.close's reason, e.g. "signal-15"
         self.sender_cmdline = "hashed"  # oomguard.worker.sender-cmdline, read in setup
+        self.labels: tuple[str, ...] = ()  # oomguard.worker.labels, read in setup
         self._tasks: set[asyncio.Task] = set()
         self._watcher: asyncio.Task | None = None
         self._delegate: OomguardNannyPlugin | None = None
@@ -140,6 +142,7 @@ class OomguardNannyPlugin(NannyPlugin):
         if self.signal_senders is None:
             self.signal_senders = _config.get_bool("worker.signal-senders")
         self.sender_cmdline = _config.get_choice("worker.sender-cmdline", CMDLINE_MODES)
+        self.labels = configured_labels()
 
     async def setup(self, nanny: Nanny) -> None:
         follow_dask_logging()
@@ -170,6 +173,7 @@ class OomguardNannyPlugin(NannyPlugin):
             nanny, self.crash_dir, self.max_report_size, self.guard, self._stopping
         )
         self.reporter.sender_cmdline = self.sender_cmdline
+        self.reporter.labels = self.labels
         self._meter = HostMeter()
         if admission.enabled and admission.startup:
             self._startup = StartupReservations(admission, f"{os.getpid()}-{id(self):x}")
@@ -398,7 +402,8 @@ class OomguardNannyPlugin(NannyPlugin):
             life.cgroup_before = counters
             life.missing.extend(f"cgroup at worker start: {m}" for m in counters.missing)
             life.oomd_watch = OomdXattrs(life.cgroup_path)
-        life.environment = slurm_environment(pid)
+        life.slurm_job = slurm_environment(pid)
+        life.environment = self.reporter.environment()
         take_readings(life, self._meter)
         self._life = life
 
@@ -451,6 +456,7 @@ class OomguardNannyPlugin(NannyPlugin):
                     placement=placed.facts(),
                     started_monotonic=placed.at_monotonic,
                     missing=[*placed.missing, "the worker died before it was up"],
+                    environment=self.reporter.environment(),
                 )
         requested = stopping or self._closing or (nanny is not None and nanny.status in _CLOSING)
         death_time = time.time()

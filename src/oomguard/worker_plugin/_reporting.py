@@ -14,13 +14,18 @@ import os
 import signal
 import socket
 import time
+from collections import ChainMap
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .._death import wire as _wire
 from .._death.build import build
-from .._death.record import Death, Seen
+from .._death.environment import stack_packages, stack_paths
+from .._death.record import Death, Environment, Seen
 from .._host import cgroup as _cgroup
+from .._host.environment import PackageVersions
+from .._host.environment import read as read_environment
 from .._host.flight import read_flight_record
 from .._host.oom_killers import (
     find_killers,
@@ -47,14 +52,16 @@ logger = logging.getLogger("oomguard.nanny")
 class Reporter:
     """What a nanny tells the scheduler of its worker processes' ends: one death report
     per death (`report`), or a clean-exit notice (`send_clean_exit`). It keeps what the
-    report needs beyond the worker's own files: the nanny's own memory kills (`memory_kill`)
-    and the userspace killers found at the nanny's last scan (`killers`)."""
+    report needs beyond the worker's own files: the nanny's own memory kills (`memory_kill`),
+    the userspace killers found at the nanny's last scan (`killers`), and what it reads of
+    the environment each worker starts with (`environment`)."""
 
     crash_dir: str
     max_report_size: int | None
     memory_kills: dict[int, dict]  # the nanny's own memory kills, by PID, until reported
     killers: list[dict] | None  # the userspace killers at the nanny's last scan
     sender_cmdline: str  # how a signal sender's command line is kept (senders.command_line)
+    labels: tuple[str, ...]  # oomguard.worker.labels, set by the plugin
     reports_sent: int
 
     def __init__(
@@ -73,7 +80,18 @@ class Reporter:
         self.memory_kills = {}
         self.killers = None
         self.sender_cmdline = "hashed"  # oomguard.worker.sender-cmdline, set by the plugin
+        self.labels = ()
+        self.versions = PackageVersions()  # of the packages crashes name, each looked up once
         self.reports_sent = 0
+
+    def environment(self) -> Environment:
+        """The environment the nanny's next worker starts with: the nanny's own variables
+        and those it sets for its worker (`Nanny.env`: its `env=`, distributed.nanny.environ
+        and pre-spawn-environ), labelled by `labels`."""
+        env = getattr(self.nanny, "env", None)
+        return read_environment(
+            ChainMap(env if isinstance(env, dict) else {}, os.environ), self.labels
+        )
 
     def memory_kill(self, msg: dict) -> None:
         """The nanny's own `worker-restart-memory` event: it is killing the worker for
@@ -121,11 +139,16 @@ class Reporter:
         if any(memory_killer(k) for k in killers or ()):
             # Was the worker the largest process, the one a userspace OOM killer picks?
             host_memory["largest_other"] = largest_process(pid)
-        environment = life.environment if life else None
-        if environment and valid_job_id(environment.get("slurm_job_id")):
+        job = life.slurm_job if life else None
+        if job and valid_job_id(job.get("slurm_job_id")):
             # What SLURM says of the job now (its state, its --mem): bounded subprocesses.
-            said = query_job(environment["slurm_job_id"], environment.get("slurm_step_id"))
-            environment = {**environment, "slurm": said}
+            said = query_job(job["slurm_job_id"], job.get("slurm_step_id"))
+            job = {**job, "slurm": said}
+        # Read at its start (now, where its start was not seen), with the packages the
+        # crash's stack names.
+        environment = life.environment if life and life.environment else self.environment()
+        paths = stack_paths(crash_text, executing)
+        environment = replace(environment, packages=stack_packages(paths, self.versions))
         oomd = None
         if life is not None and life.cgroup_path is not None:
             after = oomd_xattrs(life.cgroup_path)  # before the group is removed, below
@@ -160,8 +183,9 @@ class Reporter:
             kernel_log_victim=kernel_victim,
             killers=tuple(killers) if killers is not None else None,
             oomd=oomd,
-            environment=environment,
+            slurm_job=job,
             missing=tuple(missing),
+            environment=environment,
         )
         death = build(seen, self.max_report_size or _wire.MAX_REPORT_BYTES)
         remove_files(self.crash_dir, pid)

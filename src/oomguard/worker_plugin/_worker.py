@@ -17,8 +17,10 @@ import psutil
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from .. import _compat, _config
+from .._death.wire import to_wire
 from .._guard import Guard
 from .._host import cgroup as _cgroup
+from .._host import environment as _environment
 from .._host import sigrec as _sigrec
 from .._host.flight import (
     SIGNALS_DISABLED,
@@ -30,7 +32,7 @@ from .._host.growth import GrowthSplit, thread_system_time
 from .._host.paths import configured_crash_dir, crash_path, flight_path
 from .._log import follow_dask_logging
 from .._private import create, private_dir
-from .._protocol import HOST_TOPIC, RUNS_ALONE_FIELD, WORKER_PLUGIN
+from .._protocol import ENVIRONMENT_FIELD, HOST_TOPIC, RUNS_ALONE_FIELD, WORKER_PLUGIN
 from ._admission import install_admission
 from ._alone import AloneGate
 
@@ -146,12 +148,24 @@ class OomguardWorkerPlugin(WorkerPlugin):
             # The name its nanny's death reports give this host, so that the scheduler
             # names the host of an exception, or of a death without a report, the same.
             # Its SLURM job too, for the scheduler to ask SLURM when the worker is lost.
-            # And whether it can run a task alone (the scheduler places suspects so).
+            # And whether it can run a task alone (the scheduler places suspects so), and
+            # its environment (the scheduler counts the cluster's workers by their values).
             job = {k: os.environ[v] for k, v in _SLURM_VARS if os.environ.get(v)}
             alone = {RUNS_ALONE_FIELD: True} if self._gate is not None else {}
-            worker.log_event(HOST_TOPIC, {"host": socket.gethostname(), **job, **alone})
+            env = self._environment()
+            worker.log_event(HOST_TOPIC, {"host": socket.gethostname(), **job, **alone, **env})
         except Exception:
             self._internal_error("setup")
+
+    def _environment(self) -> dict[str, Any]:
+        """{ENVIRONMENT_FIELD: ...} for the host event, as the nanny reads it for its reports
+        ({} when it cannot be read: the host event goes without it)."""
+        try:
+            labels = _environment.configured_labels()
+            return {ENVIRONMENT_FIELD: to_wire(_environment.read(os.environ, labels))}
+        except Exception:
+            self._internal_error("environment")
+            return {}
 
     def _install_gate(self, worker: Worker) -> None:
         """The run-alone gate around `Worker.execute`; without that internal (said once),

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..batch import ShipMark
 from ..items import DEATH_COLUMNS as _COLUMNS
+from .environments import FIRST_ENVIRONMENTS
 
 logger = logging.getLogger("oomguard.store")
 
@@ -139,6 +140,7 @@ class DeathShipper:
                 for row in rows:
                     copy.write_row(row)
             cur.execute(UPSERT_DEATHS, {"origin": origin})
+            cur.execute(FIRST_ENVIRONMENTS)
         self.sent += len(rows)
 
 

@@ -12,9 +12,11 @@ from ..._models import FailureEvent, PipelineStatus, SignatureRow
 from ..._urls import check_url, redact
 from .. import query
 from ..deaths import death_from_row
+from ..environments import attach
 from ..reads import _event, _signature, _within
 from ..schema import MEMBER_FIELDS
 from .deaths import among_tasks
+from .environments import POSTGRES as _ENVIRONMENTS
 from .schema import NAMESPACE
 
 # As in the SQLite store: a death that named no shard is found by each of its suspects.
@@ -191,9 +193,11 @@ class PgReader:
         offset: int = 0,
         max_bytes: int | None = None,
         cluster: str | None = None,
+        environment: bool = True,
     ) -> list[SignatureRow]:
-        """As FailureStore.signatures; counts are across every cluster. `cluster`: only the
-        signatures that cluster saw."""
+        """As FailureStore.signatures; counts are across every cluster, suspects against
+        the workers of every cluster their deaths were in. `cluster`: only the signatures
+        that cluster saw."""
         sql, params = query.signatures(
             POSTGRES,
             _SELECT_SIGNATURE,
@@ -205,13 +209,14 @@ class PgReader:
             limit=_limit(limit),
             offset=offset,
         )
-        return [_row(r) for r in self._rows(sql, params, max_bytes)]
+        rows = [_row(r) for r in self._rows(sql, params, max_bytes)]
+        return attach(rows, self._rows, _ENVIRONMENTS) if environment else rows
 
     def signature(self, signature_id: str) -> SignatureRow | None:
         rows = self._rows(
             _SELECT_SIGNATURE + " WHERE id = %(id)s", {"id": signature_id, "cap": self.member_cap}
         )
-        return _row(rows[0]) if rows else None
+        return attach([_row(rows[0])], self._rows, _ENVIRONMENTS)[0] if rows else None
 
     def distinct_counts(self, signature_id: str) -> dict[str, int]:
         """The stored distinct values of each member field: exact up to the bound of values

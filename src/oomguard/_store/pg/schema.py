@@ -17,7 +17,7 @@ LOCK_KEY = 0x4F4F4D47
 #: The tables that hold a cluster's rows, each under row-level security (migrations 2, 3): a
 #: role listed in `cluster_roles` reads only its clusters' rows and writes only those it
 #: `writes`; the tables' owner, and a role not listed, are not restricted.
-CLUSTER_TABLES = ("events", "pipelines", "set_aside", "deaths")
+CLUSTER_TABLES = ("events", "pipelines", "set_aside", "deaths", "worker_environments")
 # Uncorrelated subqueries: PostgreSQL runs each once per statement, not once per row.
 _LISTED = "NOT EXISTS (SELECT 1 FROM cluster_roles WHERE role = current_user)"
 _CLUSTERS = "ARRAY(SELECT cluster FROM cluster_roles WHERE role = current_user)"
@@ -169,6 +169,33 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX deaths_worker ON deaths(worker, time)",
         "CREATE INDEX deaths_tasks ON deaths USING gin (tasks jsonb_path_ops)",
         *_own_rows("deaths"),
+    ),
+    (
+        # Where a crash lives (issue 40, `environments.py`): each cluster's workers with the
+        # environment their latest start said (a slot: a worker's nanny), under row-level
+        # security as a cluster's rows; each signature's first environment. The roles
+        # granted already may read (and the writers write) the workers as their clusters'
+        # other rows: granted here, as `oomguard history grant` grants a new role.
+        """CREATE TABLE worker_environments (
+            cluster text NOT NULL,
+            slot text NOT NULL,
+            time double precision NOT NULL,
+            environment text NOT NULL,  -- JSON, as the SQLite store keeps it
+            PRIMARY KEY (cluster, slot)
+        )""",
+        "CREATE INDEX worker_environments_time ON worker_environments(cluster, time)",
+        "ALTER TABLE signatures ADD COLUMN first_environment text NOT NULL DEFAULT ''",
+        *_own_rows("worker_environments"),
+        """DO $$ DECLARE r record; BEGIN
+            FOR r IN SELECT role, bool_or(writes) AS writes FROM cluster_roles GROUP BY role
+            LOOP
+                EXECUTE format('GRANT SELECT ON worker_environments TO %I', r.role);
+                IF r.writes THEN
+                    EXECUTE format(
+                        'GRANT INSERT, UPDATE, DELETE ON worker_environments TO %I', r.role);
+                END IF;
+            END LOOP;
+        END $$""",
     ),
 )
 

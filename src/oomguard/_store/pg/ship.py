@@ -31,6 +31,7 @@ from ..store import FailureStore
 from . import deaths as _deaths
 from . import sql
 from .aside import Book, SetAside, Synced, record, run_item, split
+from .environments import EnvironmentShipper
 from .schema import NAMESPACE, migrate
 
 logger = logging.getLogger("oomguard.store")
@@ -106,6 +107,7 @@ class Shipper:
         self.backlog = 0  # events in the spool not sent yet, as of the last round
         self.origin = ""
         self.deaths = _deaths.DeathShipper(redact(url), batch)  # the spool's deaths, its part
+        self.environments = EnvironmentShipper(redact(url))  # its workers' environments
         self._cursor = 0  # the last event id sent
         # Sent, their marks maybe not stored yet: deletions (seq, event id), runs (key: updated).
         self._deletes_sent: set[tuple] = set()
@@ -235,6 +237,7 @@ class Shipper:
             return True
         events, deletes, pipelines, examples = self._read()
         self._ship_deaths()
+        self.environments.round(self._local, self._pg)
         if not (events or deletes or pipelines):
             self.backlog = 0
             self._retention()
