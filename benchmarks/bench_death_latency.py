@@ -15,8 +15,8 @@ scheduler's `oomguard_death_report` handler is wrapped to timestamp each report 
   t0 is that time (faulthandler then dumps every thread's stack before the process dies).
   The task is one-shot (a flag file), so its rerun elsewhere returns normally.
 
-Per death: arrival - t0 (the latency), report["time"] - t0 (until the nanny saw the exit),
-arrival - report["time"] (evidence gathering + the RPC). Between deaths the nanny restarts
+Per death: arrival - t0 (the latency), the Death's time - t0 (until the nanny saw the exit),
+arrival - its time (evidence gathering + the RPC). Between deaths the nanny restarts
 the worker and the benchmark waits until the new process has the worker plugin again.
 
 Target (a goal, not a test; the script exits 0): p95 of arrival - t0 <= 1 s.
@@ -149,7 +149,7 @@ def run(args, tmp: str) -> list[dict]:
             victims = {pid} if kind == "sigkill" else set(pids.values())
             report, arrived = _wait_report(arrivals, seen, victims, timeout=30.0)
             if report is not None:
-                pid = report["pid"]
+                pid = report.pid
             if kind == "segfault":
                 with open(stamp) as f:
                     t0 = float(f.read())
@@ -159,8 +159,8 @@ def run(args, tmp: str) -> list[dict]:
                 "pid": pid,
                 "t0": t0,
                 "arrived": arrived,
-                "report_time": report["time"] if report else None,
-                "cause": report["cause"] if report else None,
+                "report_time": report.time if report else None,
+                "cause": report.cause if report else None,
             }
             deaths.append(d)
             lat = f"{(arrived - t0) * 1000:.0f} ms" if arrived else "no report in 30 s"
@@ -219,7 +219,7 @@ def _wait_report(arrivals, seen: int, pids: set[int], timeout: float):
                 report = _wire.decode(bytes(raw))
             except Exception:
                 continue
-            if report.get("pid") in pids:
+            if report.pid in pids:
                 return report, arrived
         time.sleep(0.01)
     return None, None
