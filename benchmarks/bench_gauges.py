@@ -7,7 +7,7 @@ The store holds --events events under --signatures signatures (each with a 2 KiB
 the newest --big of them with 70 KiB of evidence each (issue 28's 1,280 events, an 89 MiB
 reply). Measured:
 
-- gauge refresh, as the scheduler's gauge loop runs it (`asyncio.to_thread(store_totals)`
+- gauge refresh, as the scheduler's gauge loop runs it (`asyncio.to_thread(store.totals)`
   and two gauge sets): the event loop's thread CPU time per refresh (its cost to the loop),
   the longest lag of a 1 ms ticker meanwhile, and the SQL time in the thread; beside it the
   per-row count main used (every signature read with its example and members).
@@ -32,7 +32,7 @@ import tracemalloc
 
 import msgpack
 
-from oomguard._metrics import OomguardMetrics, store_totals
+from oomguard._metrics import OomguardMetrics
 from oomguard._models import FailureEvent
 from oomguard._store import FailureStore
 from oomguard.scheduler_plugin._query_bounds import QUERY_MAX_BYTES, bounded
@@ -67,7 +67,7 @@ def populate(store: FailureStore, n: int, sigs: int, big: int) -> None:
 
 
 def old_totals(store: FailureStore) -> tuple[int, int]:
-    """store_totals as main had it: every signature read as a row."""
+    """The gauge totals as main had it: every signature read as a row."""
     rows = store.signatures(limit=None)
     hosts = [
         store.distinct_counts(r.id)["hosts"] if len(r.hosts) >= store.member_cap else len(r.hosts)
@@ -94,7 +94,7 @@ async def refresh_cost(store: FailureStore, repeat: int) -> dict[str, float]:
         lags.clear()
         c0 = time.thread_time()
         t0 = time.perf_counter()
-        n, hosts = await asyncio.to_thread(store_totals, store)  # as gauge_loop does
+        n, hosts = await asyncio.to_thread(store.totals)  # as gauge_loop does
         metrics.set_signatures(n)
         metrics.set_signature_max_hosts(hosts)
         sql.append(time.perf_counter() - t0)
@@ -140,12 +140,12 @@ def main(argv: list[str] | None = None) -> int:
         t = time.perf_counter()
         populate(store, args.events, args.signatures, args.big)
         print(f"  stored in {time.perf_counter() - t:.0f} s", file=sys.stderr)
-        totals = store_totals(store)
+        totals = store.totals()
         t = time.perf_counter()
         old = old_totals(store)
         old_s = time.perf_counter() - t
         _, old_peak, _ = traced(lambda: old_totals(store))
-        _, new_peak, _ = traced(lambda: store_totals(store))
+        _, new_peak, _ = traced(store.totals)
         cost = asyncio.run(refresh_cost(store, args.repeat))
         capped, capped_peak, capped_s = traced(
             lambda: reply(store, **bounded("events", {"limit": None}))
