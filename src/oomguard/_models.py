@@ -114,7 +114,20 @@ class FailureEvent(_Record):
 @dataclass(frozen=True, repr=False)
 class SignatureRow(_Record):
     """One deduplicated signature across every host and every cluster of the history:
-    `count` counts its events on all of them, `clusters` names the clusters that saw it."""
+    `count` counts its events on all of them, `clusters` names the clusters that saw it.
+
+    Its state (docs/reading-a-report.md, "Signature states"):
+
+    state         "new", "ongoing", "escalating", "regressed" or "resolved" ("" from an
+                  oomguard that had no states)
+    resolved_at   when a person resolved it (`Failures.resolve`), 0.0 never;
+    resolved_by   who, as their client said; resolve_note: why
+    regressed_at  its first sighting after that resolve, 0.0 none; regressions: how many
+                  times it came back after a resolve
+    last_hour     its sightings in the last hour; hourly: its hourly average in the 24 h
+                  before (or since first seen)
+    aliases       the ids older grouping versions gave it: they find it too
+    """
 
     _list_fields: ClassVar[tuple[str, ...]] = (
         "hosts",
@@ -123,6 +136,7 @@ class SignatureRow(_Record):
         "pipelines",
         "causes",
         "clusters",
+        "aliases",
     )
 
     id: str
@@ -138,13 +152,23 @@ class SignatureRow(_Record):
     causes: list[str] = field(default_factory=list)
     example: str = ""  # a normalised trace, paths scrubbed
     clusters: list[str] = field(default_factory=list)
+    state: str = ""
+    resolved_at: float = 0.0
+    resolved_by: str = ""
+    resolve_note: str = ""
+    regressed_at: float = 0.0
+    regressions: int = 0
+    last_hour: int = 0
+    hourly: float = 0.0
+    aliases: list[str] = field(default_factory=list)
 
     def __repr__(self) -> str:
-        """<SignatureRow 6d4c109d5cf8c83f 'oom_kill in load_shard' count=3 hosts=2
-        causes=oom_kill last 2026-05-01 14:03:07>; the id is never cut."""
+        """<SignatureRow 6d4c109d5cf8c83f 'oom_kill in load_shard' regressed count=3
+        hosts=2 causes=oom_kill last 2026-05-01 14:03:07>; the id is never cut."""
         causes = shorten(",".join(self.causes), 40) or "''"
+        state = f" {shorten(self.state, 12)}" if self.state else ""
         return (
-            f"<SignatureRow {self.id} {shorten(self.title, 60)!r} count={self.count} "
+            f"<SignatureRow {self.id} {shorten(self.title, 60)!r}{state} count={self.count} "
             f"hosts={len(self.hosts)} causes={causes} last {clock(self.last_seen)}>"
         )
 

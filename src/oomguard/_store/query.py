@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .aliases import SAME_SIGNATURE
+
 EVENT_COLUMNS = (
     "id, time, kind, cause, shard, pipeline, worker, host, signature_id, "
     "signature_title, evidence, attempt, killer, killer_how, killer_confidence, killer_summary, "
@@ -75,6 +77,9 @@ def events(
         if column in d.or_suspect:
             where.append(d.or_suspect[column])
             args += [value, value]
+        elif column == "signature_id":  # its own id, and the old ids that point at it
+            where.append(f"signature_id IN {SAME_SIGNATURE.format(m=m)}")
+            args += [value] * 4
         else:
             where.append(f"{column} = {m}")
             args.append(value)
@@ -116,12 +121,14 @@ def deaths(
         ("cluster", cluster),
         ("cause", cause),
         ("killer", killer),
-        ("signature_id", signature),
         ("worker", worker),
     ):
         if value is not None:
             where.append(f"{column} = {m}")
             args.append(value)
+    if signature is not None:  # its own id, and the old ids that point at it
+        where.append(f"signature_id IN {SAME_SIGNATURE.format(m=m)}")
+        args += [signature] * 4
     for field, value in (("shard", shard), ("pipeline", pipeline)):
         if value is not None:
             where.append(d.among_tasks[field])
@@ -217,8 +224,12 @@ def known(
         names = set(distinct("events", "cluster", limit))
         names |= set(distinct("pipelines", "cluster", limit))
         return bool(found), sorted(names)[:limit]
-    if field == "signature":
-        found = rows(f"SELECT 1 FROM signatures WHERE id = {m}", (value,))
+    if field == "signature":  # an old id of a signature too
+        found = rows(
+            f"SELECT 1 FROM signatures WHERE id = {m} UNION ALL "
+            f"SELECT 1 FROM signature_aliases WHERE old_id = {m}",
+            (value, value),
+        )
         ids = rows(f"SELECT id FROM signatures ORDER BY last_seen DESC LIMIT {m}", (limit,))
         return bool(found), [r[0] for r in ids]
     if field != "pipeline":

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from .._death.record import Death
 from .._models import FailureEvent, PipelineStatus
+from .aliases import Queued
 from .batch import Counts, Limits, ShipMark, commit_batch, disk_full
 from .items import death_item, describe_event, event_item, item_size, pipeline_row
 
@@ -43,6 +44,7 @@ class Writer:
     counters below; the settings may change while it runs (`configure_store`)."""
 
     written: int  # events committed by this writer
+    regressions: int  # signatures this writer found regressed (a sighting after a resolve)
     overflow: int  # items refused because the queue was full
     write_errors: int  # items refused as bad data, or lost with a failed transaction
     disk_full: int  # times the writer found the disk full (see _write_batch)
@@ -75,6 +77,8 @@ class Writer:
         self.max_pipelines = max_pipelines
         self.member_rows = member_rows
         self.written = 0
+        self.regressions = 0
+        self._aliases = Queued()  # the aliases queued so far
         self.overflow = 0
         self.write_errors = 0
         self.disk_full = 0
@@ -146,13 +150,21 @@ class Writer:
 
     # -- writes (from the event loop) -----------------------------------------------------
 
-    def add(self, event: FailureEvent, *, grouping_version: int = 1, example: str = "") -> bool:
+    def add(
+        self,
+        event: FailureEvent,
+        *,
+        grouping_version: int = 1,
+        example: str = "",
+        aliases: Sequence[tuple[str, int]] = (),
+    ) -> bool:
         """Queue one failure event. Never blocks, never raises, no I/O: it checks the fields,
         encodes the evidence as JSON (small, so O(1) in practice) and appends to the queue.
 
         Returns False when the event was refused: the queue is full (counted in `overflow`),
         a field is bad (counted in `write_errors`, `last_error` names the field) or the
-        store is closed. The event's `id` is ignored: the store assigns one.
+        store is closed. The event's `id` is ignored: the store assigns one. `aliases`: the
+        ids older grouping versions gave its signature, (id, version) (`aliases.py`).
 
         >>> store.add(event, grouping_version=1, example=normalised_trace)
         True
@@ -162,6 +174,7 @@ class Writer:
         except Exception as e:  # a scheduler hook must never raise
             self._error(f"add(): {describe_event(event)}: {e}")
             return False
+        self._put_aliases(aliases, item[7], grouping_version, item[0])
         return self._put(item)
 
     def record(
@@ -172,6 +185,7 @@ class Writer:
         grouping_version: int = 1,
         example: str = "",
         amend: bool = False,
+        aliases: Sequence[tuple[str, int]] = (),
     ) -> bool:
         """Queue one decided worker death with the events of the tasks it is blamed on
         (each names it: its `death` is the death's id, its cluster the death's), written in
@@ -182,7 +196,7 @@ class Writer:
         replaces the stored death of that (cluster, id) and its events (a late report, a
         pod's or SLURM's verdict on a worker lost with its nanny); its signature's count
         moves from the old signature to the new one. A signature counts each death that
-        carries it once, however many of its events name it.
+        carries it once, however many of its events name it. `aliases` as for `add`.
 
         >>> store.record(death, [event], grouping_version=1, example=normalised_trace)
         True
@@ -192,7 +206,17 @@ class Writer:
         except Exception as e:  # a scheduler hook must never raise
             self._error(f"record(): death {getattr(death, 'id', '?')!r}: {e}")
             return False
+        self._put_aliases(aliases, item[0][7], grouping_version, item[0][2])
         return self._put(item)
+
+    def _put_aliases(self, aliases: Sequence, new_id: str, version: int, when: float) -> None:
+        try:
+            item = self._aliases.new(aliases, new_id, version, when)
+        except Exception as e:
+            self._error(f"aliases of signature {new_id!r}: {e}")
+            return
+        if item is not None:
+            self._put(item)
 
     def upsert_pipeline(self, status: PipelineStatus) -> None:
         """Queue the latest status of one run of a pipeline: it replaces the stored status
@@ -448,6 +472,7 @@ class Writer:
                     self._ship_mark = mark.merge(self._ship_mark)
             raise
         self.written += self._counts.written
+        self.regressions += self._counts.regressed
         if mark is not None:
             with self._done:
                 self._marks_done = asked

@@ -11,11 +11,14 @@ from ..._exceptions import StoreError
 from ..._models import FailureEvent, PipelineStatus, SignatureRow
 from ..._urls import check_url, redact
 from .. import query
+from ..aliases import CANONICAL
 from ..deaths import death_from_row
 from ..reads import _event, _signature, _within
 from ..schema import MEMBER_FIELDS
+from ..states import attach
 from .deaths import among_tasks
 from .schema import NAMESPACE
+from .states import resolve
 
 # As in the SQLite store: a death that named no shard is found by each of its suspects.
 _OR_SUSPECT = {
@@ -101,6 +104,15 @@ class PgReader:
         with self._pool.connection() as conn:
             cur = conn.execute(sql, args)
             return list(_within(cur, max_bytes))
+
+    def states(self, rows: list[SignatureRow]) -> list[SignatureRow]:
+        """`rows` with their states as the history has them (`..states.attach`)."""
+        if not rows:
+            return []
+        if self._pool is None:
+            raise RuntimeError(f"{self!r} is not started.")
+        with self._pool.connection() as conn:
+            return attach(rows, conn.execute, "%s")
 
     # -- events ----------------------------------------------------------------------------
 
@@ -205,21 +217,34 @@ class PgReader:
             limit=_limit(limit),
             offset=offset,
         )
-        return [_row(r) for r in self._rows(sql, params, max_bytes)]
+        return self.states([_row(r) for r in self._rows(sql, params, max_bytes)])
 
     def signature(self, signature_id: str) -> SignatureRow | None:
-        rows = self._rows(
-            _SELECT_SIGNATURE + " WHERE id = %(id)s", {"id": signature_id, "cap": self.member_cap}
-        )
-        return _row(rows[0]) if rows else None
+        """One signature, or None; an old id (an older grouping's) finds its signature."""
+        sql = f"{_SELECT_SIGNATURE} WHERE id = {CANONICAL.format('%(id)s')}"
+        rows = self._rows(sql, {"id": signature_id, "cap": self.member_cap})
+        return next(iter(self.states([_row(r) for r in rows])), None)
+
+    def resolve(
+        self, signature_id: str, *, note: str = "", by: str = "", at: float | None = None
+    ) -> tuple[SignatureRow | None, bool]:
+        """As FailureStore.resolve, for the whole fleet (`pg/states.py`): PermissionError
+        for a role that reads only."""
+        if self._refused:
+            raise StoreError(self._refused)
+        if self._pool is None:
+            raise RuntimeError(f"{self!r} is not started.")
+        with self._pool.connection() as conn:
+            sid, changed = resolve(conn, self.url, signature_id, note, by, at)
+        return self.signature(sid), changed
 
     def distinct_counts(self, signature_id: str) -> dict[str, int]:
         """The stored distinct values of each member field: exact up to the bound of values
         kept per field (member_rows), a lower bound past it."""
         counts = dict.fromkeys(MEMBER_FIELDS, 0)
         for code, n in self._rows(
-            "SELECT field, n FROM signature_fields WHERE signature_id = %s",
-            (signature_id,),
+            f"SELECT field, n FROM signature_fields WHERE signature_id = {CANONICAL.format('%s')}",
+            (signature_id, signature_id),
         ):
             counts[MEMBER_FIELDS[code]] = n
         return counts

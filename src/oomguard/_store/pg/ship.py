@@ -32,6 +32,7 @@ from . import deaths as _deaths
 from . import sql
 from .aside import Book, SetAside, Synced, record, run_item, split
 from .schema import NAMESPACE, migrate
+from .states import AliasShipper, regress
 
 logger = logging.getLogger("oomguard.store")
 
@@ -106,6 +107,8 @@ class Shipper:
         self.backlog = 0  # events in the spool not sent yet, as of the last round
         self.origin = ""
         self.deaths = _deaths.DeathShipper(redact(url), batch)  # the spool's deaths, its part
+        self.aliases = AliasShipper()  # the old ids of the spool's signatures, its part
+        self.regressions = 0  # signatures its events found regressed (and `deaths`, `aliases`)
         self._cursor = 0  # the last event id sent
         # Sent, their marks maybe not stored yet: deletions (seq, event id), runs (key: updated).
         self._deletes_sent: set[tuple] = set()
@@ -234,6 +237,7 @@ class Shipper:
         if (self._pg is None or self._pg.closed) and not self._connect():
             return True
         events, deletes, pipelines, examples = self._read()
+        self.aliases.round(self._local, self._pg)  # before the signatures they fold
         self._ship_deaths()
         if not (events or deletes or pipelines):
             self.backlog = 0
@@ -355,13 +359,14 @@ class Shipper:
     def _send(self, rows: list, deletes: list, pipelines: list, examples: dict) -> None:
         """One transaction: events (`rows`), signatures' examples, deletions, runs."""
         with self._pg.transaction(), self._pg.cursor() as cur:
-            inserted = 0
+            inserted = found = 0
             if rows:
                 with cur.copy(sql.COPY_STAGE) as copy:
                     for row in rows:
                         copy.write_row(row)
                 cur.execute(sql.INSERT_STAGED, {"origin": self.origin, "rows": self.member_rows})
                 inserted, _ = cur.fetchone()
+                found = regress(cur, "stage")
             if examples:
                 cur.executemany(sql.SET_EXAMPLE, [(ex, sid) for sid, ex in examples.items()])
             if deletes:
@@ -369,6 +374,7 @@ class Shipper:
             if pipelines:
                 cur.executemany(sql.UPSERT_PIPELINE, pipelines)
         self.sent += inserted
+        self.regressions += found
 
     def _mark(self, events: list, deletes: list, pipelines: list) -> None:
         """The batch is in the history: move past it here, and in the spool's file with the
