@@ -149,6 +149,8 @@ class OomguardPage:
             columns=[
                 # The id `oomguard report --signature ID` takes.
                 TableColumn(field="id", title="signature id", formatter=whole, width=140),
+                # new, ongoing, escalating, regressed, resolved (docs/reading-a-report.md).
+                TableColumn(field="state", title="state", width=80),
                 TableColumn(field="count", title="count", width=60),
                 TableColumn(field="hosts", title="hosts", width=50),
                 TableColumn(field="first_seen", title="first seen", formatter=when, width=150),
