@@ -33,20 +33,26 @@ ITEM = "aliases"
 #: The id a signature id stands for now: itself, or the new id it is an alias of. `{0}` is
 #: the expression of the id (a column, or a parameter mark: then given twice).
 CANONICAL = "coalesce((SELECT new_id FROM signature_aliases WHERE old_id = {0}), {0})"
-#: The ids of one signature, as an IN list: `{m}` the mark of its id, or of one of its old
-#: ids (given 4 times).
-SAME_SIGNATURE = (
-    "(SELECT old_id FROM signature_aliases WHERE new_id = "
-    + CANONICAL.replace("{0}", "{m}")
-    + " UNION ALL SELECT "
-    + CANONICAL.replace("{0}", "{m}")
-    + ")"
+# The ids of one signature: `{m}` the mark of its id, or of one of its old ids (given 4
+# times); its id first.
+_SAME = (
+    f"SELECT {CANONICAL.replace('{0}', '{m}')} UNION ALL SELECT old_id FROM signature_aliases"
+    f" WHERE new_id = {CANONICAL.replace('{0}', '{m}')}"
 )
 # The columns a fold moves, in this order (the rest of a row: its id).
 _COLUMNS = (
     "title, grouping_version, count, first_seen, last_seen, example, resolved_at, "
     "resolved_by, resolve_note, regressed_at, regressions"
 )
+
+
+def signature_ids(run: Callable[..., Iterable[tuple]], m: str, value: Any) -> Any:
+    """The ids a `signature=` filter looks for: the signature `value` names (its id, or an
+    old id of it) and its old ids; None for None. `run(sql, args)` gives the rows of a read
+    (the filter stays an equality, an index's order, when there is one id)."""
+    if value is None:
+        return None
+    return [r[0] for r in run(_SAME.format(m=m), (value,) * 4)][:100] or [value]
 
 
 class Queued:

@@ -12,8 +12,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .aliases import SAME_SIGNATURE
-
 EVENT_COLUMNS = (
     "id, time, kind, cause, shard, pipeline, worker, host, signature_id, "
     "signature_title, evidence, attempt, killer, killer_how, killer_confidence, killer_summary, "
@@ -51,7 +49,7 @@ def events(
     cause: str | None,
     pipeline: str | None,
     shard: str | None,
-    signature: str | None,
+    signature: str | list[str] | None,
     killer: str | None,
     cluster: str | None,
     since: float | None,
@@ -77,9 +75,8 @@ def events(
         if column in d.or_suspect:
             where.append(d.or_suspect[column])
             args += [value, value]
-        elif column == "signature_id":  # its own id, and the old ids that point at it
-            where.append(f"signature_id IN {SAME_SIGNATURE.format(m=m)}")
-            args += [value] * 4
+        elif column == "signature_id":
+            where.append(_signature(m, value, args))
         else:
             where.append(f"{column} = {m}")
             args.append(value)
@@ -103,7 +100,7 @@ def deaths(
     since: float | None,
     cause: str | None,
     killer: str | None,
-    signature: str | None,
+    signature: str | list[str] | None,
     worker: str | None,
     shard: str | None,
     pipeline: str | None,
@@ -126,9 +123,8 @@ def deaths(
         if value is not None:
             where.append(f"{column} = {m}")
             args.append(value)
-    if signature is not None:  # its own id, and the old ids that point at it
-        where.append(f"signature_id IN {SAME_SIGNATURE.format(m=m)}")
-        args += [signature] * 4
+    if signature is not None:
+        where.append(_signature(m, signature, args))
     for field, value in (("shard", shard), ("pipeline", pipeline)):
         if value is not None:
             where.append(d.among_tasks[field])
@@ -143,6 +139,18 @@ def deaths(
     if where:
         sql += " WHERE " + " AND ".join(where)
     return sql + f" ORDER BY time DESC, id DESC LIMIT {m}", [*args, limit]
+
+
+def _signature(m: str, value: Any, args: list[Any]) -> str:
+    """The `signature=` filter of one id, or of a signature's ids (its own and its old ones:
+    `aliases.signature_ids`); its parameters go to `args`."""
+    ids = [value] if isinstance(value, str) else list(value)
+    args += ids
+    return (
+        f"signature_id = {m}"
+        if len(ids) == 1
+        else f"signature_id IN ({', '.join([m] * len(ids))})"
+    )
 
 
 def shard(

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from .._death.record import Death
 from .._models import FailureEvent, PipelineStatus, SignatureRow
 from . import query
-from .aliases import CANONICAL
+from .aliases import CANONICAL, signature_ids
 from .deaths import death_from_row
 from .schema import MEMBER_FIELDS, PIPELINE_COLUMNS, connect
 from .states import attach
@@ -189,7 +189,7 @@ class Reader:
             cause=cause,
             pipeline=pipeline,
             shard=shard,
-            signature=signature,
+            signature=signature_ids(self._reader().execute, "?", signature),
             killer=killer,
             cluster=cluster,
             since=since,
@@ -229,7 +229,7 @@ class Reader:
             since=since,
             cause=cause,
             killer=killer,
-            signature=signature,
+            signature=signature_ids(self._reader().execute, "?", signature),
             worker=worker,
             shard=shard,
             pipeline=pipeline,

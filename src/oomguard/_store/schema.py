@@ -217,6 +217,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             time REAL NOT NULL  -- when the old id was first seen to be the new one
         )""",
         "CREATE INDEX signature_aliases_new ON signature_aliases(new_id)",
+        # A signature's rate counts its deaths (deaths_signature) and its events that have
+        # no death (task exceptions): this index counts those without reading a row.
+        "CREATE INDEX events_no_death ON events(signature_id, time) WHERE death = ''",
     ),
 )
 

@@ -11,7 +11,7 @@ from ..._exceptions import StoreError
 from ..._models import FailureEvent, PipelineStatus, SignatureRow
 from ..._urls import check_url, redact
 from .. import query
-from ..aliases import CANONICAL
+from ..aliases import CANONICAL, signature_ids
 from ..deaths import death_from_row
 from ..reads import _event, _signature, _within
 from ..schema import MEMBER_FIELDS
@@ -138,7 +138,7 @@ class PgReader:
             cause=cause,
             pipeline=pipeline,
             shard=shard,
-            signature=signature,
+            signature=signature_ids(self._rows, "%s", signature),
             killer=killer,
             cluster=cluster,
             since=since,
@@ -169,7 +169,7 @@ class PgReader:
             since=since,
             cause=cause,
             killer=killer,
-            signature=signature,
+            signature=signature_ids(self._rows, "%s", signature),
             worker=worker,
             shard=shard,
             pipeline=pipeline,

@@ -188,6 +188,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             time double precision NOT NULL
         )""",
         "CREATE INDEX signature_aliases_new ON signature_aliases(new_id)",
+        # A signature's rate: its events that have no death (task exceptions), by index.
+        "CREATE INDEX events_no_death ON events(signature_id, time) WHERE death = ''",
         """DO $$
         DECLARE r record;
         BEGIN
