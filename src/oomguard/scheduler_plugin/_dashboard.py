@@ -240,7 +240,7 @@ class OomguardPage:
         if store is None:
             self._set_header("oomguard is starting: its failure store is not open yet.")
             return
-        policy = getattr(plugin, "policy", None)
+        policy = getattr(getattr(plugin, "core", None), "policy", None)
         live = []
         if policy is not None:  # in memory and mutated on this loop: read it here
             live = [policy.status(name) for name in policy.pipelines()]
