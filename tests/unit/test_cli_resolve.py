@@ -75,3 +75,21 @@ def test_a_store_that_is_not_there_is_not_made(tmp_path, capsys):
     missing = tmp_path / "nope.sqlite3"
     rc, out, err = report(capsys, "--store", missing, "--resolve", "sig-a")
     assert rc == 1 and "does not exist" in err and not missing.exists()
+
+
+def test_a_user_with_no_name_still_resolves(history, capsys, monkeypatch):
+    """A container's UID with no passwd entry and no USER: getpass raises KeyError there;
+    the resolve is kept with no name rather than a traceback."""
+    import pwd
+
+    for name in ("LOGNAME", "USER", "LNAME", "USERNAME"):
+        monkeypatch.delenv(name, raising=False)
+
+    def no_entry(uid):
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)
+    rc, out, err = report(capsys, "--store", history, "--resolve", "sig-a", "--json")
+    assert (rc, err) == (0, ""), err
+    doc = json.loads(out)
+    assert doc["changed"] is True and doc["resolved"]["resolved_by"] == ""

@@ -9,7 +9,6 @@ history cannot be written or reached, 2 bad arguments, 3 an id the history does 
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
 import os
 import sys
@@ -44,7 +43,9 @@ def check(args: argparse.Namespace, sections: tuple[str, ...], error: Any) -> No
 
 def run(args: argparse.Namespace, store: str | None) -> int:
     """Resolve `args.resolve` in the scheduler (`args.scheduler`) or the store `store`."""
-    note, by = args.note or "", getpass.getuser()
+    from .._client.filters import user_name
+
+    note, by = args.note or "", user_name()
     try:
         if args.scheduler is not None:
             row, changed = _in_scheduler(args, note, by)

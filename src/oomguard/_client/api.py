@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import getpass
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -385,7 +384,7 @@ class Failures:
         if not isinstance(note, str):
             raise TypeError(f"note={note!r}: expected text")
         if by is None:
-            by = getpass.getuser()
+            by = _filters.user_name()
         elif not isinstance(by, str):
             raise TypeError(f"by={by!r}: expected text")
         reply = self.client.sync(
