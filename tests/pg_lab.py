@@ -181,6 +181,13 @@ class ShippedStore:
 
     def __getattr__(self, name: str):
         if name in ("events", "deaths", "shard", "signatures", "signature", "distinct_counts",
-                    "totals", "pipeline", "pipeline_runs", "pipelines", "known"):  # fmt: skip
+                    "totals", "pipeline", "pipeline_runs", "pipelines", "known",
+                    "resolve"):  # fmt: skip
             return getattr(self.reader, name)
         return getattr(self.spool, name)
+
+    @property
+    def regressions(self) -> int:
+        """Regressions the history found for this shipper (its events, deaths, aliases)."""
+        s = self.shipper
+        return s.regressions + s.deaths.regressions + s.aliases.regressions

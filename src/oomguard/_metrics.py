@@ -28,6 +28,10 @@ oomguard_reports_rejected_total     counter    death reports refused, by {reason
 oomguard_report_latency_seconds     histogram  worker death to report at the scheduler
 oomguard_signatures                 gauge      distinct crash signatures in the store
 oomguard_signature_max_hosts        gauge      most distinct hosts any one signature hit
+oomguard_signature_regressions_total counter   signatures seen again after a person
+                                               resolved them, once per regression (with
+                                               a PostgreSQL history: by the scheduler
+                                               whose death brought it back)
 oomguard_cgroup_workers             gauge      workers running under a per-worker cgroup
 oomguard_unguarded_nannies          gauge      nannies running their worker without oomguard
 oomguard_internal_errors_total      counter    oomguard's own bugs caught, by {where}
@@ -143,6 +147,7 @@ class OomguardMetrics(Collector):
     report_latency_seconds: Histogram
     signatures: Gauge
     signature_max_hosts: Gauge
+    signature_regressions: Counter
     cgroup_workers: Gauge
     unguarded_nannies: Gauge
     internal_errors: Counter
@@ -197,6 +202,12 @@ class OomguardMetrics(Collector):
             "The largest number of distinct hosts any one crash signature was seen on.",
             registry=None,
         )
+        self.signature_regressions = Counter(
+            "oomguard_signature_regressions_total",
+            "Crash signatures seen again after a person resolved them, once per regression "
+            "(`oomguard report --signatures` shows them as regressed).",
+            registry=None,
+        )
         self.cgroup_workers = Gauge(
             "oomguard_cgroup_workers",
             "Workers running under a per-worker memory cgroup.",
@@ -249,6 +260,7 @@ class OomguardMetrics(Collector):
             self.report_latency_seconds,
             self.signatures,
             self.signature_max_hosts,
+            self.signature_regressions,
             self.cgroup_workers,
             self.unguarded_nannies,
             self.internal_errors,
@@ -378,6 +390,17 @@ class OomguardMetrics(Collector):
         >>> metrics.set_signature_max_hosts(3)
         """
         self._set(self.signature_max_hosts, n)
+
+    def signature_regressed(self, n: int = 1) -> None:
+        """`n` signatures found regressed (seen again after their resolve).
+
+        >>> metrics.signature_regressed()
+        """
+        amount = _count(n)
+        if amount is None:
+            self.internal_error("metrics")
+            return
+        self.signature_regressions.inc(amount)
 
     def set_cgroup_workers(self, n: int) -> None:
         """The number of workers under a per-worker memory cgroup.

@@ -120,7 +120,20 @@ class SignatureRow(_Record):
     first death that had one ({} when none did), and `environment_suspects`, the label and
     environment values its deaths have much more often than the workers they died among,
     the most telling first: dicts of name, value, deaths, of_deaths, workers, of_workers and
-    p (e.g. NODE_POOL=spot on 4 of 4 deaths, 2 of 5 workers)."""
+    p (e.g. NODE_POOL=spot on 4 of 4 deaths, 2 of 5 workers).
+
+    Its state (docs/reading-a-report.md, "Signature states"):
+
+    state         "new", "ongoing", "escalating", "regressed" or "resolved" ("" from an
+                  oomguard that had no states)
+    resolved_at   when a person resolved it (`Failures.resolve`), 0.0 never;
+    resolved_by   who, as their client said; resolve_note: why
+    regressed_at  its first sighting after that resolve, 0.0 none; regressions: how many
+                  times it came back after a resolve
+    last_hour     its sightings in the last hour; hourly: its hourly average in the 24 h
+                  before (or since first seen)
+    aliases       the ids older grouping versions gave it: they find it too
+    """
 
     _list_fields: ClassVar[tuple[str, ...]] = (
         "hosts",
@@ -130,6 +143,7 @@ class SignatureRow(_Record):
         "causes",
         "clusters",
         "environment_suspects",
+        "aliases",
     )
 
     id: str
@@ -147,19 +161,29 @@ class SignatureRow(_Record):
     clusters: list[str] = field(default_factory=list)
     first_environment: dict[str, Any] = field(default_factory=dict)
     environment_suspects: list[dict[str, Any]] = field(default_factory=list)
+    state: str = ""
+    resolved_at: float = 0.0
+    resolved_by: str = ""
+    resolve_note: str = ""
+    regressed_at: float = 0.0
+    regressions: int = 0
+    last_hour: int = 0
+    hourly: float = 0.0
+    aliases: list[str] = field(default_factory=list)
 
     def __repr__(self) -> str:
-        """<SignatureRow 6d4c109d5cf8c83f 'oom_kill in load_shard' count=3 hosts=2
-        causes=oom_kill last 2026-05-01 14:03:07 suspect NODE_POOL=spot>; the id is never
-        cut, the most telling suspect said where there is one."""
+        """<SignatureRow 6d4c109d5cf8c83f 'oom_kill in load_shard' regressed count=3
+        hosts=2 causes=oom_kill last 2026-05-01 14:03:07 suspect NODE_POOL=spot>; the id is
+        never cut, the most telling suspect said where there is one."""
         causes = shorten(",".join(self.causes), 40) or "''"
+        state = f" {shorten(self.state, 12)}" if self.state else ""
         suspect = ""
         if self.environment_suspects and isinstance(self.environment_suspects[0], dict):
             s = self.environment_suspects[0]
             value = f"{s.get('name')}={s.get('value')}"
             suspect = f" suspect {shorten(value, 40)}"
         return (
-            f"<SignatureRow {self.id} {shorten(self.title, 60)!r} count={self.count} "
+            f"<SignatureRow {self.id} {shorten(self.title, 60)!r}{state} count={self.count} "
             f"hosts={len(self.hosts)} causes={causes} last {clock(self.last_seen)}{suspect}>"
         )
 

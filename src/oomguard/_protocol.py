@@ -22,6 +22,8 @@ CLEAN_EXIT_HANDLER = "oomguard_clean_exit"
 UNGUARDED_HANDLER = "oomguard_unguarded"
 #: History queries from `oomguard.Failures` and `oomguard report`.
 QUERY_HANDLER = "oomguard_query"
+#: A person's resolve of a signature (`Failures.resolve`, `oomguard report --resolve`).
+RESOLVE_HANDLER = "oomguard_resolve"
 
 # ------------------------------------------------------------------ Dask event topics
 DEATH_TOPIC = "oomguard-death"

@@ -41,6 +41,7 @@ METRICS = {
     "oomguard_pipeline_aborts_total",
     "oomguard_signatures",
     "oomguard_signature_max_hosts",
+    "oomguard_signature_regressions_total",
     "oomguard_reports_rejected_total",
     "oomguard_report_latency_seconds_bucket",
     "oomguard_cgroup_workers",
@@ -156,6 +157,7 @@ def test_prometheus_rule_structure(all_on):
         "OomguardPipelineAborted",
         "OomguardOomKillsHigh",
         "OomguardSignatureSpread",
+        "OomguardSignatureRegressed",
         "OomguardUserspaceOomKills",
         "OomguardKubeletKills",
     }
@@ -168,6 +170,9 @@ def test_prometheus_rule_structure(all_on):
     )
     assert alerts["OomguardSignatureSpread"]["expr"] == (
         f"max(oomguard_signature_max_hosts{{{sel}}}) > 4"
+    )
+    assert alerts["OomguardSignatureRegressed"]["expr"] == (
+        f"sum(increase(oomguard_signature_regressions_total{{{sel}}}[1h])) > 0"
     )
     assert alerts["OomguardUserspaceOomKills"]["expr"] == (
         f'sum(increase(oomguard_worker_deaths_total{{{sel}, killer=~"earlyoom|systemd-oomd"}}[1h])) > 2'
@@ -191,7 +196,10 @@ def test_grafana_dashboard(all_on):
     dash = json.loads(cm["data"]["oomguard.json"])
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
     used = {m for e in exprs for m in re.findall(r"oomguard_\w+", e)}
-    assert used == METRICS - {"oomguard_worker_deaths_total"}
+    assert used == METRICS - {
+        "oomguard_worker_deaths_total",
+        "oomguard_signature_regressions_total",
+    }
     assert len({p["id"] for p in dash["panels"]}) == len(dash["panels"])
 
 

@@ -50,6 +50,7 @@ LONG_SUMMARY = (
 )
 SIGNATURE_HEADERS = [
     "signature id",
+    "state",
     "count",
     "hosts",
     "first seen",

@@ -52,6 +52,7 @@ def test_every_alert_fires_and_stays_quiet_in_promtool_unit_tests(tmp_path):
         ({"abortWindow": "30m"}, "OomguardPipelineAborted"),
         ({"oomKillCauses": ["oom_kill", "memory_terminate"]}, "OomguardOomKillsHigh"),
         ({"signatureHosts": 2}, "OomguardSignatureSpread"),
+        ({"regressionWindow": "5m"}, "OomguardSignatureRegressed"),
         ({"userspaceOomKillsPerHour": 1}, "OomguardUserspaceOomKills"),
         ({"kubeletKillsPerHour": 1}, "OomguardKubeletKills"),
     ],

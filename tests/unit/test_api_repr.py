@@ -123,6 +123,8 @@ def test_signature_and_pipeline_reprs_are_one_short_line():
         "<SignatureRow 6d4c109d5cf8c83f 'oom_kill in shardapp.core.load_shard ← run' "
         "count=3 hosts=2 causes=oom_kill last 2026-05-01 14:03:07>"
     ), s
+    s = repr(signature(state="regressed"))
+    assert "← run' regressed count=3 " in s, s
     p = repr(status())
     assert p == (
         "<PipelineStatus etl aborted started 2026-05-01 14:02:07 done=12 failed=0 "
@@ -221,8 +223,9 @@ def test_html_tables_for_events_signatures_and_pipelines():
     assert CLOCK in page and html.escape("('load-0a1b', 1)") in page
     assert str(T) not in page
 
-    page = SignatureList([signature()])._repr_html_()
+    page = SignatureList([signature(state="escalating", last_hour=7)])._repr_html_()
     assert "6d4c109d5cf8c83f" in page and ">3<" in page and "10.0.3.12" in page
+    assert ">state<" in page and ">escalating<" in page and ">7<" in page
     page = PipelineList([status()])._repr_html_()
     assert ">aborted<" in page and ">12<" in page and "OOM-killed by the kernel twice" in page
 
@@ -328,10 +331,13 @@ def test_to_pandas_gives_one_row_per_item_with_real_times():
     assert df["time"].iloc[0] == pd.Timestamp(T, unit="s", tz="UTC")
     assert df["evidence"].iloc[0]["peak_bytes"] == 1095216660
 
-    df = SignatureList([signature()]).to_pandas()
+    df = SignatureList([signature(state="resolved", resolved_at=T, aliases=["0ld"])]).to_pandas()
     assert df.loc[0, "id"] == "6d4c109d5cf8c83f"
     assert df.loc[0, "hosts"] == ["10.0.3.11", "10.0.3.12"]
     assert str(df["last_seen"].dt.tz) == "UTC"
+    assert (df.loc[0, "state"], df.loc[0, "aliases"]) == ("resolved", ["0ld"])
+    assert df.loc[0, "resolved_at"] == pd.Timestamp(T, unit="s", tz="UTC")
+    assert pd.isna(df.loc[0, "regressed_at"])  # 0.0: never
 
     df = PipelineList([status(), status(started=0.0)]).to_pandas()
     assert df["started"].iloc[0] == pd.Timestamp(T - 60, unit="s", tz="UTC")

@@ -200,8 +200,12 @@ def test_tables_hold_every_row_and_fit_100_columns(history, capsys, monkeypatch)
     assert events.splitlines()[2].split()[2:4] == ["infra", "native_crash"]
     sigs = section(out, "SIGNATURES")
     rows = [ln for ln in sigs.splitlines()[2:] if ln and not ln.startswith(" ")]
-    counts = {ln.split()[0]: ln.split()[1:3] for ln in rows}
-    assert counts == {"sig-oom": ["3", "2"], "sig-key": ["2", "2"], "sig-segv": ["2", "2"]}
+    counts = {ln.split()[0]: ln.split()[1:4] for ln in rows}
+    assert counts == {
+        "sig-oom": ["new", "3", "2"],
+        "sig-key": ["new", "2", "2"],
+        "sig-segv": ["new", "2", "2"],
+    }
     pipes = out.split("PIPELINES:")[1]
     assert "aborted" in pipes and "succeeded_after_infra_failures" in pipes
     # The summary and the abort paragraph are wrapped, never cut.
@@ -667,6 +671,11 @@ def build_doc_store(path) -> None:
             # The first OOM kill took a task of another pipeline with it: displaced.
             displaced=[DOC_DISPLACED] if i == 0 else [],
         )
+        if i == 0:  # resolved after the first OOM kill: the second makes it regressed
+            store.resolve(
+                "6d4c109d5cf8c83f", note="memory raised to 2 GiB", by="maria", at=DOC_T0 + 60
+            )
+    store.resolve("77aa88bb99cc00dd", note="fixed in shardapp 2.3.1", by="maria", at=DOC_T0 + 900)
     for status in DOC_PIPELINES:
         store.upsert_pipeline(dataclasses.replace(status, cluster=DOC_CLUSTER))
     assert store.flush(), store.last_error

@@ -88,11 +88,20 @@ def test_counts_by_cause_and_unknown_cause_is_other():
 
 def test_signature_columns():
     row = SignatureRow(
-        "abc", "<b>t</b>", 1, 4, NOW - 60, NOW, hosts=["a", "b"], causes=["oom_kill", "sigkill"]
+        "abc",
+        "<b>t</b>",
+        1,
+        4,
+        NOW - 60,
+        NOW,
+        hosts=["a", "b"],
+        causes=["oom_kill", "sigkill"],
+        state="regressed",
     )
     cols = signature_columns([row])
     assert cols == {
         "id": ["abc"],
+        "state": ["regressed"],
         "count": [4],
         "hosts": [2],
         "first_seen": [(NOW - 60) * 1000],
@@ -142,3 +151,16 @@ def test_signature_detail_is_the_raw_text():
     assert signature_detail(row, []).endswith("(none kept: retention dropped them)")
     assert "no longer" in signature_detail(None, [])
     assert "no trace" in signature_detail(SignatureRow("x", "T", 1, 1, NOW, NOW), [])
+
+
+def test_signature_detail_says_its_state_and_old_ids():
+    row = SignatureRow(
+        "abc", "T", 3, 9, NOW - 600, NOW, state="regressed", resolved_at=NOW - 300,
+        resolved_by="alice", resolve_note="fixed in 1.4", regressed_at=NOW - 60,
+        regressions=1, last_hour=2, hourly=0.5, aliases=["old1"],
+    )  # fmt: skip
+    lines = signature_detail(row, []).splitlines()
+    assert "old ids    old1" in lines
+    (state,) = [ln for ln in lines if ln.startswith("state ")]
+    assert state.startswith("state      regressed; 2 in the last hour, 0.5 an hour before; ")
+    assert "resolved" in state and "by alice; note: fixed in 1.4; regressed " in state

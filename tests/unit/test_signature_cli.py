@@ -44,6 +44,7 @@ def test_json_records(capsys):
         "frames",
         "grouping_version",
         "reason",
+        "previous_ids",
         "path",
     }
     assert record["path"] == str(dump) and record["error"] == "SIGSEGV"

@@ -77,11 +77,12 @@ def small_disk(tmp_path):
 def fill_up(directory, leave: int) -> str:
     """Fill the filesystem of `directory`, then free `leave` bytes; the filler's path."""
     filler = os.path.join(directory, "filler")
-    with open(filler, "wb") as f:
+    # Unbuffered: a buffered file keeps the tail of a short last write and raises ENOSPC
+    # again when closed, whenever the free space is not a multiple of the chunk.
+    with open(filler, "wb", buffering=0) as f:
         try:
             while True:
                 f.write(b"\0" * 65536)
-                f.flush()
         except OSError:
             pass
     with open(filler, "r+b") as f:

@@ -104,6 +104,18 @@ def test_the_first_environment_is_kept_once(store):
     assert row.first_environment["labels"] == {"NODE_POOL": "ondemand"}
 
 
+def test_a_new_grouping_keeps_the_first_environment_of_the_old_id(store):
+    """The old signature's row folded into the new one's (aliases.py) keeps the environment
+    of the earlier first death: the old id's, not the new id's own."""
+    record(store, death(0, 0, env("spot"), signature="sig-old"))
+    d, events = death(1, 1, env("ondemand"), signature="sig-new")
+    assert store.record(d, events, grouping_version=3, aliases=[("sig-old", 2)])
+    assert store.flush(), store.last_error
+    row = store.signature("sig-new")
+    assert row.count == 2 and row.aliases == ["sig-old"]
+    assert row.first_environment["labels"] == {"NODE_POOL": "spot"}
+
+
 def test_a_restarted_workers_latest_start_counts_once(store):
     five_workers(store)
     # Slot 2 restarts twice: still one worker of five.
@@ -204,7 +216,7 @@ def test_a_file_of_the_schema_before_keeps_its_signatures(tmp_path):
     from oomguard._store.schema import connect, migrate
 
     conn = connect(str(path))
-    migrate(conn, str(path), MIGRATIONS[:-1])
+    migrate(conn, str(path), MIGRATIONS[:6])  # before migration 7, the environments'
     conn.execute("INSERT INTO signatures VALUES ('old', 'an old crash', 1, 3, ?, ?, '')", (T0, T0))
     conn.close()
     s = FailureStore(str(path))

@@ -37,6 +37,7 @@ from .._config import CLUSTER_NAME_MAX
 from .._display import one_line
 from .._exceptions import ReportFailed
 from .._safe_text import safe_name
+from . import report_resolve
 from .layout import key_line, output_width
 from .report_default import store_to_read
 from .report_peaks import peaks_from_file, peaks_from_workers, render_peaks
@@ -67,6 +68,7 @@ examples:
   oomguard report --store history.sqlite3 --events --json | jq '.events[].evidence'
   oomguard report --scheduler tcp://scheduler:8786 --peaks
   oomguard report --ledger /tmp/oomguard-1000/memory-ledger.json
+  oomguard report --scheduler tcp://scheduler:8786 --resolve 6d4c109d5cf8c83f --note "fix 1.4"
 
 DEATHS has one row per worker death, however many tasks it took: a death is counted once
 there, in its signature's COUNT and in oomguard_worker_deaths_total. EVENTS has one row per
@@ -117,9 +119,15 @@ peaks.
 FailureEvent / SignatureRow / PipelineStatus.to_dict() and {"prefix", "peak" (bytes),
 "hosts", "suggested"}.
 
-exit status: 0 success; 1 the scheduler, the store or the ledger could not be read; 2 bad
-arguments; 3 --cluster, --pipeline, --signature or --shard names nothing in the history (no
-event, run or signature has it: the known names and the closest one are printed).
+SIGNATURES has each signature's STATE: new (first seen in the last 24 h), ongoing,
+escalating (5 or more in the last hour, 3 times its hourly rate before), resolved (--resolve
+ID marks it fixed, with --note why), regressed (seen again after that resolve). An id of an
+older grouping version finds the signature it is now.
+
+exit status: 0 success; 1 the scheduler, the store or the ledger could not be read (or
+written, for --resolve); 2 bad arguments; 3 --cluster, --pipeline, --signature, --shard or
+--resolve names nothing in the history (no event, run or signature has it: the known names
+and the closest one are printed).
 """
 
 
@@ -302,6 +310,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="rows per section",
     )
     p.add_argument("--json", action="store_true", help="print one JSON document")
+    report_resolve.add_arguments(p)
     p.set_defaults(func=run)
 
     # Errors in one line, not argparse's usage block (instance attributes: other
@@ -335,6 +344,7 @@ def _sections(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
+    report_resolve.check(args, tuple(s for s in SECTIONS if getattr(args, s)), _usage_error)
     sections = _sections(args)
     history = tuple(s for s in sections if s != "peaks")
     # Where the peaks come from: the --ledger file, the scheduler's workers, or this host.
@@ -351,6 +361,8 @@ def run(args: argparse.Namespace) -> int:
                 echo(f"{PROG}: {one_line(e)}", file=sys.stderr)
                 return 3 if isinstance(e, LookupError) else 1
             echo(f"{PROG}: {note}", file=sys.stderr)
+    if args.resolve is not None:
+        return report_resolve.run(args, store)
     ledger = args.ledger
     if workers and args.scheduler is None:
         if args.store is not None:

@@ -214,9 +214,11 @@ def render_events(
     return lines
 
 
-# COUNT is across every cluster of the history; CLUSTERS names the clusters that saw it.
+# COUNT is across every cluster of the history; CLUSTERS names the clusters that saw it;
+# STATE: new, ongoing, escalating, regressed or resolved (`_store/states.py`).
 _SIGNATURE_COLUMNS = [
     Column("ID"),
+    Column("STATE"),
     Column("COUNT", right=True),
     Column("HOSTS", right=True),
     Column("LAST SEEN"),
@@ -225,10 +227,11 @@ _SIGNATURE_COLUMNS = [
     Column("TITLE", key=False),
 ]
 _SIGNATURE_LAYOUTS = [
-    Layout(("ID", "COUNT", "HOSTS", "LAST SEEN", "CAUSES", "CLUSTERS", "TITLE")),
-    Layout(("ID", "COUNT", "HOSTS", "LAST SEEN", "CAUSES", "CLUSTERS"), below=("TITLE",)),
-    Layout(("ID", "COUNT", "HOSTS", "LAST SEEN", "CAUSES"), below=("CLUSTERS", "TITLE")),
-    Layout(("ID", "COUNT", "HOSTS", "LAST SEEN"), below=("CAUSES", "CLUSTERS", "TITLE")),
+    Layout(("ID", "STATE", "COUNT", "HOSTS", "LAST SEEN", "CAUSES", "CLUSTERS", "TITLE")),
+    Layout(("ID", "STATE", "COUNT", "HOSTS", "LAST SEEN", "CAUSES", "CLUSTERS"), below=("TITLE",)),
+    Layout(("ID", "STATE", "COUNT", "HOSTS", "LAST SEEN", "CAUSES"), below=("CLUSTERS", "TITLE")),
+    Layout(("ID", "STATE", "COUNT", "HOSTS", "LAST SEEN"), below=("CAUSES", "CLUSTERS", "TITLE")),
+    Layout(("ID", "STATE", "COUNT"), below=("HOSTS", "LAST SEEN", "CAUSES", "CLUSTERS", "TITLE")),
 ]
 
 
@@ -248,6 +251,7 @@ def render_signatures(
     body = [
         [
             s.id,
+            s.state or "-",
             s.count,
             len(s.hosts),
             clock(s.last_seen),
@@ -258,6 +262,13 @@ def render_signatures(
         for s in rows
     ]
     _, header, blocks = lay_out(_SIGNATURE_COLUMNS, body, _SIGNATURE_LAYOUTS, width)
+    lines = [head, *header, *(line for block in blocks for line in block)]
+    for s in rows:
+        said = _state_lines(s)
+        if said:
+            lines.append(f"  {s.id}:")
+        for line in said:
+            lines += wrap(line, width, "    ")
     notes = []
     for s in rows:
         if s.environment_suspects:
@@ -266,8 +277,28 @@ def render_signatures(
         if detail:
             env = environment_line(s.first_environment) or "not known"
             notes += wrap(f"{s.id} first environment: {env}", width, "  ", hold=(s.id,))
-    lines = [head, *header, *(line for block in blocks for line in block)]
     return lines + ["", *notes] if notes else lines
+
+
+def _state_lines(s) -> list[str]:
+    """What a signature's state rests on: its resolve, its regressions, its rate, and
+    the ids older grouping versions gave it."""
+    out = []
+    if s.resolved_at:
+        said = f"resolved {clock(s.resolved_at)}" + (
+            f" by {s.resolved_by}" if s.resolved_by else ""
+        )
+        if s.resolve_note:
+            said += f": {s.resolve_note}"
+        out.append(said)
+    if s.state == "regressed":
+        times = f", {s.regressions} times after a resolve" if s.regressions > 1 else ""
+        out.append(f"regressed {clock(s.regressed_at)}: seen again after its resolve{times}")
+    if s.state == "escalating":
+        out.append(f"escalating: {s.last_hour} in the last hour, {s.hourly:g} an hour before")
+    if s.aliases:
+        out.append("also " + ", ".join(s.aliases) + " (ids of older grouping versions)")
+    return out
 
 
 _COUNTS = ("DONE", "FAILED", "ABORTED", "INFRA", "USER")

@@ -10,6 +10,7 @@ from .._death.record import Death
 from .._display import quantity, shorten
 from .._exceptions import ConfigError
 from .._models import FailureEvent, PipelineStatus, SignatureRow
+from .._protocol import RESOLVE_HANDLER
 from . import filters as _filters
 from .results import DeathList, EventList, PipelineList, SignatureList
 
@@ -347,6 +348,63 @@ class Failures:
         if not rows:
             self._hint(pipeline=pipeline)
         return SignatureList((SignatureRow.from_dict(r) for r in rows), "most frequent first")
+
+    def signature(self, signature_id: str) -> SignatureRow:
+        """One signature by its id, with its counts across every cluster and its state; an
+        id an older grouping version gave it finds it too (its `aliases` list them).
+        KeyError naming the id, and the ids there are, when the history has none.
+
+        >>> failures.signature("6d4c109d5cf8c83f").state        # doctest: +SKIP
+        'regressed'
+        """
+        sid = _filters.text(signature_id, "signature_id", "a signature id", required=True)
+        row = self._query("signature", signature_id=sid)
+        if not row:
+            raise KeyError(self._unknown("signature", sid) or f"no signature {sid!r} here")
+        return SignatureRow.from_dict(row)
+
+    def resolve(self, signature_id: str, note: str = "", *, by: str | None = None) -> SignatureRow:
+        """Mark a signature resolved (fixed): from now on a death with it, on any cluster of
+        the history, makes it `regressed` and counts in
+        `oomguard_signature_regressions_total`. ``note`` says why (at most 2,000
+        characters kept), ``by`` who (default: this process's user name). Resolving a
+        signature that is resolved and not seen since changes nothing; an old id
+        resolves the signature it is now. KeyError naming an id the history does not
+        have; PermissionError where the PostgreSQL history's role reads only. The row,
+        resolved (docs/reading-a-report.md, "Signature states").
+
+        >>> failures.resolve("6d4c109d5cf8c83f", note="fixed in shardapp 1.4")  # doctest: +SKIP
+        <SignatureRow 6d4c109d5cf8c83f 'SIGSEGV in shardapp.core.parse' resolved count=3 ...>
+        """
+        return self._resolve(signature_id, note, by)[0]
+
+    def _resolve(self, signature_id: str, note: str, by: str | None) -> tuple[SignatureRow, bool]:
+        """`resolve`, and whether it changed anything (`oomguard report --resolve`)."""
+        sid = _filters.text(signature_id, "signature_id", "a signature id", required=True)
+        if not isinstance(note, str):
+            raise TypeError(f"note={note!r}: expected text")
+        if by is None:
+            by = _filters.user_name()
+        elif not isinstance(by, str):
+            raise TypeError(f"by={by!r}: expected text")
+        reply = self.client.sync(
+            getattr(self.client.scheduler, RESOLVE_HANDLER),
+            signature_id=sid,
+            note=note,
+            by=by,
+            callback_timeout=self.timeout,
+        )
+        if not isinstance(reply, dict):
+            raise RuntimeError(
+                "the scheduler did not answer the resolve: is oomguard of this release there?"
+            )
+        refused, message = reply.get("refused"), str(reply.get("message", ""))
+        if refused == "unknown":
+            raise KeyError(self._unknown("signature", sid) or message)
+        if refused is not None:
+            errors = {"permission": PermissionError, "invalid": ValueError}
+            raise errors.get(refused, OSError)(message)
+        return SignatureRow.from_dict(reply["signature"]), bool(reply.get("changed"))
 
     def shard(self, key: Any) -> EventList:
         """The failure history of one shard (task key, or its str), oldest first."""

@@ -294,3 +294,14 @@ def for_argparse(
 
     convert.__name__ = check.__name__
     return convert
+
+
+def user_name() -> str:
+    """Who resolves, by default: this process's user name, "" where the system has none
+    (a container's UID with no passwd entry and no USER: `getpass` raises there)."""
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return ""

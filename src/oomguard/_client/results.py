@@ -176,11 +176,13 @@ class SignatureList(_Table):
 
     noun = "signature"
     record = SignatureRow
-    times = ("first_seen", "last_seen")
+    times = ("first_seen", "last_seen", "resolved_at", "regressed_at")
     columns = (
         Column("id", lambda s: s.id, 24),
+        Column("state", lambda s: s.state),
         Column("title", lambda s: s.title, 60),
         Column("count", lambda s: s.count, numeric=True),
+        Column("last hour", lambda s: s.last_hour, numeric=True),
         Column("hosts", lambda s: _joined(s.hosts), 40),
         Column("causes", lambda s: _joined(s.causes), 40),
         Column("pipelines", lambda s: _joined(s.pipelines), 40),

@@ -169,7 +169,9 @@ def decided(
         events = [_suspects_event(death, pipelines)]
     else:
         events = _events(death, list(keys) or [""], name_of, attempts)
-    return Account(Record(tuple(events), death, sig.grouping_version, example))
+    return Account(
+        Record(tuple(events), death, sig.grouping_version, example, aliases=sig.previous_ids)
+    )
 
 
 def late(
@@ -203,7 +205,14 @@ def late(
         signature_title=sig.title,
     )
     events = _events(death, [t.key for t in ran] or [""], name_of, attempts)
-    record = Record(tuple(events), death, sig.grouping_version, example, case.lost_at or 0.0)
+    record = Record(
+        tuple(events),
+        death,
+        sig.grouping_version,
+        example,
+        case.lost_at or 0.0,
+        aliases=sig.previous_ids,
+    )
     return Account(record)
 
 
@@ -290,7 +299,7 @@ def task_record(
         time=time,
     )
     example = scrub(f"{traceback_text}\n{exception_text}")
-    return Record((event,), None, sig.grouping_version, example)
+    return Record((event,), None, sig.grouping_version, example, aliases=sig.previous_ids)
 
 
 def nanny_stop_record(
@@ -326,7 +335,7 @@ def nanny_stop_record(
             "in a container, from its runtime or the kubelet"
         ),
     )
-    return Record((event,), None, sig.grouping_version, "")
+    return Record((event,), None, sig.grouping_version, "", aliases=sig.previous_ids)
 
 
 def _evidence(case: Case, cause: Cause, source: str, n: int, killer: Attribution) -> dict:

@@ -91,6 +91,9 @@ class Record:
     grouping_version: int = 1
     example: str = ""
     amends: float | None = None  # a late report: replaces the worker_lost death of that time
+    #: The ids older grouping versions gave this crash, (id, version): the store makes
+    #: each an alias of the signature's id (`oomguard._signature._versions`).
+    aliases: tuple[tuple[str, int], ...] = ()
 
 
 Decision = Hold | Release | RunAlone | EndAlone | Restrict | Widen | Stop | Forgive | Record

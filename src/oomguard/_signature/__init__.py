@@ -12,7 +12,8 @@ a CRI log file or Loki, Dask's own "time - logger - LEVEL - " prefix, ANSI colou
 gives frames back the indentation a web page's copy loses, so the same crash has one id
 however it was delivered. A trace as Python wrote it skips that step (see `_transport`).
 
-What is hashed (with GROUPING_VERSION, so a rule change never silently regroups history):
+What is hashed (with GROUPING_VERSION, so a rule change never silently regroups history;
+`_versions.py` says when to bump it, and how the old ids stay reachable):
 - the error: the exception's class name, or the fatal signal (SIGSEGV, SIGABRT, ...), or the
   cause given to `fingerprint_stack`;
 - the normalised (module path, function) of each in-app frame, innermost last; all frames
@@ -67,10 +68,10 @@ def fingerprint(text: str | bytes) -> Signature:
     ...             b'  File "/srv/shardapp/core.py", line 9 in abort_record\\n').title
     'SIGABRT in shardapp.core.abort_record'
     """
-    from ._parse import parse_any
+    from ._versions import sign
 
     try:
-        return parse_any(text)
+        return sign("fingerprint", text)
     except Exception as exc:  # a hook must never be taken down by a strange trace
         return _parser_error(text, exc)
 
@@ -95,12 +96,12 @@ def fingerprint_dask(exception_text: str, traceback_text: str) -> Signature:
     >>> fingerprint_dask("KeyError(17)", '  File "<dynamic-code>", line 8, in lookup\\n').title
     'KeyError in lookup'
     """
-    from ._parse import parse_dask
+    from ._versions import sign
 
     try:
         if not isinstance(exception_text, str) or not isinstance(traceback_text, str):
             return unparsed("exception_text and traceback_text must be str")
-        return parse_dask(exception_text, traceback_text)
+        return sign("fingerprint_dask", exception_text, traceback_text)
     except Exception as exc:
         return unparsed(f"parser error: {type(exc).__name__}")
 
@@ -115,9 +116,9 @@ def fingerprint_stack(error: str, frames: Sequence[tuple[str, int | None, str]])
     ...                                ("/srv/shardapp/core.py", 12, "explode")]).title
     'oom_kill in shardapp.core.explode ← process_shard'
     """
-    from ._parse import stack_signature
+    from ._versions import sign
 
     try:
-        return stack_signature(error, frames)
+        return sign("fingerprint_stack", error, frames)
     except Exception as exc:
         return unparsed(f"parser error: {type(exc).__name__}")

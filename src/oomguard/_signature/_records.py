@@ -68,11 +68,15 @@ class Signature:
     frames: tuple[Frame, ...]
     grouping_version: int
     reason: str
+    #: The ids older grouping versions still computed give this input, newest first, as
+    #: (id, version): where an upgrade moved it (`_versions.py`).
+    previous_ids: tuple[tuple[str, int], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict (frames as a list of dicts)."""
         d = dataclasses.asdict(self)
         d["frames"] = [dataclasses.asdict(f) for f in self.frames]
+        d["previous_ids"] = [list(p) for p in self.previous_ids]
         return d
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import sqlite3
 from typing import NamedTuple
 
+from . import aliases as _aliases
 from . import deaths as _deaths
 from . import environments as _environments
+from . import states as _states
 from .items import DEATH_ROW, ROW
 from .schema import PIPELINE_COLUMNS
 
@@ -45,12 +47,15 @@ _INSERT_DEATH = _MultiRow(_deaths.INSERT_DEATH, DEATH_ROW, " ON CONFLICT (cluste
 # it and count nothing), each event that has no death once (id > :last: task exceptions,
 # and events stored without a death). k orders them: the latest event (else death) gives
 # the title and grouping version. NOT INDEXED: a rowid range scan, not a full index scan.
-_SIGHTINGS = """WITH s AS (
+# An old id counts in the signature it is an alias of (`aliases.py`).
+_SIGHTINGS = f"""WITH r AS (
     SELECT signature_id, signature_title, grouping_version, time, id AS k, death = '' AS n
     FROM events NOT INDEXED WHERE id > :last
     UNION ALL
     SELECT signature_id, signature_title, grouping_version, time, -seq, 1
-    FROM deaths WHERE seq > :dlast)"""
+    FROM deaths WHERE seq > :dlast), s AS (
+    SELECT {_aliases.CANONICAL.format("r.signature_id")} AS signature_id, signature_title,
+        grouping_version, time, k, n FROM r)"""
 # ("WHERE true" tells the parser that ON CONFLICT is not part of the join.)
 _UPSERT_SIGNATURES = f"""{_SIGHTINGS}
     INSERT INTO signatures (id, title, grouping_version, count, first_seen, last_seen, example)
@@ -64,8 +69,9 @@ _UPSERT_SIGNATURES = f"""{_SIGHTINGS}
         count = count + excluded.count,
         first_seen = min(first_seen, excluded.first_seen),
         last_seen = max(last_seen, excluded.last_seen),
-        title = excluded.title,
-        grouping_version = excluded.grouping_version
+        title = CASE WHEN excluded.grouping_version >= grouping_version THEN excluded.title
+                     ELSE title END,
+        grouping_version = max(grouping_version, excluded.grouping_version)
 """
 # The signatures of the batch that have no row yet: the count to add.
 _NEW_SIGNATURES = f"""{_SIGHTINGS} SELECT count(DISTINCT signature_id) FROM s
@@ -79,7 +85,8 @@ _SET_EXAMPLE = "UPDATE signatures SET example = ? WHERE id = ? AND example = ''"
 _MEMBERS = (
     *(
         f"INSERT INTO temp.batch_members (signature_id, field, value)"
-        f" SELECT DISTINCT signature_id, {code}, {column} FROM events NOT INDEXED"
+        f" SELECT DISTINCT {_aliases.CANONICAL.format('signature_id')}, {code}, {column}"
+        " FROM events NOT INDEXED"
         f" WHERE id > :last AND {column} <> '' ORDER BY 1, 3"
         for code, column in enumerate(("host", "worker", "shard", "pipeline", "cause", "cluster"))
     ),
@@ -144,6 +151,7 @@ class Counts(NamedTuple):
     deaths: int
     signatures: int
     written: int
+    regressed: int = 0  # signatures found regressed (a sighting after their resolve)
 
 
 class ShipMark(NamedTuple):
@@ -201,6 +209,7 @@ def commit_batch(
     deaths = _deaths.BatchDeaths()
     examples: dict[str, str] = {}
     environments: list[tuple] = []
+    aliases: list[tuple] = []
     for item in items:  # as little Python per item as possible: it holds the GIL
         n = len(item)
         if n == ROW:
@@ -210,12 +219,16 @@ def commit_batch(
             examples.setdefault(item[7], item[ROW])
         elif n == 4:  # a death with its events (see death_item)
             deaths.take(item, events, examples)
-        elif n == 2:  # a worker's environment (see environments.item)
-            environments.append(item[1])
+        elif n == 2:  # tagged: a worker's environment (environments.item) or old ids
+            if item[0] == _environments.ITEM:
+                environments.append(item[1])
+            else:  # of signatures (aliases.alias_item)
+                aliases += item[1]
         else:
             pipelines.append(item[0])
     count, dead = limits.events, limits.deaths
     signatures = limits.signatures
+    regressed = 0
     try:
         conn.execute("BEGIN IMMEDIATE")
         if mark is not None:
@@ -248,6 +261,11 @@ def commit_batch(
         if deaths.rows:
             _environments.first(conn, dlast)
         _environments.write(conn, environments)
+        if aliases:  # after the signatures: a fold finds both rows
+            regressed += _aliases.record(conn.execute, "?", aliases, distinct=True)
+            signatures = conn.execute("SELECT count(*) FROM signatures").fetchone()[0]
+        if events or deaths.rows:
+            regressed += _states.regress(conn, _SIGHTINGS, {"last": last, "dlast": dlast})
         conn.executemany(_UPSERT_PIPELINE, pipelines)
         if pipelines:
             runs = conn.execute("SELECT count(*) FROM pipelines").fetchone()[0]
@@ -277,7 +295,7 @@ def commit_batch(
         except sqlite3.Error:
             pass
         raise
-    return Counts(count, dead, signatures, len(events))
+    return Counts(count, dead, signatures, len(events), regressed)
 
 
 def _forget_signatures(conn: sqlite3.Connection, n: int) -> int:
@@ -288,6 +306,7 @@ def _forget_signatures(conn: sqlite3.Connection, n: int) -> int:
     conn.executemany("DELETE FROM signatures WHERE id = ?", ids)
     conn.executemany("DELETE FROM signature_members WHERE signature_id = ?", ids)
     conn.executemany("DELETE FROM signature_distinct WHERE signature_id = ?", ids)
+    conn.executemany("DELETE FROM signature_aliases WHERE new_id = ?", ids)
     return len(ids)
 
 

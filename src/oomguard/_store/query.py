@@ -49,7 +49,7 @@ def events(
     cause: str | None,
     pipeline: str | None,
     shard: str | None,
-    signature: str | None,
+    signature: str | list[str] | None,
     killer: str | None,
     cluster: str | None,
     since: float | None,
@@ -75,6 +75,8 @@ def events(
         if column in d.or_suspect:
             where.append(d.or_suspect[column])
             args += [value, value]
+        elif column == "signature_id":
+            where.append(_signature(m, value, args))
         else:
             where.append(f"{column} = {m}")
             args.append(value)
@@ -98,7 +100,7 @@ def deaths(
     since: float | None,
     cause: str | None,
     killer: str | None,
-    signature: str | None,
+    signature: str | list[str] | None,
     worker: str | None,
     shard: str | None,
     pipeline: str | None,
@@ -116,12 +118,13 @@ def deaths(
         ("cluster", cluster),
         ("cause", cause),
         ("killer", killer),
-        ("signature_id", signature),
         ("worker", worker),
     ):
         if value is not None:
             where.append(f"{column} = {m}")
             args.append(value)
+    if signature is not None:
+        where.append(_signature(m, signature, args))
     for field, value in (("shard", shard), ("pipeline", pipeline)):
         if value is not None:
             where.append(d.among_tasks[field])
@@ -136,6 +139,18 @@ def deaths(
     if where:
         sql += " WHERE " + " AND ".join(where)
     return sql + f" ORDER BY time DESC, id DESC LIMIT {m}", [*args, limit]
+
+
+def _signature(m: str, value: Any, args: list[Any]) -> str:
+    """The `signature=` filter of one id, or of a signature's ids (its own and its old ones:
+    `aliases.signature_ids`); its parameters go to `args`."""
+    ids = [value] if isinstance(value, str) else list(value)
+    args += ids
+    return (
+        f"signature_id = {m}"
+        if len(ids) == 1
+        else f"signature_id IN ({', '.join([m] * len(ids))})"
+    )
 
 
 def shard(
@@ -217,8 +232,12 @@ def known(
         names = set(distinct("events", "cluster", limit))
         names |= set(distinct("pipelines", "cluster", limit))
         return bool(found), sorted(names)[:limit]
-    if field == "signature":
-        found = rows(f"SELECT 1 FROM signatures WHERE id = {m}", (value,))
+    if field == "signature":  # an old id of a signature too
+        found = rows(
+            f"SELECT 1 FROM signatures WHERE id = {m} UNION ALL "
+            f"SELECT 1 FROM signature_aliases WHERE old_id = {m}",
+            (value, value),
+        )
         ids = rows(f"SELECT id FROM signatures ORDER BY last_seen DESC LIMIT {m}", (limit,))
         return bool(found), [r[0] for r in ids]
     if field != "pipeline":

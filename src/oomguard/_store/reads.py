@@ -15,8 +15,10 @@ from collections.abc import Iterable, Iterator
 from .._death.record import Death
 from .._models import FailureEvent, PipelineStatus, SignatureRow
 from . import query
+from .aliases import CANONICAL, signature_ids
 from .deaths import death_from_row
 from .schema import MEMBER_FIELDS, PIPELINE_COLUMNS, connect
+from .states import attach
 
 logger = logging.getLogger("oomguard.store")
 
@@ -187,7 +189,7 @@ class Reader:
             cause=cause,
             pipeline=pipeline,
             shard=shard,
-            signature=signature,
+            signature=signature_ids(self._reader().execute, "?", signature),
             killer=killer,
             cluster=cluster,
             since=since,
@@ -227,7 +229,7 @@ class Reader:
             since=since,
             cause=cause,
             killer=killer,
-            signature=signature,
+            signature=signature_ids(self._reader().execute, "?", signature),
             worker=worker,
             shard=shard,
             pipeline=pipeline,
@@ -307,7 +309,9 @@ class Reader:
             limit=_limit(limit),
             offset=offset,
         )
-        return [_signature(r) for r in _within(self._reader().execute(sql, params), max_bytes)]
+        db = self._reader()
+        rows = [_signature(r) for r in _within(db.execute(sql, params), max_bytes)]
+        return attach(rows, db.execute, "?")
 
     @_read
     def totals(self) -> tuple[int, int]:
@@ -327,19 +331,16 @@ class Reader:
 
     @_read
     def signature(self, signature_id: str) -> SignatureRow | None:
-        """One signature, or None.
+        """One signature, or None; an old id (an older grouping's) finds its signature now.
 
         >>> store.signature("3f2a9c").hosts
         ['node-1', 'node-2', 'node-3']
         """
-        r = (
-            self._reader()
-            .execute(
-                _SELECT_SIGNATURE + " WHERE id = :id", {"id": signature_id, "cap": self.member_cap}
-            )
-            .fetchone()
+        db, args = self._reader(), {"id": signature_id, "cap": self.member_cap}
+        sql = f"{_SELECT_SIGNATURE} WHERE id = {CANONICAL.format(':id')}"
+        return next(
+            iter(attach([_signature(r) for r in db.execute(sql, args)], db.execute, "?")), None
         )
-        return None if r is None else _signature(r)
 
     @_read
     def distinct_counts(self, signature_id: str) -> dict[str, int]:
@@ -356,7 +357,8 @@ class Reader:
         """
         counts = dict.fromkeys(MEMBER_FIELDS, 0)
         for code, n in self._reader().execute(
-            "SELECT field, n FROM signature_distinct WHERE signature_id = ?", (signature_id,)
+            f"SELECT field, n FROM signature_distinct WHERE signature_id = {CANONICAL.format('?')}",
+            (signature_id, signature_id),
         ):
             counts[MEMBER_FIELDS[code]] = n
         return counts

@@ -213,6 +213,29 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX worker_environments_cluster ON worker_environments(cluster, time)",
         "ALTER TABLE signatures ADD COLUMN first_environment TEXT NOT NULL DEFAULT ''",
     ),
+    (
+        # Signature states and versions (issue 40): a person's resolve (when, by whom, why;
+        # 0 / '' never), the writer's regressions (the first sighting after the resolve; 0
+        # none since), and the ids older grouping versions gave a signature, each pointing
+        # at the signature it is now (`aliases.py`; `seq`: the order a spool ships them).
+        "ALTER TABLE signatures ADD COLUMN resolved_at REAL NOT NULL DEFAULT 0",
+        "ALTER TABLE signatures ADD COLUMN resolved_by TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE signatures ADD COLUMN resolve_note TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE signatures ADD COLUMN regressed_at REAL NOT NULL DEFAULT 0",
+        "ALTER TABLE signatures ADD COLUMN regressions INTEGER NOT NULL DEFAULT 0",
+        """CREATE TABLE signature_aliases (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            old_id TEXT NOT NULL UNIQUE,
+            new_id TEXT NOT NULL,
+            old_version INTEGER NOT NULL,
+            new_version INTEGER NOT NULL,
+            time REAL NOT NULL  -- when the old id was first seen to be the new one
+        )""",
+        "CREATE INDEX signature_aliases_new ON signature_aliases(new_id)",
+        # A signature's rate counts its deaths (deaths_signature) and its events that have
+        # no death (task exceptions): this index counts those without reading a row.
+        "CREATE INDEX events_no_death ON events(signature_id, time) WHERE death = ''",
+    ),
 )
 
 #: The SignatureRow lists kept in signature_members; the position is the stored code.

@@ -9,6 +9,7 @@ import functools
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,7 @@ from . import environments
 from .batch import CREATE_BATCH_MEMBERS
 from .reads import Reader, _read
 from .schema import MIGRATIONS, check_file, connect, migrate, require_json
+from .states import resolve as _resolve
 from .writer import WAL_CHECKPOINT_PAGES, WRITER_CACHE_KIB, Writer
 
 
@@ -129,6 +131,7 @@ class FailureStore:
     known = _of("reader", Reader.known)
 
     written = _view("writer", "written", "Events committed by this store.")
+    regressions = _view("writer", "regressions", "Signatures its writer found regressed.")
     overflow = _view("writer", "overflow", "Items refused because the queue was full.")
     write_errors = _view("writer", "write_errors", "Items refused as bad data, or lost.")
     disk_full = _view("writer", "disk_full", "Times the writer found the disk full.")
@@ -170,6 +173,33 @@ class FailureStore:
     def file(self) -> str:
         """The SQLite file (a temporary one for ":memory:"); "" before `start`."""
         return self._file
+
+    def resolve(
+        self, signature_id: str, *, note: str = "", by: str = "", at: float | None = None
+    ) -> tuple[SignatureRow | None, bool]:
+        """Resolve a signature (or the one an old id of it points at): from now on, a
+        death with it is a regression (`states.py`). Blocks: commits what is queued
+        first, then one short transaction (beside the writer, or a scheduler writing the
+        file). (the signature, whether anything changed); KeyError naming an unknown id.
+
+        >>> store.resolve("3f2a9c", note="fixed in shardapp 1.4", by="alice")
+        (<SignatureRow 3f2a9c 'SIGSEGV in parse_block' resolved count=4 ...>, True)
+        """
+        self.flush()
+        conn = connect(self._file)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                sid, changed = _resolve(
+                    conn.execute, "?", signature_id, note, by, time.time() if at is None else at
+                )
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        finally:
+            conn.close()
+        return self.signature(sid), changed
 
     # -- lifecycle ------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from .._death.record import Death, Environment
 from .._models import FailureEvent, PipelineStatus
+from .aliases import Queued
 from .batch import Counts, Limits, ShipMark, commit_batch, disk_full
 from .environments import item as environment_item
 from .items import death_item, describe_event, event_item, item_size, pipeline_row
@@ -44,6 +45,7 @@ class Writer:
     counters below; the settings may change while it runs (`configure_store`)."""
 
     written: int  # events committed by this writer
+    regressions: int  # signatures this writer found regressed (a sighting after a resolve)
     overflow: int  # items refused because the queue was full
     write_errors: int  # items refused as bad data, or lost with a failed transaction
     disk_full: int  # times the writer found the disk full (see _write_batch)
@@ -76,6 +78,8 @@ class Writer:
         self.max_pipelines = max_pipelines
         self.member_rows = member_rows
         self.written = 0
+        self.regressions = 0
+        self._aliases = Queued()  # the aliases queued so far
         self.overflow = 0
         self.write_errors = 0
         self.disk_full = 0
@@ -147,13 +151,21 @@ class Writer:
 
     # -- writes (from the event loop) -----------------------------------------------------
 
-    def add(self, event: FailureEvent, *, grouping_version: int = 1, example: str = "") -> bool:
+    def add(
+        self,
+        event: FailureEvent,
+        *,
+        grouping_version: int = 1,
+        example: str = "",
+        aliases: Sequence[tuple[str, int]] = (),
+    ) -> bool:
         """Queue one failure event. Never blocks, never raises, no I/O: it checks the fields,
         encodes the evidence as JSON (small, so O(1) in practice) and appends to the queue.
 
         Returns False when the event was refused: the queue is full (counted in `overflow`),
         a field is bad (counted in `write_errors`, `last_error` names the field) or the
-        store is closed. The event's `id` is ignored: the store assigns one.
+        store is closed. The event's `id` is ignored: the store assigns one. `aliases`: the
+        ids older grouping versions gave its signature, (id, version) (`aliases.py`).
 
         >>> store.add(event, grouping_version=1, example=normalised_trace)
         True
@@ -163,6 +175,7 @@ class Writer:
         except Exception as e:  # a scheduler hook must never raise
             self._error(f"add(): {describe_event(event)}: {e}")
             return False
+        self._put_aliases(aliases, item[7], grouping_version, item[0])
         return self._put(item)
 
     def record(
@@ -173,6 +186,7 @@ class Writer:
         grouping_version: int = 1,
         example: str = "",
         amend: bool = False,
+        aliases: Sequence[tuple[str, int]] = (),
     ) -> bool:
         """Queue one decided worker death with the events of the tasks it is blamed on
         (each names it: its `death` is the death's id, its cluster the death's), written in
@@ -183,7 +197,7 @@ class Writer:
         replaces the stored death of that (cluster, id) and its events (a late report, a
         pod's or SLURM's verdict on a worker lost with its nanny); its signature's count
         moves from the old signature to the new one. A signature counts each death that
-        carries it once, however many of its events name it.
+        carries it once, however many of its events name it. `aliases` as for `add`.
 
         >>> store.record(death, [event], grouping_version=1, example=normalised_trace)
         True
@@ -193,13 +207,17 @@ class Writer:
         except Exception as e:  # a scheduler hook must never raise
             self._error(f"record(): death {getattr(death, 'id', '?')!r}: {e}")
             return False
+        self._put_aliases(aliases, item[0][7], grouping_version, item[0][2])
         return self._put(item)
+
+    def _put_aliases(self, aliases: Sequence, new_id: str, version: int, when: float) -> None:
+        what = f"aliases of signature {new_id!r}"
+        self._build(what, lambda: self._aliases.new(aliases, new_id, version, when))
 
     def upsert_pipeline(self, status: PipelineStatus) -> None:
         """Queue the latest status of one run of a pipeline: it replaces the stored status
-        of the same (name, started), and leaves the other runs of that name alone. Like
-        add(): never blocks, never raises; a refusal is counted in `overflow` or
-        `write_errors`.
+        of the same (name, started), not the other runs of that name. As add(): never
+        blocks, never raises; a refusal is counted in `overflow` or `write_errors`.
 
         Past `max_pipelines` runs, the writer deletes the least recently updated finished
         ones (status other than "running") in the same commit; it never deletes a running one.
@@ -207,12 +225,7 @@ class Writer:
         >>> store.upsert_pipeline(PipelineStatus("nightly", "running", 10, 0, 0, 0, 0, "",
         ...                                      started=1_790_000_000.0))
         """
-        try:
-            row = pipeline_row(status, time.time())
-        except Exception as e:
-            self._error(f"upsert_pipeline(): {e}")
-            return
-        self._put((row,))
+        self._build("upsert_pipeline()", lambda: (pipeline_row(status, time.time()),))
 
     def worker_environment(
         self, cluster: str, slot: str, environment: Environment, time: float
@@ -223,12 +236,19 @@ class Writer:
         >>> store.worker_environment("etl", "tcp://10.0.0.5:40000", environment, 1.7e9)
         True
         """
+        return self._build(
+            "worker_environment()", lambda: environment_item(cluster, slot, environment, time)
+        )
+
+    def _build(self, what: str, make: Callable[[], tuple | None]) -> bool:
+        """`_put` the item `make()` builds (None: nothing to put); False, the error counted,
+        when it raises."""
         try:
-            queued = environment_item(cluster, slot, environment, time)
+            item = make()
         except Exception as e:
-            self._error(f"worker_environment(): {e}")
+            self._error(f"{what}: {e}")
             return False
-        return self._put(queued)
+        return item is None or self._put(item)
 
     def _put(self, item: tuple) -> bool:
         size = item_size(item)
@@ -444,16 +464,8 @@ class Writer:
     def _commit(self, items: list[tuple]) -> None:
         """One transaction of `items`; raises (rolled back) when it fails."""
         assert self._conn is not None
-        limits = Limits(
-            self._counts.events,
-            self._counts.deaths,
-            self._counts.signatures,
-            self.member_rows,
-            self.max_pipelines,
-            self.max_events,
-            self.max_signatures,
-            self.ships,
-        )
+        bounds = (self.member_rows, self.max_pipelines, self.max_events, self.max_signatures)
+        limits = Limits(*self._counts[:3], *bounds, self.ships)  # counts: events, deaths, sigs
         with self._lock:
             mark, self._ship_mark = self._ship_mark, None
             asked = self._marks_asked
@@ -465,6 +477,7 @@ class Writer:
                     self._ship_mark = mark.merge(self._ship_mark)
             raise
         self.written += self._counts.written
+        self.regressions += self._counts.regressed
         if mark is not None:
             with self._done:
                 self._marks_done = asked

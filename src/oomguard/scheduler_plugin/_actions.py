@@ -140,14 +140,24 @@ class DaskActions:
         death = d.death
         if death is None:  # a task's exception, a stopped nanny's task: events only
             for event in events:
-                self.store.add(event, grouping_version=d.grouping_version, example=d.example)
+                self.store.add(
+                    event,
+                    grouping_version=d.grouping_version,
+                    example=d.example,
+                    aliases=d.aliases,
+                )
                 self.metrics.failure(event.kind, event.cause)
             return
         if death.cluster != cluster:
             death = dataclasses.replace(death, cluster=cluster)
         amend = d.amends is not None
         self.store.record(
-            death, events, grouping_version=d.grouping_version, example=d.example, amend=amend
+            death,
+            events,
+            grouping_version=d.grouping_version,
+            example=d.example,
+            amend=amend,
+            aliases=d.aliases,
         )
         if amend:
             return

@@ -149,6 +149,8 @@ class OomguardPage:
             columns=[
                 # The id `oomguard report --signature ID` takes.
                 TableColumn(field="id", title="signature id", formatter=whole, width=140),
+                # new, ongoing, escalating, regressed, resolved (docs/reading-a-report.md).
+                TableColumn(field="state", title="state", width=80),
                 TableColumn(field="count", title="count", width=60),
                 TableColumn(field="hosts", title="hosts", width=50),
                 TableColumn(field="first_seen", title="first seen", formatter=when, width=150),
@@ -238,7 +240,7 @@ class OomguardPage:
         if store is None:
             self._set_header("oomguard is starting: its failure store is not open yet.")
             return
-        policy = getattr(plugin, "policy", None)
+        policy = getattr(getattr(plugin, "core", None), "policy", None)
         live = []
         if policy is not None:  # in memory and mutated on this loop: read it here
             live = [policy.status(name) for name in policy.pipelines()]

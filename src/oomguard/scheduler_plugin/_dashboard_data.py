@@ -83,6 +83,7 @@ def signature_columns(rows: Sequence[SignatureRow], cluster: str = "") -> dict[s
     """
     return {
         "id": [r.id for r in rows],
+        "state": [r.state for r in rows],
         "count": [r.count for r in rows],
         "hosts": [len(r.hosts) for r in rows],
         "first_seen": [r.first_seen * 1000 for r in rows],
@@ -141,6 +142,8 @@ def signature_detail(row: SignatureRow | None, events: Sequence[FailureEvent]) -
         row.title,
         "",
         f"signature  {row.id} (grouping version {row.grouping_version})",
+        *([f"old ids    {_members(row.aliases)}"] if row.aliases else []),
+        f"state      {_state(row)}",
         f"count      {row.count}, first seen {_when(row.first_seen)}, "
         f"last seen {_when(row.last_seen)}",
         f"causes     {_members(row.causes)}",
@@ -177,6 +180,18 @@ def signature_detail(row: SignatureRow | None, events: Sequence[FailureEvent]) -
     if not events:
         lines.append("(none kept: retention dropped them)")
     return "\n".join(lines)
+
+
+def _state(row: SignatureRow) -> str:
+    """The state and what it rests on, in one line."""
+    said = [row.state or "-", f"{row.last_hour} in the last hour, {row.hourly:g} an hour before"]
+    if row.resolved_at:
+        said.append(f"resolved {_when(row.resolved_at)} by {row.resolved_by or '?'}")
+        if row.resolve_note:
+            said.append(f"note: {row.resolve_note}")
+    if row.regressions:
+        said.append(f"regressed {_when(row.regressed_at)} ({row.regressions} times)")
+    return "; ".join(said)
 
 
 @dataclass

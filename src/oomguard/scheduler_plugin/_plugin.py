@@ -29,12 +29,13 @@ from .._protocol import (
     CLEAN_EXIT_HANDLER,
     QUERY_HANDLER,
     REPORT_HANDLER,
+    RESOLVE_HANDLER,
     RUNS_ALONE_FIELD,
     SCHEDULER_PLUGIN,
     UNGUARDED_HANDLER,
 )
 from .._store import FailureStore
-from . import _cluster_name, _setup
+from . import _cluster_name, _resolve, _setup
 from ._actions import DaskActions
 from ._dask_bound import DaskBound
 from ._queries import Queries
@@ -110,7 +111,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         self._started = False
         self._original_task_erred = None
         self._worker_events = WorkerEvents(self._worker_event)
-        self._undo_stop = _nothing
+        self._undo_stop = lambda: None
 
     def __getstate__(self):
         return {"config": self.config}
@@ -224,6 +225,7 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
             REPORT_HANDLER: self.report,
             CLEAN_EXIT_HANDLER: self.clean_exit,
             QUERY_HANDLER: self.query,
+            RESOLVE_HANDLER: self.resolve,
             UNGUARDED_HANDLER: self.unguarded_setup,
         }
 
@@ -447,9 +449,12 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         return {"status": "ok"}
 
     async def query(self, comm=None, what: str = "", **filters: Any) -> Any:
-        """RPC for `oomguard.Failures` and `oomguard report`: JSON-able rows
-        (`Queries.answer`)."""
+        """RPC for `oomguard.Failures` and `oomguard report` (`Queries.answer`)."""
         return await self.queries.answer(what, filters)
+
+    async def resolve(self, comm=None, **request: Any) -> dict:
+        """RPC for `Failures.resolve` and `oomguard report --resolve` (`_resolve.py`)."""
+        return await _resolve.resolve(self.store, request)
 
     # --- task exceptions --------------------------------------------------------------
 
@@ -493,7 +498,3 @@ class OomguardSchedulerPlugin(SchedulerPlugin):
         return self.desk.snapshot(
             self.core, self.guard.count, self.removals_refused, self.unguarded
         )
-
-
-def _nothing() -> None:
-    pass

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._config import CLUSTER_NAME_MAX
 from ._query_bounds import bounded, capped, pipelines_reply, safe_filters
+from ._resolve import fleet_states
 
 if TYPE_CHECKING:
     from .._decide.policy import FailurePolicy
@@ -95,6 +96,8 @@ class Queries:
             filters["cluster"] = cluster
         await asyncio.to_thread(self._flush)
         rows = await asyncio.to_thread(getattr(store, what), **bounded(what, filters))
+        if what == "signatures" and store is self.store:  # a fleet's state is the history's
+            rows = await asyncio.to_thread(fleet_states, store, rows)
         if rows is None:
             return None
         if isinstance(rows, list):

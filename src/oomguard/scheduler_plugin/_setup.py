@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from distributed.core import Status
 
 from .._exceptions import StoreError
+from ._resolve import regressions
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -239,6 +240,7 @@ class _StoreCounts:
     def __init__(self) -> None:
         self.seen = {"queue_full": 0, "disk_full": 0, "write_failed": 0, "history_away": 0}
         self.aside: dict[str, int] = {}
+        self.regressions = 0  # signatures found regressed (`_resolve.regressions`)
 
     def sync(self, store: FailureStore, metrics: OomguardMetrics) -> None:
         now = {
@@ -252,6 +254,9 @@ class _StoreCounts:
             if n > self.seen[kind]:
                 metrics.store_error(kind, n - self.seen[kind])
                 self.seen[kind] = n
+        if (n := regressions(store)) > self.regressions:
+            metrics.signature_regressed(n - self.regressions)
+            self.regressions = n
         if store.history is not None:  # rows the history refused, set aside (pg/aside.py)
             for kind, n in store.history.shipper.aside.counts.items():
                 if n > self.aside.get(kind, 0):

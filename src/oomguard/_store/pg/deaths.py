@@ -15,9 +15,11 @@ import json
 import logging
 from typing import Any
 
+from ..aliases import CANONICAL
 from ..batch import ShipMark
 from ..items import DEATH_COLUMNS as _COLUMNS
 from .environments import FIRST_ENVIRONMENTS
+from .states import regress
 
 logger = logging.getLogger("oomguard.store")
 
@@ -30,8 +32,9 @@ CREATE_STAGE = """CREATE TEMP TABLE IF NOT EXISTS stage_deaths (
 COPY_STAGE = f"COPY stage_deaths (local_seq, {_COLUMNS}) FROM STDIN"
 # One statement: the staged deaths upserted by (cluster, id), and their signatures' counts
 # moved: +1 for each death's signature now, -1 for the one it had (a death sent again
-# counts nothing more; an amended one moves its count). Signatures are locked in key order
-# (schedulers sending at once wait for each other, never deadlock).
+# counts nothing more; an amended one moves its count); an old id counts in the signature
+# it is an alias of. Signatures are locked in key order (schedulers sending at once wait
+# for each other, never deadlock).
 UPSERT_DEATHS = f"""
 WITH old AS (
     SELECT d.signature_id FROM deaths d
@@ -54,8 +57,9 @@ WITH old AS (
     FROM up
     UNION ALL SELECT signature_id, -1, NULL, NULL, NULL FROM old
 ), agg AS (
-    SELECT signature_id, sum(n) AS n, max(title) AS title, max(gv) AS gv,
-           min(time) AS t0, max(time) AS t1
+    SELECT {CANONICAL.format("delta.signature_id")} AS signature_id, sum(n) AS n,
+           max(title) AS title,
+           max(gv) AS gv, min(time) AS t0, max(time) AS t1
     FROM delta GROUP BY 1
 )
 INSERT INTO signatures (id, title, grouping_version, count, first_seen, last_seen, example)
@@ -68,9 +72,12 @@ ON CONFLICT (id) DO UPDATE SET
     count = signatures.count + excluded.count,
     first_seen = least(signatures.first_seen, excluded.first_seen),
     last_seen = greatest(signatures.last_seen, excluded.last_seen),
-    title = CASE WHEN excluded.title <> '' THEN excluded.title ELSE signatures.title END,
-    grouping_version = CASE WHEN excluded.title <> '' THEN excluded.grouping_version
-                            ELSE signatures.grouping_version END
+    title = CASE WHEN excluded.title <> ''
+                      AND excluded.grouping_version >= signatures.grouping_version
+                 THEN excluded.title ELSE signatures.title END,
+    grouping_version = CASE WHEN excluded.title <> ''
+                       THEN greatest(excluded.grouping_version, signatures.grouping_version)
+                       ELSE signatures.grouping_version END
 """
 # Retention, as for events: this cluster's deaths past max-events (oldest first), every
 # cluster's past max-age. Signatures keep their counts.
@@ -99,6 +106,7 @@ class DeathShipper:
         self.sent = 0  # deaths upserted
         self.skipped = 0  # deaths the history refused as data (logged; in the spool only)
         self.full = False  # the last round read a whole batch: more may wait
+        self.regressions = 0  # signatures these deaths found regressed (`states.regress`)
 
     def start(self, state: dict[str, str]) -> None:
         """Begin after the spool's mark (`ship_state` as a dict)."""
@@ -141,7 +149,9 @@ class DeathShipper:
                     copy.write_row(row)
             cur.execute(UPSERT_DEATHS, {"origin": origin})
             cur.execute(FIRST_ENVIRONMENTS)
+            found = regress(cur, "stage_deaths")
         self.sent += len(rows)
+        self.regressions += found
 
 
 def retention(cur: Any, cluster: str, max_deaths: int, before: float | None) -> None:

@@ -11,13 +11,16 @@ from ..._exceptions import StoreError
 from ..._models import FailureEvent, PipelineStatus, SignatureRow
 from ..._urls import check_url, redact
 from .. import query
+from ..aliases import CANONICAL, signature_ids
 from ..deaths import death_from_row
-from ..environments import attach
+from ..environments import attach as attach_environments
 from ..reads import _event, _signature, _within
 from ..schema import MEMBER_FIELDS
+from ..states import attach as attach_states
 from .deaths import among_tasks
 from .environments import POSTGRES as _ENVIRONMENTS
 from .schema import NAMESPACE
+from .states import resolve
 
 # As in the SQLite store: a death that named no shard is found by each of its suspects.
 _OR_SUSPECT = {
@@ -104,6 +107,15 @@ class PgReader:
             cur = conn.execute(sql, args)
             return list(_within(cur, max_bytes))
 
+    def states(self, rows: list[SignatureRow]) -> list[SignatureRow]:
+        """`rows` with their states as the history has them (`..states.attach`)."""
+        if not rows:
+            return []
+        if self._pool is None:
+            raise RuntimeError(f"{self!r} is not started.")
+        with self._pool.connection() as conn:
+            return attach_states(rows, conn.execute, "%s")
+
     # -- events ----------------------------------------------------------------------------
 
     def events(
@@ -128,7 +140,7 @@ class PgReader:
             cause=cause,
             pipeline=pipeline,
             shard=shard,
-            signature=signature,
+            signature=signature_ids(self._rows, "%s", signature),
             killer=killer,
             cluster=cluster,
             since=since,
@@ -159,7 +171,7 @@ class PgReader:
             since=since,
             cause=cause,
             killer=killer,
-            signature=signature,
+            signature=signature_ids(self._rows, "%s", signature),
             worker=worker,
             shard=shard,
             pipeline=pipeline,
@@ -209,22 +221,36 @@ class PgReader:
             limit=_limit(limit),
             offset=offset,
         )
-        rows = [_row(r) for r in self._rows(sql, params, max_bytes)]
-        return attach(rows, self._rows, _ENVIRONMENTS) if environment else rows
+        rows = self.states([_row(r) for r in self._rows(sql, params, max_bytes)])
+        return attach_environments(rows, self._rows, _ENVIRONMENTS) if environment else rows
 
     def signature(self, signature_id: str) -> SignatureRow | None:
-        rows = self._rows(
-            _SELECT_SIGNATURE + " WHERE id = %(id)s", {"id": signature_id, "cap": self.member_cap}
-        )
-        return attach([_row(rows[0])], self._rows, _ENVIRONMENTS)[0] if rows else None
+        """One signature, or None; an old id (an older grouping's) finds its signature."""
+        sql = f"{_SELECT_SIGNATURE} WHERE id = {CANONICAL.format('%(id)s')}"
+        rows = self._rows(sql, {"id": signature_id, "cap": self.member_cap})
+        found = self.states([_row(r) for r in rows])
+        return attach_environments(found, self._rows, _ENVIRONMENTS)[0] if found else None
+
+    def resolve(
+        self, signature_id: str, *, note: str = "", by: str = "", at: float | None = None
+    ) -> tuple[SignatureRow | None, bool]:
+        """As FailureStore.resolve, for the whole fleet (`pg/states.py`): PermissionError
+        for a role that reads only."""
+        if self._refused:
+            raise StoreError(self._refused)
+        if self._pool is None:
+            raise RuntimeError(f"{self!r} is not started.")
+        with self._pool.connection() as conn:
+            sid, changed = resolve(conn, self.url, signature_id, note, by, at)
+        return self.signature(sid), changed
 
     def distinct_counts(self, signature_id: str) -> dict[str, int]:
         """The stored distinct values of each member field: exact up to the bound of values
         kept per field (member_rows), a lower bound past it."""
         counts = dict.fromkeys(MEMBER_FIELDS, 0)
         for code, n in self._rows(
-            "SELECT field, n FROM signature_fields WHERE signature_id = %s",
-            (signature_id,),
+            f"SELECT field, n FROM signature_fields WHERE signature_id = {CANONICAL.format('%s')}",
+            (signature_id, signature_id),
         ):
             counts[MEMBER_FIELDS[code]] = n
         return counts

@@ -187,12 +187,45 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE signatures ADD COLUMN first_environment text NOT NULL DEFAULT ''",
         *_own_rows("worker_environments"),
         """DO $$ DECLARE r record; BEGIN
-            FOR r IN SELECT role, bool_or(writes) AS writes FROM cluster_roles GROUP BY role
-            LOOP
+            FOR r IN SELECT c.role, bool_or(c.writes) AS writes FROM cluster_roles c
+                     JOIN pg_roles p ON p.rolname = c.role GROUP BY c.role LOOP
                 EXECUTE format('GRANT SELECT ON worker_environments TO %I', r.role);
                 IF r.writes THEN
                     EXECUTE format(
                         'GRANT INSERT, UPDATE, DELETE ON worker_environments TO %I', r.role);
+                END IF;
+            END LOOP;
+        END $$""",
+    ),
+    (
+        # Signature states and versions (issue 40), as the SQLite store keeps them: the
+        # fleet's resolve of a shared signature, its regressions, and the old ids of
+        # signatures (`aliases.py`). The new table is shared like the signatures: the roles
+        # granted before read it, and the writers add to it.
+        "ALTER TABLE signatures ADD COLUMN resolved_at double precision NOT NULL DEFAULT 0",
+        "ALTER TABLE signatures ADD COLUMN resolved_by text NOT NULL DEFAULT ''",
+        "ALTER TABLE signatures ADD COLUMN resolve_note text NOT NULL DEFAULT ''",
+        "ALTER TABLE signatures ADD COLUMN regressed_at double precision NOT NULL DEFAULT 0",
+        "ALTER TABLE signatures ADD COLUMN regressions integer NOT NULL DEFAULT 0",
+        """CREATE TABLE signature_aliases (
+            old_id text PRIMARY KEY,
+            new_id text NOT NULL,
+            old_version integer NOT NULL,
+            new_version integer NOT NULL,
+            time double precision NOT NULL
+        )""",
+        "CREATE INDEX signature_aliases_new ON signature_aliases(new_id)",
+        # A signature's rate: its events that have no death (task exceptions), by index.
+        "CREATE INDEX events_no_death ON events(signature_id, time) WHERE death = ''",
+        """DO $$
+        DECLARE r record;
+        BEGIN
+            FOR r IN SELECT c.role, bool_or(c.writes) AS writes FROM cluster_roles c
+                     JOIN pg_roles p ON p.rolname = c.role GROUP BY c.role LOOP
+                EXECUTE format('GRANT SELECT ON signature_aliases TO %I', r.role);
+                IF r.writes THEN
+                    EXECUTE format('GRANT INSERT, UPDATE, DELETE ON signature_aliases TO %I',
+                                   r.role);
                 END IF;
             END LOOP;
         END $$""",

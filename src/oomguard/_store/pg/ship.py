@@ -33,6 +33,7 @@ from . import sql
 from .aside import Book, SetAside, Synced, record, run_item, split
 from .environments import EnvironmentShipper
 from .schema import NAMESPACE, migrate
+from .states import AliasShipper, regress
 
 logger = logging.getLogger("oomguard.store")
 
@@ -108,6 +109,8 @@ class Shipper:
         self.origin = ""
         self.deaths = _deaths.DeathShipper(redact(url), batch)  # the spool's deaths, its part
         self.environments = EnvironmentShipper(redact(url))  # its workers' environments
+        self.aliases = AliasShipper()  # the old ids of the spool's signatures, its part
+        self.regressions = 0  # signatures its events found regressed (and `deaths`, `aliases`)
         self._cursor = 0  # the last event id sent
         # Sent, their marks maybe not stored yet: deletions (seq, event id), runs (key: updated).
         self._deletes_sent: set[tuple] = set()
@@ -236,6 +239,7 @@ class Shipper:
         if (self._pg is None or self._pg.closed) and not self._connect():
             return True
         events, deletes, pipelines, examples = self._read()
+        self.aliases.round(self._local, self._pg)  # before the signatures they fold
         self._ship_deaths()
         self.environments.round(self._local, self._pg)
         if not (events or deletes or pipelines):
@@ -358,13 +362,14 @@ class Shipper:
     def _send(self, rows: list, deletes: list, pipelines: list, examples: dict) -> None:
         """One transaction: events (`rows`), signatures' examples, deletions, runs."""
         with self._pg.transaction(), self._pg.cursor() as cur:
-            inserted = 0
+            inserted = found = 0
             if rows:
                 with cur.copy(sql.COPY_STAGE) as copy:
                     for row in rows:
                         copy.write_row(row)
                 cur.execute(sql.INSERT_STAGED, {"origin": self.origin, "rows": self.member_rows})
                 inserted, _ = cur.fetchone()
+                found = regress(cur, "stage")
             if examples:
                 cur.executemany(sql.SET_EXAMPLE, [(ex, sid) for sid, ex in examples.items()])
             if deletes:
@@ -372,6 +377,7 @@ class Shipper:
             if pipelines:
                 cur.executemany(sql.UPSERT_PIPELINE, pipelines)
         self.sent += inserted
+        self.regressions += found
 
     def _mark(self, events: list, deletes: list, pipelines: list) -> None:
         """The batch is in the history: move past it here, and in the spool's file with the

@@ -3,6 +3,7 @@ PostgreSQL history (psycopg, `%s` and `%(name)s` parameters)."""
 
 from __future__ import annotations
 
+from ..aliases import CANONICAL
 from ..items import ROW
 
 # -- the spool (SQLite) -------------------------------------------------------------------
@@ -43,14 +44,19 @@ COPY_STAGE = f"COPY stage ({STAGE_COLUMNS}) FROM STDIN"
 # local id are unique), their signatures counted (an event that names a death counts
 # nothing: its death does, `deaths.UPSERT_DEATHS`), their members kept (about `rows` values
 # per field at most). Signatures and members are locked in key order: schedulers sending
-# at once wait for each other, never deadlock.
+# at once wait for each other, never deadlock. An old id counts in the signature it is an
+# alias of (`aliases.py`).
 INSERT_STAGED = f"""
-WITH new AS (
+WITH ins AS (
     INSERT INTO events (origin, {STAGE_COLUMNS})
     SELECT %(origin)s, {STAGE_COLUMNS} FROM stage ORDER BY local_id
     ON CONFLICT (origin, local_id) DO NOTHING
     RETURNING local_id, cluster, time, cause, shard, pipeline, worker, host, signature_id,
               signature_title, grouping_version, death
+), new AS (
+    SELECT local_id, cluster, time, cause, shard, pipeline, worker, host,
+           {CANONICAL.format("ins.signature_id")} AS signature_id, signature_title,
+           grouping_version, death FROM ins
 ), agg AS (
     SELECT signature_id, count(*) FILTER (WHERE death = '') AS n, min(time) AS t0,
            max(time) AS t1,
@@ -65,8 +71,9 @@ WITH new AS (
         count = signatures.count + excluded.count,
         first_seen = least(signatures.first_seen, excluded.first_seen),
         last_seen = greatest(signatures.last_seen, excluded.last_seen),
-        title = excluded.title,
-        grouping_version = excluded.grouping_version
+        title = CASE WHEN excluded.grouping_version >= signatures.grouping_version
+                     THEN excluded.title ELSE signatures.title END,
+        grouping_version = greatest(signatures.grouping_version, excluded.grouping_version)
     RETURNING (xmax = 0) AS inserted
 ), stored AS (
     SELECT f.signature_id, f.field, f.n FROM signature_fields f
@@ -140,6 +147,8 @@ WITH old AS (
         (SELECT id FROM signatures ORDER BY last_seen, id LIMIT %s) RETURNING id
 ), members AS (
     DELETE FROM signature_members WHERE signature_id IN (SELECT id FROM old)
+), aliases AS (
+    DELETE FROM signature_aliases WHERE new_id IN (SELECT id FROM old)
 )
 DELETE FROM signature_fields WHERE signature_id IN (SELECT id FROM old)
 """
