@@ -68,6 +68,9 @@ class Signature:
     frames: tuple[Frame, ...]
     grouping_version: int
     reason: str
+    # The innermost frame of the stack, in-app or not (never hashed): for a native crash,
+    # the Python function that called into native code, its crash site (`crash_sites`).
+    top: Frame | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict (frames as a list of dicts)."""
@@ -134,6 +137,7 @@ def make_signature(
     reason: str = "",
     extra: str = "",
     material: str | None = None,
+    top: Frame | None = None,
 ) -> Signature:
     return Signature(
         id=signature_id(error, frames, extra, material),
@@ -144,6 +148,7 @@ def make_signature(
         frames=frames,
         grouping_version=GROUPING_VERSION,
         reason=reason,
+        top=top,
     )
 
 
