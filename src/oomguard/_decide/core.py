@@ -6,7 +6,8 @@ role in a death), `accounts` (what a failure writes: the death as decided and th
 of the tasks it is blamed on), `budget` (deaths
 per key, Dask's bound kept exactly), `memory` and `resize` (after a memory kill: a larger
 worker, waited for a while, or an abort), `isolation` (after a memory kill shared by
-several tasks: each runs alone) and the `FailurePolicy` (per-shard evidence and the abort);
+several tasks: each runs alone), `incidents` (deaths one cause explains, named on each
+death; no count changes) and the `FailurePolicy` (per-shard evidence and the abort);
 `signatures` names each crash, and the words a person reads come from `oomguard._words`.
 The scheduler plugin turns Dask's hooks into calls here and applies the returned
 decisions; nothing here touches Dask.
@@ -39,6 +40,7 @@ from .accounts import task_record
 from .blame import blame, blamed, memory_kill
 from .budget import DeathBudget
 from .decisions import Decision, Forgive, Hold, Release, Stop
+from .incidents import Incidents
 from .isolation import RUN_ALONE_TIMEOUT, Isolation
 from .pairing import Case, DeathPairing, Removal
 from .policy import FailurePolicy
@@ -83,6 +85,7 @@ class DecisionCore:
         self.held: set = set()
         self.stopped: dict[Any, Stop] = {}  # key -> the Stop that erred it
         self.larger = LargerRetry(self.policy, self.runs)  # retries on a larger worker
+        self.incidents = Incidents()
         self.isolation = Isolation(
             self.held,
             self.stopped,
@@ -305,7 +308,7 @@ class DecisionCore:
         # A shared memory death, and one of them was to run alone: why it did not.
         alone = self.isolation.why(keys.values()) if b.shared else ""
         account = accounts.decided(case, b, keys, self.runs.name_of, attempts, alone)
-        out.append(account.record)
+        out.append(self.incidents.named(account.record, self._now))
         decisions: list[tuple[AbortDecision, Any]] = []
         if b.suspected:
             # The one event names none of its suspects: each suspect's run counts the death
@@ -410,7 +413,8 @@ class DecisionCore:
     def _amend(self, case: Case) -> list[Decision]:
         # Each amended event keeps the attempt of the one it replaces.
         attempts = {t.key: max(1, self.policy.attempt(t.key) - 1) for t in blamed(case)[0]}
-        return [accounts.late(case, self.runs.name_of, attempts).record]
+        record = accounts.late(case, self.runs.name_of, attempts).record
+        return [self.incidents.named(record, self._now)]
 
     # --- stopping --------------------------------------------------------------------
 

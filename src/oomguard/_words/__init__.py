@@ -18,6 +18,7 @@ from .deaths import (
     sampled_stack,
     suspects_line,
 )
+from .incidents import incident_summary
 from .summaries import pipeline_summary
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "describe_cause",
     "evidence_summary",
     "exception_name",
+    "incident_summary",
     "no_larger_abort_message",
     "no_larger_message",
     "over_budget_message",
