@@ -670,14 +670,14 @@ def test_a_file_from_a_newer_oomguard_is_refused_and_untouched(tmp_path):
     conn = sqlite3.connect(path)
     conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
     conn.execute("CREATE TABLE events (everything_changed)")
-    conn.execute("PRAGMA user_version = 7")
+    conn.execute(f"PRAGMA user_version = {N + 1}")
     conn.commit()
     conn.close()
     before, listing = path.read_bytes(), sorted(os.listdir(tmp_path))
     with pytest.raises(StoreError) as err:
         FailureStore(str(path)).start()
     message = str(err.value)
-    assert str(path) in message and "version 7" in message and f"up to {N}" in message
+    assert str(path) in message and f"version {N + 1}" in message and f"up to {N}" in message
     assert path.read_bytes() == before and sorted(os.listdir(tmp_path)) == listing
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .batch import CREATE_BATCH_MEMBERS
+from .incidents import read_incidents
 from .reads import Reader
 from .schema import MIGRATIONS, check_file, connect, migrate, require_json
 from .writer import WAL_CHECKPOINT_PAGES, WRITER_CACHE_KIB, Writer
@@ -116,6 +117,7 @@ class FailureStore:
     flush_marks = _of("writer", Writer.flush_marks)
     events = _of("reader", Reader.events)
     deaths = _of("reader", Reader.deaths)
+    incidents = _of("reader", read_incidents)
     death_times = _of("reader", Reader.death_times)
     shard = _of("reader", Reader.shard)
     signatures = _of("reader", Reader.signatures)

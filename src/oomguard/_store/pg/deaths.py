@@ -17,6 +17,7 @@ from typing import Any
 
 from ..batch import ShipMark
 from ..items import DEATH_COLUMNS as _COLUMNS
+from ..links import FAN, choose, stored_links, worth
 
 logger = logging.getLogger("oomguard.store")
 
@@ -24,7 +25,7 @@ SPOOL_DEATHS = f"SELECT seq, {_COLUMNS} FROM deaths WHERE seq > ? ORDER BY seq L
 CREATE_STAGE = """CREATE TEMP TABLE IF NOT EXISTS stage_deaths (
     local_seq bigint, id text, cluster text, time double precision, worker text, host text,
     cause text, killer text, signature_id text, signature_title text, grouping_version integer,
-    record text
+    record text, incident text
 ) ON COMMIT DELETE ROWS"""
 COPY_STAGE = f"COPY stage_deaths (local_seq, {_COLUMNS}) FROM STDIN"
 # One statement: the staged deaths upserted by (cluster, id), and their signatures' counts
@@ -46,7 +47,7 @@ WITH old AS (
         killer = excluded.killer, signature_id = excluded.signature_id,
         signature_title = excluded.signature_title,
         grouping_version = excluded.grouping_version, record = excluded.record,
-        tasks = excluded.tasks
+        tasks = excluded.tasks, incident = excluded.incident
     RETURNING signature_id, signature_title, grouping_version, time
 ), delta AS (
     SELECT signature_id, 1 AS n, signature_title AS title, grouping_version AS gv, time
@@ -71,12 +72,44 @@ ON CONFLICT (id) DO UPDATE SET
     grouping_version = CASE WHEN excluded.title <> '' THEN excluded.grouping_version
                             ELSE signatures.grouping_version END
 """
-# Retention, as for events: this cluster's deaths past max-events (oldest first), every
-# cluster's past max-age. Signatures keep their counts.
+# The crash sites of the staged deaths' signatures, and the candidates to link (as
+# `links.SQLITE_CANDIDATES`: the signatures of their incidents, across clusters those at
+# their sites), in key order (schedulers sending at once never deadlock).
+_SITED = """SELECT DISTINCT s.site, d.signature_id FROM stage_deaths AS d
+    CROSS JOIN LATERAL jsonb_array_elements_text(CASE
+        WHEN jsonb_typeof(d.record::jsonb -> 'sites') = 'array' THEN d.record::jsonb -> 'sites'
+        ELSE '[]'::jsonb END) AS s(site)
+    WHERE d.signature_id <> ''"""
+SITES = f"""INSERT INTO signature_sites (site, signature_id) {_SITED} ORDER BY 1, 2
+    ON CONFLICT DO NOTHING"""
+CANDIDATES = f"""WITH batch AS (
+    SELECT DISTINCT cluster, incident, signature_id FROM stage_deaths WHERE signature_id <> ''
+), members AS (
+    SELECT DISTINCT d.cluster, d.incident, d.signature_id FROM deaths AS d
+    JOIN (SELECT DISTINCT cluster, incident FROM batch) AS t
+      ON d.cluster = t.cluster AND d.incident = t.incident
+    WHERE d.signature_id <> ''
+)
+SELECT b.signature_id, m.signature_id, 0, 1 FROM batch AS b JOIN members AS m
+    ON m.cluster = b.cluster AND m.incident = b.incident AND m.signature_id <> b.signature_id
+    WHERE {worth("b.signature_id", "m.signature_id", "incident")}
+UNION ALL
+SELECT n.signature_id, o.signature_id, 1, 0 FROM ({_SITED}) AS n
+CROSS JOIN LATERAL (SELECT signature_id FROM signature_sites
+    WHERE site = n.site AND signature_id <> n.signature_id
+    ORDER BY signature_id LIMIT {FAN}) AS o
+    WHERE {worth("n.signature_id", "o.signature_id", "site")}"""
+UPSERT_LINKS = """INSERT INTO signature_links (signature_id, related_id, site, incident)
+    VALUES (%s, %s, %s, %s) ON CONFLICT (signature_id, related_id) DO UPDATE SET
+    site = greatest(signature_links.site, excluded.site),
+    incident = greatest(signature_links.incident, excluded.incident)"""
+# Retention, as for events: this cluster's deaths past max-events (oldest first, with the
+# other deaths of their incidents: an incident goes whole), every cluster's past max-age.
+# Signatures keep their counts.
 CLUSTER_DEATHS = "SELECT count(*) FROM deaths WHERE cluster = %s"
 DROP_CLUSTER_DEATHS = (
-    "DELETE FROM deaths WHERE seq IN"
-    " (SELECT seq FROM deaths WHERE cluster = %s ORDER BY time, seq LIMIT %s)"
+    "DELETE FROM deaths WHERE cluster = %s AND incident IN (SELECT incident FROM deaths"
+    " WHERE cluster = %s ORDER BY time, seq LIMIT %s)"
 )
 DROP_OLD_DEATHS = "DELETE FROM deaths WHERE time < %s"
 
@@ -139,7 +172,16 @@ class DeathShipper:
                 for row in rows:
                     copy.write_row(row)
             cur.execute(UPSERT_DEATHS, {"origin": origin})
+            link(cur)
         self.sent += len(rows)
+
+
+def link(cur: Any) -> None:
+    """Keep the staged deaths' crash sites and link their signatures (`links.py`)."""
+    cur.execute(SITES)
+    candidates = cur.execute(CANDIDATES).fetchall()
+    if candidates:
+        cur.executemany(UPSERT_LINKS, choose(candidates, stored_links(cur, "%s", candidates)))
 
 
 def retention(cur: Any, cluster: str, max_deaths: int, before: float | None) -> None:
@@ -147,6 +189,6 @@ def retention(cur: Any, cluster: str, max_deaths: int, before: float | None) -> 
     cur.execute(CLUSTER_DEATHS, (cluster,))
     (n,) = cur.fetchone()
     if n > max_deaths:
-        cur.execute(DROP_CLUSTER_DEATHS, (cluster, n - max_deaths))
+        cur.execute(DROP_CLUSTER_DEATHS, (cluster, cluster, n - max_deaths))
     if before is not None:
         cur.execute(DROP_OLD_DEATHS, (before,))
