@@ -18,7 +18,7 @@ from ._exceptions import (
     StoreError,
     TraceParseError,
 )
-from ._models import FailureEvent, PipelineStatus, SignatureRow
+from ._models import FailureEvent, Incident, PipelineStatus, SignatureRow
 
 __version__ = "0.1.0.dev0"
 
@@ -30,6 +30,7 @@ __all__ = [
     "ConfigError",
     "FailureEvent",
     "Failures",
+    "Incident",
     "Killer",
     "Kind",
     "Known",

@@ -1,15 +1,16 @@
 """`oomguard report`: the failure history, from a running scheduler or from a store file,
 and the memory peaks the workers learned.
 
-Four history sections: deaths (one row per worker death, with its tasks and their roles),
-events (one failure of one shard each), signatures (deduplicated crashes across hosts) and
-pipelines (where each stands); and, on request (`--peaks`), the peaks: per task prefix, the
+Five history sections: incidents (worker deaths one cause explains), deaths (one row per
+worker death, with its tasks and their roles), events (one failure of one shard each),
+signatures (deduplicated crashes across hosts, with their related ones) and pipelines (where
+each stands); and, on request (`--peaks`), the peaks: per task prefix, the
 largest memory growth admission learned, read from the workers' ledger files through
 `client.run` (or from one ledger file on this host; `report_peaks`).
 Tables fit the terminal (COLUMNS when set) and never cut a shard, a signature id, a pipeline
 name or a task prefix: narrower layouts move them to lines of their own; piped to a file,
-nothing is shortened. `--json` prints the rows as `to_dict()` of `Death`, `FailureEvent`,
-`SignatureRow`, `PipelineStatus` and `PeakRow`, so `FailureEvent.from_dict(row)` gives back
+nothing is shortened. `--json` prints the rows as `to_dict()` of `Incident`, `Death`,
+`FailureEvent`, `SignatureRow`, `PipelineStatus` and `PeakRow`, so `FailureEvent.from_dict(row)` gives back
 what `oomguard.Failures` returns.
 
 Errors are one line on stderr, ``oomguard report: ...``; exit 2 for bad arguments, 1 for a
@@ -47,12 +48,18 @@ from .report_source import (
     shard_history,
     store_source,
 )
-from .report_tables import render_deaths, render_events, render_pipelines, render_signatures
+from .report_tables import (
+    render_deaths,
+    render_events,
+    render_incidents,
+    render_pipelines,
+    render_signatures,
+)
 from .terminal import echo, printable
 
 PROG = "oomguard report"
 #: The failure history: printed when no section is asked for.
-HISTORY = ("deaths", "events", "signatures", "pipelines")
+HISTORY = ("incidents", "deaths", "events", "signatures", "pipelines")
 SECTIONS = (*HISTORY, "peaks")
 
 _EPILOG = """\
@@ -68,19 +75,23 @@ examples:
   oomguard report --scheduler tcp://scheduler:8786 --peaks
   oomguard report --ledger /tmp/oomguard-1000/memory-ledger.json
 
-DEATHS has one row per worker death, however many tasks it took: a death is counted once
+INCIDENTS has one row per incident: the worker deaths one cause explains (workers of one
+host, SLURM job or node ended within seconds by one killer), a death alone an incident of
+one. DEATHS has one row per worker death, however many tasks it took: a death is counted once
 there, in its signature's COUNT and in oomguard_worker_deaths_total. EVENTS has one row per
 task a death is blamed on (its culprit, or each suspect), and one per task exception.
+SIGNATURES names under each signature those related to it (the same crash site, or deaths
+of one incident): the first three, and all of them with their titles for --signature ID.
 
 Filters narrow each section they apply to (never the peaks): --kind, --cause, --killer and
---since the events and deaths (and --cause, --since the signatures); --pipeline all four;
---shard and --signature the events and deaths, and the signatures and pipelines to those
-the shown events name. With --shard or --pipeline, a death is shown when the shard (or a
+--since the incidents, events and deaths (and --cause, --since the signatures); --pipeline
+all five; --shard and --signature the events and deaths, the incidents to those of the
+deaths shown, and the signatures and pipelines to those the shown events name. With --shard or --pipeline, a death is shown when the shard (or a
 task of the pipeline) was among its tasks in any role, and ROLE says which: a death it was
 only displaced by says so on a line of its own. --shard alone prints the shard's whole
 history oldest first, with evidence; with other filters or --limit, its newest events.
---limit applies to each section (defaults: 1000 deaths, 1000 events, 100 signatures, 100
-pipelines). Times are local unless an ISO time carries an offset.
+--limit applies to each section (defaults: 1000 incidents, 1000 deaths, 1000 events, 100
+signatures, 100 pipelines). Times are local unless an ISO time carries an offset.
 
 With neither --scheduler nor --store, the report reads a running scheduler when Dask's
 scheduler-address setting names one (DASK_SCHEDULER_ADDRESS); else the store that
@@ -109,10 +120,10 @@ put it (oomguard.worker.admission.ledger, else <crash-dir>/memory-ledger.json). 
 store holds no peaks: with --store, --peaks needs --ledger. --ledger alone prints only the
 peaks.
 
---json prints one document {"deaths": [...], "events": [...], "signatures": [...],
-"pipelines": [...], "peaks": [...]} (the sections asked for) whose rows are Death /
-FailureEvent / SignatureRow / PipelineStatus.to_dict() and {"prefix", "peak" (bytes),
-"hosts", "suggested"}.
+--json prints one document {"incidents": [...], "deaths": [...], "events": [...],
+"signatures": [...], "pipelines": [...], "peaks": [...]} (the sections asked for) whose rows
+are Incident / Death / FailureEvent / SignatureRow / PipelineStatus.to_dict() and {"prefix",
+"peak" (bytes), "hosts", "suggested"}.
 
 exit status: 0 success; 1 the scheduler, the store or the ledger could not be read; 2 bad
 arguments; 3 --cluster, --pipeline, --signature or --shard names nothing in the history (no
@@ -426,6 +437,12 @@ def _print(data: dict[str, Any], sections: tuple[str, ...], args: argparse.Names
     else:
         width = output_width()
         blocks = []
+        if "incidents" in data:
+            alone = "DEATHS below" if "deaths" in data else "oomguard report --deaths"
+            empty = _empty("incidents", args, width)
+            blocks.append(
+                render_incidents(data["incidents"], width=width, empty=empty, deaths=alone)
+            )
         if "deaths" in data:
             blocks.append(
                 render_deaths(

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 from .._death.record import Death
 from .._display import quantity, shorten
 from .._exceptions import ConfigError
-from .._models import FailureEvent, PipelineStatus, SignatureRow
+from .._models import FailureEvent, Incident, PipelineStatus, SignatureRow
 from . import filters as _filters
-from .results import DeathList, EventList, PipelineList, SignatureList
+from .results import DeathList, EventList, IncidentList, PipelineList, SignatureList
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -88,7 +88,7 @@ def uninstall(client: Client) -> None:
 
 #: The default limits, as `oomguard report` has them (its `DEFAULT_LIMITS`).
 _EVENTS_LIMIT, _SIGNATURES_LIMIT, _PIPELINES_LIMIT = 1000, 100, 100
-_DEATHS_LIMIT = 1000
+_DEATHS_LIMIT = _INCIDENTS_LIMIT = 1000
 _KNOWN_SHOWN = 10  # pipeline names a KeyError lists
 #: Rows asked for per call; the scheduler may answer fewer (its reply is capped in bytes).
 _PAGE_ROWS = 1000
@@ -299,6 +299,46 @@ class Failures:
         if not rows:
             self._hint(pipeline=pipeline, signature=signature)
         return DeathList((Death.from_dict(r) for r in rows), "newest first")
+
+    def incidents(
+        self,
+        *,
+        cause: str | None = None,
+        killer: str | None = None,
+        since: float | str | datetime.datetime | datetime.timedelta | None = None,
+        limit: int | None = _INCIDENTS_LIMIT,
+    ) -> IncidentList:
+        """Incidents, newest first: worker deaths one cause explains (several workers of
+        one host, SLURM job or node ended at once by one killer), each an `Incident` with
+        its id, start and end, number of deaths, hosts, cause, killer and a one-line
+        summary; a death alone is an incident of one. Each death names its incident
+        (`Death.incident`). Counts do not change: each death of an incident still counts
+        once in its signature, its shard's failures and the abort rules.
+
+        ``cause`` and ``killer`` are those of the incident's first death; ``since`` and
+        ``limit`` as for `events`.
+
+        >>> failures.incidents(since="1h")[0].summary         # doctest: +SKIP
+        'host node-1: 3 workers within 0.4 s, sigkill; SIGKILL from an unknown sender ...'
+        >>> [d for d in failures.deaths() if d.incident == _.id]   # doctest: +SKIP
+        """
+        fetched = [0]
+
+        def next_page(page: list[dict[str, Any]]) -> dict[str, Any]:
+            fetched[0] += len(page)
+            return {"offset": fetched[0]}
+
+        rows = self._pages(
+            "incidents",
+            _filters.limit(limit),
+            next_page,
+            cause=_filters.cause(cause),
+            killer=_filters.killer(killer),
+            since=_filters.since(since),
+        )
+        # A new incident between two pages moves the rows: each once.
+        rows = list({(r.get("cluster"), r["id"]): r for r in rows}.values())
+        return IncidentList((Incident.from_dict(r) for r in rows), "newest first")
 
     def _unknown(self, field: str, value: str) -> str | None:
         """Why a filter on `field` ("pipeline", "signature") matched nothing, when the

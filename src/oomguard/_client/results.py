@@ -18,7 +18,7 @@ from typing import Any, ClassVar, NamedTuple
 
 from .._death.record import BLAMED, Death, Role
 from .._display import cell, clock, html_table, quantity, utc_offset
-from .._models import FailureEvent, PipelineStatus, SignatureRow
+from .._models import FailureEvent, Incident, PipelineStatus, SignatureRow
 
 #: A REPL shows at most this many records of a list (the first and the last ones)...
 REPR_ROWS = 20
@@ -170,6 +170,29 @@ class DeathList(_Table):
     )
 
 
+class IncidentList(_Table):
+    """Incidents: `Failures.incidents()`, newest first, one row per incident."""
+
+    noun = "incident"
+    record = Incident
+    times = ("start", "end")
+    columns = (
+        Column("start", lambda i: clock(i.start)),
+        Column("deaths", lambda i: i.deaths, numeric=True),
+        Column("place", lambda i: i.place, 40),
+        Column("cause", lambda i: i.cause),
+        Column("killer", lambda i: i.killer),
+        Column("hosts", lambda i: _joined(i.hosts), 40),
+        Column("id", lambda i: i.id, 24),
+        Column("summary", lambda i: i.summary, 300, prose=True),
+    )
+
+
+def related(s: SignatureRow) -> str:
+    """A signature's related ones: "9f1c2e (same crash site), ..."."""
+    return ", ".join(f"{r.get('id', '?')} ({r.get('why', '')})" for r in s.related)
+
+
 class SignatureList(_Table):
     """Crash signatures: `Failures.signatures()`, most frequent first."""
 
@@ -185,6 +208,7 @@ class SignatureList(_Table):
         Column("pipelines", lambda s: _joined(s.pipelines), 40),
         Column("first seen", lambda s: clock(s.first_seen)),
         Column("last seen", lambda s: clock(s.last_seen)),
+        Column("related", related, 80),
     )
 
 
