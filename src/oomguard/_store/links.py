@@ -2,9 +2,10 @@
 stored deaths (`signature_sites`), and the links between two signatures that share a site
 or an incident (`signature_links`), kept both ways.
 
-Each write batch that stores deaths links their signatures: to the other signatures seen
-at one of their crash sites (`Death.sites`; at most `FAN` per site are looked at), and to
-the signatures of the other deaths of their incidents. A signature keeps at most
+Each write batch that stores deaths links their signatures: a signature new at one of its
+crash sites (`Death.sites`) to the others seen there (at most `FAN` looked at), and each to
+the signatures of the other deaths of its incident. A signature that recurs costs a few key
+lookups. A signature keeps at most
 `RELATED_MAX` related ones, the first found: a link is made only when both of its ends
 have room, so every link holds both ways. A pair linked before only gains a reason.
 
@@ -23,7 +24,14 @@ from .._models import RELATED_MAX
 #: Signatures at one crash site looked at when a new one arrives there.
 FAN = 64
 SITE, INCIDENT = "same crash site", "same incident"
-_CHUNK = 400  # ids per IN (...) list: far below SQLite's oldest 999 parameters
+
+
+def _linked(a: str, b: str) -> str:
+    return f"SELECT 1 FROM signature_links AS l WHERE l.signature_id = {a} AND l.related_id = {b}"
+
+
+def _links(a: str) -> str:
+    return f"(SELECT count(*) FROM signature_links AS l WHERE l.signature_id = {a})"
 
 
 def worth(a: str, b: str, why: str) -> str:
@@ -31,16 +39,16 @@ def worth(a: str, b: str, why: str) -> str:
     `why` ("site", "incident") adds something: they are not linked for it yet, and either
     linked already (for the other reason) or both with room. A signature that recurs at a
     known site, or whose ends are full, then costs a few key lookups, not a link written."""
-    linked = (
-        f"SELECT 1 FROM signature_links AS l WHERE l.signature_id = {a} AND l.related_id = {b}"
-    )
-    room = "(SELECT count(*) FROM signature_links AS l WHERE l.signature_id = {}) < " + str(
-        RELATED_MAX
-    )
     return (
-        f"NOT EXISTS ({linked} AND l.{why} = 1) AND (EXISTS ({linked})"
-        f" OR ({room.format(a)} AND {room.format(b)}))"
+        f"NOT EXISTS ({_linked(a, b)} AND l.{why} = 1) AND (EXISTS ({_linked(a, b)})"
+        f" OR ({_links(a)} < {RELATED_MAX} AND {_links(b)} < {RELATED_MAX}))"
     )
+
+
+def facts(a: str, b: str) -> str:
+    """SQL select items of what `choose` needs of a candidate pair, as the batch began:
+    whether it is linked, and how many links each end has."""
+    return f"EXISTS ({_linked(a, b)}), {_links(a)}, {_links(b)}"
 
 
 # -- SQLite: the deaths of this batch are those with seq > :dlast ---------------------------
@@ -51,8 +59,13 @@ _SITED = """SELECT DISTINCT s.value AS site, d.signature_id FROM deaths AS d NOT
     json_each(d.record, '$.sites') AS s
     WHERE d.seq > :dlast AND d.signature_id <> '' AND s.type = 'text'"""
 SQLITE_SITES = f"INSERT OR IGNORE INTO signature_sites (site, signature_id) {_SITED}"
-# (signature, another, by site, by incident): the batch's deaths' signatures and those of
-# the other deaths of their incidents, then of the signatures at their sites.
+# (signature, another, by site, by incident, what `choose` needs): the batch's deaths'
+# signatures with those of the other deaths of their incidents; and each signature new at a
+# crash site (not there before this batch: one that recurs there was linked when it came)
+# with those there before it (the first FAN) and those new there with it.
+_FRESH = f"""SELECT n.site, n.signature_id FROM ({_SITED}) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM signature_sites AS s
+                      WHERE s.site = n.site AND s.signature_id = n.signature_id)"""
 SQLITE_CANDIDATES = f"""WITH batch AS (
     SELECT DISTINCT cluster, incident, signature_id FROM deaths NOT INDEXED
     WHERE seq > :dlast AND signature_id <> ''
@@ -61,15 +74,20 @@ SQLITE_CANDIDATES = f"""WITH batch AS (
     FROM (SELECT DISTINCT cluster, incident FROM batch) AS t CROSS JOIN deaths AS d
       ON d.cluster = t.cluster AND d.incident = t.incident
     WHERE d.signature_id <> ''
-)
-SELECT b.signature_id, m.signature_id, 0, 1 FROM batch AS b JOIN members AS m
+), fresh AS MATERIALIZED ({_FRESH})
+SELECT b.signature_id, m.signature_id, 0, 1, {facts("b.signature_id", "m.signature_id")}
+    FROM batch AS b JOIN members AS m
     ON m.cluster = b.cluster AND m.incident = b.incident AND m.signature_id <> b.signature_id
     WHERE {worth("b.signature_id", "m.signature_id", "incident")}
 UNION ALL
-SELECT n.signature_id, o.signature_id, 1, 0 FROM ({_SITED}) AS n
-    CROSS JOIN signature_sites AS o ON o.site = n.site AND o.signature_id <> n.signature_id
+SELECT n.signature_id, o.signature_id, 1, 0, {facts("n.signature_id", "o.signature_id")}
+    FROM fresh AS n CROSS JOIN signature_sites AS o ON o.site = n.site
     AND o.signature_id IN (SELECT signature_id FROM signature_sites WHERE site = n.site
                            LIMIT {FAN})
+    WHERE {worth("n.signature_id", "o.signature_id", "site")}
+UNION ALL
+SELECT n.signature_id, o.signature_id, 1, 0, {facts("n.signature_id", "o.signature_id")}
+    FROM fresh AS n JOIN fresh AS o ON o.site = n.site AND o.signature_id <> n.signature_id
     WHERE {worth("n.signature_id", "o.signature_id", "site")}"""
 SQLITE_UPSERT = """INSERT INTO signature_links (signature_id, related_id, site, incident)
     VALUES (?, ?, ?, ?) ON CONFLICT (signature_id, related_id) DO UPDATE SET
@@ -93,60 +111,45 @@ def link_sqlite(conn: Any, dlast: int) -> int:
     """Keep the sites of the deaths stored in this batch (seq above `dlast`) and link
     their signatures; the links made or widened."""
     at = {"dlast": dlast}
+    rows = choose(conn.execute(SQLITE_CANDIDATES, at).fetchall())  # before the sites
     conn.execute(SQLITE_SITES, at)
-    candidates = conn.execute(SQLITE_CANDIDATES, at).fetchall()
-    if not candidates:
-        return 0
-    rows = choose(candidates, stored_links(conn, "?", candidates))
     conn.executemany(SQLITE_UPSERT, rows)
     return len(rows)
 
 
-def stored_links(conn: Any, mark: str, candidates: list[tuple]) -> list[tuple[str, str]]:
-    """The stored links of every signature among `candidates`."""
-    ids = sorted({c[0] for c in candidates} | {c[1] for c in candidates})
-    out: list[tuple[str, str]] = []
-    for i in range(0, len(ids), _CHUNK):
-        chunk = ids[i : i + _CHUNK]
-        sql = (
-            "SELECT signature_id, related_id FROM signature_links WHERE signature_id IN "
-            f"({', '.join([mark] * len(chunk))})"
-        )
-        out += [tuple(r) for r in conn.execute(sql, chunk).fetchall()]
-    return out
-
-
 def choose(
-    candidates: Iterable[tuple[str, str, int, int]],
-    existing: Iterable[tuple[str, str]],
-    cap: int = RELATED_MAX,
+    candidates: Iterable[tuple[str, str, int, int, Any, int, int]], cap: int = RELATED_MAX
 ) -> list[tuple[str, str, int, int]]:
     """The link rows to upsert, both ways, sorted (writers that lock them in one order never
-    deadlock): of the `candidates` (signature, other, by site, by incident), the pairs
-    already linked (`existing` rows), and new pairs while both ends have fewer than `cap`.
+    deadlock), of the `candidates` (signature, other, by site, by incident, linked already,
+    the links of each): a pair linked already gains its reasons; a new pair is linked while
+    both of its ends have fewer than `cap` links, counting those this batch makes.
 
-    >>> choose([("a", "b", 1, 0), ("b", "a", 0, 1), ("a", "c", 1, 0)], [], cap=1)
+    >>> choose([("a", "b", 1, 0, 0, 0, 0), ("b", "a", 0, 1, 0, 0, 0),
+    ...         ("a", "c", 1, 0, 0, 0, 0)], cap=1)
     [('a', 'b', 1, 1), ('b', 'a', 1, 1)]
     """
     pairs: dict[tuple[str, str], list[int]] = {}
-    for a, b, site, incident in candidates:
-        if a == b or not a or not b:
-            continue
-        flags = pairs.setdefault((a, b) if a < b else (b, a), [0, 0])
-        flags[0] |= int(bool(site))
-        flags[1] |= int(bool(incident))
     linked = set()
     count: dict[str, int] = {}
-    for a, b in existing:
-        linked.add((a, b) if a < b else (b, a))
-        count[a] = count.get(a, 0) + 1
+    for a, b, site, incident, was, na, nb in candidates:
+        if a == b or not a or not b:
+            continue
+        key = (a, b) if a < b else (b, a)
+        flags = pairs.setdefault(key, [0, 0])
+        flags[0] |= int(bool(site))
+        flags[1] |= int(bool(incident))
+        if was:
+            linked.add(key)
+        count.setdefault(a, na)
+        count.setdefault(b, nb)
     rows = []
     for (a, b), (site, incident) in sorted(pairs.items()):
         if (a, b) not in linked:
-            if count.get(a, 0) >= cap or count.get(b, 0) >= cap:
+            if count[a] >= cap or count[b] >= cap:
                 continue
-            count[a] = count.get(a, 0) + 1
-            count[b] = count.get(b, 0) + 1
+            count[a] += 1
+            count[b] += 1
         rows += [(a, b, site, incident), (b, a, site, incident)]
     return sorted(rows)
 

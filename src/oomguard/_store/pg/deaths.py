@@ -17,7 +17,7 @@ from typing import Any
 
 from ..batch import ShipMark
 from ..items import DEATH_COLUMNS as _COLUMNS
-from ..links import FAN, choose, stored_links, worth
+from ..links import FAN, choose, facts, worth
 
 logger = logging.getLogger("oomguard.store")
 
@@ -73,8 +73,9 @@ ON CONFLICT (id) DO UPDATE SET
                             ELSE signatures.grouping_version END
 """
 # The crash sites of the staged deaths' signatures, and the candidates to link (as
-# `links.SQLITE_CANDIDATES`: the signatures of their incidents, across clusters those at
-# their sites), in key order (schedulers sending at once never deadlock).
+# `links.SQLITE_CANDIDATES`: the signatures of their incidents, and across clusters those at
+# the sites where a signature is new), in key order (schedulers sending at once never
+# deadlock).
 _SITED = """SELECT DISTINCT s.site, d.signature_id FROM stage_deaths AS d
     CROSS JOIN LATERAL jsonb_array_elements_text(CASE
         WHEN jsonb_typeof(d.record::jsonb -> 'sites') = 'array' THEN d.record::jsonb -> 'sites'
@@ -89,15 +90,24 @@ CANDIDATES = f"""WITH batch AS (
     JOIN (SELECT DISTINCT cluster, incident FROM batch) AS t
       ON d.cluster = t.cluster AND d.incident = t.incident
     WHERE d.signature_id <> ''
+), fresh AS MATERIALIZED (
+    SELECT n.site, n.signature_id FROM ({_SITED}) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM signature_sites AS s
+                      WHERE s.site = n.site AND s.signature_id = n.signature_id)
 )
-SELECT b.signature_id, m.signature_id, 0, 1 FROM batch AS b JOIN members AS m
+SELECT b.signature_id, m.signature_id, 0, 1, {facts("b.signature_id", "m.signature_id")}
+    FROM batch AS b JOIN members AS m
     ON m.cluster = b.cluster AND m.incident = b.incident AND m.signature_id <> b.signature_id
     WHERE {worth("b.signature_id", "m.signature_id", "incident")}
 UNION ALL
-SELECT n.signature_id, o.signature_id, 1, 0 FROM ({_SITED}) AS n
-CROSS JOIN LATERAL (SELECT signature_id FROM signature_sites
-    WHERE site = n.site AND signature_id <> n.signature_id
+SELECT n.signature_id, o.signature_id, 1, 0, {facts("n.signature_id", "o.signature_id")}
+    FROM fresh AS n
+CROSS JOIN LATERAL (SELECT signature_id FROM signature_sites WHERE site = n.site
     ORDER BY signature_id LIMIT {FAN}) AS o
+    WHERE {worth("n.signature_id", "o.signature_id", "site")}
+UNION ALL
+SELECT n.signature_id, o.signature_id, 1, 0, {facts("n.signature_id", "o.signature_id")}
+    FROM fresh AS n JOIN fresh AS o ON o.site = n.site AND o.signature_id <> n.signature_id
     WHERE {worth("n.signature_id", "o.signature_id", "site")}"""
 UPSERT_LINKS = """INSERT INTO signature_links (signature_id, related_id, site, incident)
     VALUES (%s, %s, %s, %s) ON CONFLICT (signature_id, related_id) DO UPDATE SET
@@ -178,10 +188,10 @@ class DeathShipper:
 
 def link(cur: Any) -> None:
     """Keep the staged deaths' crash sites and link their signatures (`links.py`)."""
+    rows = choose(cur.execute(CANDIDATES).fetchall())  # before the sites: who is new there
     cur.execute(SITES)
-    candidates = cur.execute(CANDIDATES).fetchall()
-    if candidates:
-        cur.executemany(UPSERT_LINKS, choose(candidates, stored_links(cur, "%s", candidates)))
+    if rows:
+        cur.executemany(UPSERT_LINKS, rows)
 
 
 def retention(cur: Any, cluster: str, max_deaths: int, before: float | None) -> None:
