@@ -10,8 +10,8 @@ largest memory growth admission learned, read from the workers' ledger files thr
 Tables fit the terminal (COLUMNS when set) and never cut a shard, a signature id, a pipeline
 name or a task prefix: narrower layouts move them to lines of their own; piped to a file,
 nothing is shortened. `--json` prints the rows as `to_dict()` of `Incident`, `Death`,
-`FailureEvent`, `SignatureRow`, `PipelineStatus` and `PeakRow`, so `FailureEvent.from_dict(row)` gives back
-what `oomguard.Failures` returns.
+`FailureEvent`, `SignatureRow`, `PipelineStatus` and `PeakRow`, so
+`FailureEvent.from_dict(row)` gives back what `oomguard.Failures` returns.
 
 Errors are one line on stderr, ``oomguard report: ...``; exit 2 for bad arguments, 1 for a
 scheduler that cannot be reached or a store or ledger file that cannot be read, 3 for a
@@ -86,9 +86,10 @@ of one incident): the first three, and all of them with their titles for --signa
 Filters narrow each section they apply to (never the peaks): --kind, --cause, --killer and
 --since the incidents, events and deaths (and --cause, --since the signatures); --pipeline
 all five; --shard and --signature the events and deaths, the incidents to those of the
-deaths shown, and the signatures and pipelines to those the shown events name. With --shard or --pipeline, a death is shown when the shard (or a
-task of the pipeline) was among its tasks in any role, and ROLE says which: a death it was
-only displaced by says so on a line of its own. --shard alone prints the shard's whole
+deaths shown, and the signatures and pipelines to those the shown events name. With --shard
+or --pipeline, a death is shown when the shard (or a task of the pipeline) was among its
+tasks in any role, and ROLE says which: a death it was only displaced by says so on a line
+of its own. --shard alone prints the shard's whole
 history oldest first, with evidence; with other filters or --limit, its newest events.
 --limit applies to each section (defaults: 1000 incidents, 1000 deaths, 1000 events, 100
 signatures, 100 pipelines). Times are local unless an ISO time carries an offset.

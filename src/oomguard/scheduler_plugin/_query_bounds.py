@@ -3,8 +3,8 @@ about QUERY_MAX_BYTES of text, whatever the client asked for (``limit=None`` inc
 longer list is read page by page with a cursor (`oomguard.Failures` and `oomguard report` do):
 ``before`` = [time, id] of the last event of the previous page for "events" (of the last
 death, its id a str, for "deaths"), ``after`` for "shard" (oldest first), ``offset`` for
-"signatures" and "incidents". A cursor or limit that is not one raises ValueError naming the field. The
-names a filter gives (a pipeline, a shard, a signature) are made safe as the store makes
+"signatures" and "incidents". A cursor or limit that is not one raises ValueError naming
+the field. The names a filter gives (a pipeline, a shard, a signature) are made safe as the store makes
 the names it keeps (`safe_filters`), so a filter finds what was stored from the same text.
 "pipelines" is answered from the runs in memory and the store, read only, and capped alike
 (`pipelines_reply`).
