@@ -148,7 +148,7 @@ class LoopProbe:
                 ),
             ),
             (plugin.core, ("tick",)),
-            (plugin.intake, ("on_batch",)),
+            (plugin.desk.intake, ("on_batch",)),
         ):
             for name in names:
                 setattr(obj, name, self._timed(getattr(obj, name), name))

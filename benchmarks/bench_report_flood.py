@@ -120,7 +120,7 @@ def arm(forged: int, rate: float, deaths: int, workers: int) -> dict:
         sent = json.loads(flood.communicate(timeout=300)[0]) if flood is not None else {}
 
         def settled():
-            return not len(plugin.core.pairing) and not plugin.intake.pending()
+            return not len(plugin.core.pairing) and not plugin.desk.intake.pending()
 
         failures = oomguard.Failures(client)
         real = {w for w, _ in killed}
@@ -146,7 +146,7 @@ def arm(forged: int, rate: float, deaths: int, workers: int) -> dict:
         events = failures.events(cause="sigkill", limit=None)
         forged_events = sum(e.worker not in real for e in events)
         stats = plugin.metrics_snapshot()
-        intake = plugin.intake
+        intake = plugin.desk.intake
         out = {
             "forged_sent": sent.get("sent", 0),
             "forged_bytes_each": sent.get("bytes", 0),

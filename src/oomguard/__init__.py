@@ -7,6 +7,7 @@ from . import _config  # noqa: F401  (registers oomguard's Dask config defaults)
 from ._admission.needs import memory
 from ._causes import Cause, Confidence, Killer, Kind, Known
 from ._client.api import Failures, install, uninstall
+from ._death.record import Death, Role, Task
 from ._exceptions import (
     AdmissionTimeout,
     CgroupError,
@@ -28,6 +29,7 @@ __all__ = [
     "CgroupError",
     "Confidence",
     "ConfigError",
+    "Death",
     "FailureEvent",
     "Failures",
     "Incident",
@@ -39,8 +41,10 @@ __all__ = [
     "PipelineStatus",
     "ReportError",
     "ReportFailed",
+    "Role",
     "SignatureRow",
     "StoreError",
+    "Task",
     "TraceParseError",
     "__version__",
     "install",

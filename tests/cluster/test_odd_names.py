@@ -111,4 +111,4 @@ def _compute(client: Client, key: str) -> int:
 def _shipped_and_queued(dask_scheduler=None):
     plugin = dask_scheduler.plugins["oomguard"]
     store = plugin.store
-    return store._enqueued, store.history.shipper.sent
+    return store.writer._enqueued, store.history.shipper.sent

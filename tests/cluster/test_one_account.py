@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import ctypes
 import os
-import re
 import signal
 import time
-import urllib.request
 
 import dask
 import distributed
@@ -26,7 +24,8 @@ import pytest
 from distributed import Client, LocalCluster
 
 import oomguard
-from cluster_helpers import wait_for, wait_installed
+from _accounts import counted_once_everywhere
+from cluster_helpers import wait_installed
 from oomguard._death.record import Role
 
 pytestmark = pytest.mark.timeout(400)
@@ -86,43 +85,6 @@ def one_worker_offers_the_pair(client: Client) -> None:
         client.run(pair_here, 0, workers=others)
 
 
-def unexpected_removals(client: Client) -> int:
-    """Dask's own count of worker deaths: its unexpected `remove-worker` events."""
-    return sum(
-        1
-        for _, msg in client.get_events("all")
-        if isinstance(msg, dict)
-        and msg.get("action") == "remove-worker"
-        and not msg.get("expected")
-    )
-
-
-def deaths_on_metrics(client: Client) -> float:
-    """oomguard_worker_deaths_total on the scheduler's /metrics, every label summed."""
-    url = client.dashboard_link.replace("/status", "/metrics")
-    text = urllib.request.urlopen(url, timeout=30).read().decode()
-    values = re.findall(r"^oomguard_worker_deaths_total\{[^}]*\} (\S+)$", text, re.M)
-    assert values, text[:2000]
-    return sum(float(v) for v in values)
-
-
-def dashboard_deaths(dask_scheduler) -> tuple[int, int]:
-    """(the deaths the dashboard's header counts, the death bars of its plot)."""
-    from oomguard.scheduler_plugin._dashboard_data import (
-        TASK_CAUSES,
-        failure_columns,
-        read_store,
-    )
-
-    plugin = dask_scheduler.plugins["oomguard"]
-    plugin.store.flush()
-    now = time.time()
-    snap = read_store(plugin.store, now, plugin.cluster)
-    cols = failure_columns(snap.failures(), now)
-    bars = sum(sum(v) for c, v in cols.items() if c not in ("time", "width", *TASK_CAUSES))
-    return len(snap.deaths), bars
-
-
 @pytest.fixture
 def client(tmp_path):
     with (
@@ -173,25 +135,13 @@ def test_each_death_is_counted_once_everywhere_as_dask_counts_it(client, tmp_pat
     assert sleeper.result(timeout=240) == "calm done"
 
     failures = oomguard.Failures(client)
-    # Every removal decided: each death paired with its nanny's report (or its grace ran out).
-    wait_for(
-        lambda: failures._query("stats").get("pending_deaths") == 0,
-        lambda: f"deaths still undecided: {failures._query('stats')}",
-        timeout=120,
-    )
-    truth = unexpected_removals(client)
-    deaths = failures.deaths()
-    assert truth >= 3 and len(deaths) == truth, (truth, deaths)
+    # Every removal decided (each death paired with its nanny's report, or its grace ran
+    # out), and counted once in the API, the signatures, /metrics and the dashboard.
+    deaths = counted_once_everywhere(client)
+    assert len(deaths) >= 3, deaths
     causes = sorted(d.cause for d in deaths)
     assert {"native_crash", "exit", "sigkill"} <= set(causes), causes
-
-    # A signature counts each death that carries it once.
     signatures = {s.id: s for s in failures.signatures()}
-    carried = {d.signature_id for d in deaths}
-    assert sum(signatures[i].count for i in carried) == truth
-    assert deaths_on_metrics(client) == truth
-    header, bars = client.run_on_scheduler(dashboard_deaths)
-    assert header == bars == truth
 
     # The SIGKILL: nothing says which of the two did it, both suspects, one death.
     (kill,) = failures.deaths(cause="sigkill")

@@ -26,7 +26,9 @@ import pytest
 from distributed import Client, LocalCluster
 
 import oomguard
+from _accounts import counted_once_everywhere
 from cluster_helpers import require_worker_groups, wait_for, wait_installed
+from oomguard._death.record import Role
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -206,5 +208,21 @@ def test_a_too_big_shard_among_busy_threads_runs_alone_and_is_aborted_at_its_sec
         assert _beside(healthy_log, pid, start) == [], (pid, start)
     # The healthy pipeline finished, every result there.
     assert results == list(range(len(healthy)))
+    # Each death counted once in the API, the signatures, /metrics and the dashboard, as
+    # Dask counts it, with every thread busy. A healthy task beside the shard carries its
+    # signature only as a suspect (the samples named no likely culprit); beside a culprit
+    # it was displaced or queued, with no event.
+    failures = oomguard.Failures(client)
+    deaths = counted_once_everywhere(client)
+    assert len(deaths) == len(attempts), (deaths, attempts)
+    suspected = set()
+    for death in deaths:
+        roles = {t.role for t in death.tasks if t.pipeline == "healthy"}
+        if any(t.role is Role.CULPRIT for t in death.tasks):
+            assert roles <= {Role.DISPLACED, Role.QUEUED}, death
+        elif Role.SUSPECT in roles:
+            suspected.add(death.id)
+    assert {e.death for e in failures.events(pipeline="healthy")} <= suspected
+    print(f"deaths: {[(d.cause, sorted((t.key, t.role.value) for t in d.tasks)) for d in deaths]}")
     # Both workers back before the cluster closes (not one still restarting).
     client.wait_for_workers(2, timeout=120)

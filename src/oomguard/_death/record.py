@@ -326,7 +326,7 @@ def _lenient(cls: type, d: Any) -> Any:
 def _fields(cls: type) -> dict[str, tuple[type | None, Any]]:
     """{name: (the plain type its value has as it is, or None; its reader)} of a record
     type's fields, made once."""
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, globals())  # its module, whatever __module__ says
     out = {}
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
