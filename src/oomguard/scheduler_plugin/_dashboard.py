@@ -34,6 +34,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from .._display import quantity
 from ._dashboard_data import (
     CAUSES,
     MAX_INCIDENTS,
@@ -283,10 +284,11 @@ class OomguardPage:
             self._written = snap.written if names == self._live_names else -2
             self._store_id, self._read_at, self._live_names = id(store), now, names
             self._show(snap, now)
-            incidents = f"{len(snap.incidents)}{'+' * (len(snap.incidents) >= MAX_INCIDENTS)}"
+            n = len(snap.incidents)
+            incidents = f"{n}+ incidents" if n >= MAX_INCIDENTS else quantity(n, "incident")
             self._set_header(
                 f"oomguard, last 24 hours: worker deaths {len(snap.deaths)} (each once, "
-                f"however many tasks it took) in {incidents} incidents, task exceptions "
+                f"however many tasks it took) in {incidents}, task exceptions "
                 f"{len(snap.exceptions)}; "
                 f"signatures {len(snap.signatures)}, live pipelines {len(live)}. Cluster "
                 f"{cluster!r}, history: {store.path}"
