@@ -375,7 +375,7 @@ class Farm:
                 time=now,
                 started=w.started,
                 memory_limit=w.memory_limit,
-                executing=[
+                executing=(
                     {
                         "key": str(key),
                         "prefix": key_split(key),
@@ -383,8 +383,8 @@ class Farm:
                         "thread": 1,
                         "stack": HEAVY_STACK if memory else None,
                         "stack_time": now - 0.2 if memory else None,
-                    }
-                ],
+                    },
+                ),
                 crash_text=None,
                 cgroup_before=None,
                 cgroup_after=None,
@@ -395,8 +395,8 @@ class Farm:
                 host_memory=None,
                 nanny_memory_kill=None,
                 kernel_log_victim={"pid": w.pid, "name": "python"} if memory else None,
-                requested_close=False,
-                missing=[],
+                requested=False,
+                missing=(),
             )
             self._spawn(self._report(encode(report), self.rng.uniform(0.002, 0.020)))
         self._spawn(self._restart(w.slot, w.gen + 1, 1.0))
