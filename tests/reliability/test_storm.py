@@ -139,7 +139,9 @@ def test_report_storm(tmp_path, long_run, record_figures):
             # The drain: everything sent is taken in, and every pending death decided.
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline and (
-                accounted() < flood["sent"] or len(plugin.core.pairing) or plugin.desk.intake.pending()
+                accounted() < flood["sent"]
+                or len(plugin.core.pairing)
+                or plugin.desk.intake.pending()
             ):
                 time.sleep(0.2)
             drained = time.time()
