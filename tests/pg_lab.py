@@ -182,7 +182,7 @@ class ShippedStore:
     def __getattr__(self, name: str):
         if name in ("events", "deaths", "shard", "signatures", "signature", "distinct_counts",
                     "totals", "pipeline", "pipeline_runs", "pipelines", "known",
-                    "resolve"):  # fmt: skip
+                    "resolve", "incidents"):  # fmt: skip
             return getattr(self.reader, name)
         return getattr(self.spool, name)
 

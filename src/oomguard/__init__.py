@@ -6,7 +6,8 @@ The public surface; everything else is private (`oomguard._*`).
 from . import _config  # noqa: F401  (registers oomguard's Dask config defaults)
 from ._admission.needs import memory
 from ._causes import Cause, Confidence, Killer, Kind, Known
-from ._client.api import Failures, install, uninstall
+from ._client.api import Failures
+from ._client.install import install, uninstall
 from ._death.record import Death, Role, Task
 from ._exceptions import (
     AdmissionTimeout,
@@ -19,7 +20,7 @@ from ._exceptions import (
     StoreError,
     TraceParseError,
 )
-from ._models import FailureEvent, PipelineStatus, SignatureRow
+from ._models import FailureEvent, Incident, PipelineStatus, SignatureRow
 
 __version__ = "0.1.0.dev0"
 
@@ -32,6 +33,7 @@ __all__ = [
     "Death",
     "FailureEvent",
     "Failures",
+    "Incident",
     "Killer",
     "Kind",
     "Known",

@@ -144,6 +144,7 @@ class SignatureRow(_Record):
         "clusters",
         "environment_suspects",
         "aliases",
+        "related",
     )
 
     id: str
@@ -170,6 +171,10 @@ class SignatureRow(_Record):
     last_hour: int = 0
     hourly: float = 0.0
     aliases: list[str] = field(default_factory=list)
+    # Signatures related to it, each {"id", "title", "why"}: why is "same crash site"
+    # (the same error in the same function, reached from another caller), "same incident"
+    # (a death of one incident with a death of this one), or both; at most RELATED_MAX.
+    related: list[dict[str, str]] = field(default_factory=list)
 
     def __repr__(self) -> str:
         """<SignatureRow 6d4c109d5cf8c83f 'oom_kill in load_shard' regressed count=3
@@ -185,6 +190,52 @@ class SignatureRow(_Record):
         return (
             f"<SignatureRow {self.id} {shorten(self.title, 60)!r}{state} count={self.count} "
             f"hosts={len(self.hosts)} causes={causes} last {clock(self.last_seen)}{suspect}>"
+        )
+
+
+#: Related signatures a SignatureRow keeps at most (the store keeps no more per signature).
+RELATED_MAX = 20
+
+
+@dataclass(frozen=True, repr=False)
+class Incident(_Record):
+    """Worker deaths that one cause explains: several workers of one place ended at once by
+    one killer (a container kill, a node's OOM sweep, a SLURM job ending), or one death
+    alone (docs/reading-a-report.md, "Incidents").
+
+    id        the id of its first death; each of its deaths names it (`Death.incident`)
+    start     the time of its earliest death, seconds since the epoch
+    end       the time of its latest death
+    deaths    how many worker deaths it has; each still counts once in its signature, its
+              shard's failures and oomguard_worker_deaths_total
+    hosts     the hosts of its deaths (at most 20)
+    cause, killer   what ended its first death (see `oomguard.Cause`, `oomguard.Killer`)
+    summary   one line, e.g. "host node-1: 3 workers within 0.4 s, sigkill; SIGKILL from ..."
+    cluster   the cluster that saw it
+    place     where one cause ended them: "host node-1", "SLURM job 12", "node pool-a-3"
+    signatures  the signatures of its deaths (at most 20)
+    """
+
+    _list_fields: ClassVar[tuple[str, ...]] = ("hosts", "signatures")
+
+    id: str
+    start: float
+    end: float
+    deaths: int
+    hosts: list[str]
+    cause: str
+    killer: str
+    summary: str
+    cluster: str = ""
+    place: str = ""
+    signatures: list[str] = field(default_factory=list)
+
+    def __repr__(self) -> str:
+        """<Incident 2026-05-01 14:03:07 sigkill killer=unknown deaths=3 host node-1>"""
+        return (
+            f"<Incident {clock(self.start)} {shorten(self.cause, 20)} "
+            f"killer={shorten(self.killer, 16)} deaths={self.deaths} "
+            f"{_short(self.place, 40)}>"
         )
 
 

@@ -77,7 +77,7 @@ def test_report_reads_a_running_scheduler(tmp_path):
         proc = oomguard_report("--scheduler", address, "--json")
         assert proc.returncode == 0, proc.stderr
         doc = json.loads(proc.stdout)
-        assert list(doc) == ["deaths", "events", "signatures", "pipelines"]
+        assert list(doc) == ["incidents", "deaths", "events", "signatures", "pipelines"]
         assert doc["deaths"] == []  # an exception is no worker death
         events = [FailureEvent.from_dict(row) for row in doc["events"]]
         assert events == failures.events()
@@ -187,4 +187,5 @@ def test_report_peaks_shows_what_the_workers_learned(tmp_path):
         oomguard.install(client, store=str(tmp_path / "failures.sqlite3"))
         proc = oomguard_report("--scheduler", address, "--json")
         assert proc.returncode == 0, proc.stderr
-        assert list(json.loads(proc.stdout)) == ["deaths", "events", "signatures", "pipelines"]
+        sections = ["incidents", "deaths", "events", "signatures", "pipelines"]
+        assert list(json.loads(proc.stdout)) == sections

@@ -20,9 +20,9 @@ import pytest
 
 from _cli_run import report
 from capabilities import require
-from oomguard import FailureEvent, PipelineStatus, SignatureRow
+from oomguard import FailureEvent, Incident, PipelineStatus, SignatureRow
 from oomguard._cli.layout import table
-from oomguard._cli.report import parse_since
+from oomguard._cli.report_args import parse_since
 from oomguard._death.killer import for_cause
 from oomguard._death.record import Death, Role, Task
 from oomguard._store import FailureStore
@@ -800,12 +800,17 @@ def test_json_events_equal_the_store_api(history, capsys, argv, query):
         assert 0 < len(rows) < len(ROWS)  # the filter did narrow, to something
 
 
-def test_json_round_trips_all_four_sections(history, capsys):
+def test_json_round_trips_all_five_sections(history, capsys):
     rc, out, _ = report(capsys, "--store", history, "--json")
     doc = json.loads(out)
-    assert list(doc) == ["deaths", "events", "signatures", "pipelines"]
+    assert list(doc) == ["incidents", "deaths", "events", "signatures", "pipelines"]
+    assert doc["incidents"] == store_api(history, "incidents", limit=1000)
     assert doc["deaths"] == store_api(history, "deaths")
     deaths = [Death.from_dict(r) for r in doc["deaths"]]
+    # Each death names its incident, and each incident counts its deaths.
+    incidents = [Incident.from_dict(r) for r in doc["incidents"]]
+    assert sum(i.deaths for i in incidents) == len(deaths)
+    assert {d.incident for d in deaths} == {i.id for i in incidents}
     assert len(deaths) == sum(r[0] == "infra" for r in ROWS)  # one per death, none twice
     assert {e["death"] for e in doc["events"] if e["kind"] == "infra"} == {d.id for d in deaths}
     assert doc["events"] == store_api(history, "events")

@@ -32,7 +32,7 @@ def grant(admin_url: str, role: str, cluster: str, *, before_4=None) -> str:
             with before_4.context() as m:
                 m.setattr(roles, "migrate", lambda c, url: migrate(c, url, MIGRATIONS[:3]))
                 m.setattr(roles, "CLUSTER_TABLES", CLUSTER_TABLES[:-1])
-                m.setattr(roles, "SHARED_TABLES", roles.SHARED_TABLES[:-1])  # aliases: 5
+                m.setattr(roles, "SHARED_TABLES", roles.SHARED_TABLES[:3])  # aliases: 5, sites: 6
                 roles.grant(conn, admin_url, role, password, [cluster])
     return role_url(admin_url, role, password)
 

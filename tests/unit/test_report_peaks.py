@@ -340,6 +340,7 @@ def test_peaks_join_the_history_sections_asked_for(ledger_file, tmp_path, capsys
     rc, out, _ = report(capsys, "--store", tmp_path / "history.sqlite3", "--ledger", ledger_file)
     assert rc == 0
     assert [ln.split(":")[0] for ln in out.splitlines() if ln[:1].isupper() and ":" in ln] == [
+        "INCIDENTS",
         "DEATHS",
         "EVENTS",
         "SIGNATURES",
@@ -413,7 +414,8 @@ def test_the_default_sections_are_still_the_history(tmp_path, capsys):
     store.start()
     store.close()
     rc, out, _ = report(capsys, "--store", tmp_path / "h.sqlite3", "--json")
-    assert (rc, list(json.loads(out))) == (0, ["deaths", "events", "signatures", "pipelines"])
+    sections = ["incidents", "deaths", "events", "signatures", "pipelines"]
+    assert (rc, list(json.loads(out))) == (0, sections)
 
 
 def test_the_examples_in_docstrings_hold():

@@ -45,10 +45,13 @@ def test_json_records(capsys):
         "grouping_version",
         "reason",
         "previous_ids",
+        "top",
         "path",
     }
     assert record["path"] == str(dump) and record["error"] == "SIGSEGV"
     assert record["frames"][-1]["function"] == "parse_record"
+    # The innermost frame, in-app or not: where the crash left Python (its native site).
+    assert record["top"]["function"] == "string_at" and not record["top"]["in_app"]
 
 
 def test_missing_file_named_others_still_printed(tmp_path):

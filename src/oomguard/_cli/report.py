@@ -1,16 +1,17 @@
 """`oomguard report`: the failure history, from a running scheduler or from a store file,
 and the memory peaks the workers learned.
 
-Four history sections: deaths (one row per worker death, with its tasks and their roles),
-events (one failure of one shard each), signatures (deduplicated crashes across hosts) and
-pipelines (where each stands); and, on request (`--peaks`), the peaks: per task prefix, the
+Five history sections: incidents (worker deaths one cause explains), deaths (one row per
+worker death, with its tasks and their roles), events (one failure of one shard each),
+signatures (deduplicated crashes across hosts, with their related ones) and pipelines (where
+each stands); and, on request (`--peaks`), the peaks: per task prefix, the
 largest memory growth admission learned, read from the workers' ledger files through
 `client.run` (or from one ledger file on this host; `report_peaks`).
 Tables fit the terminal (COLUMNS when set) and never cut a shard, a signature id, a pipeline
 name or a task prefix: narrower layouts move them to lines of their own; piped to a file,
-nothing is shortened. `--json` prints the rows as `to_dict()` of `Death`, `FailureEvent`,
-`SignatureRow`, `PipelineStatus` and `PeakRow`, so `FailureEvent.from_dict(row)` gives back
-what `oomguard.Failures` returns.
+nothing is shortened. `--json` prints the rows as `to_dict()` of `Incident`, `Death`,
+`FailureEvent`, `SignatureRow`, `PipelineStatus` and `PeakRow`, so
+`FailureEvent.from_dict(row)` gives back what `oomguard.Failures` returns.
 
 Errors are one line on stderr, ``oomguard report: ...``; exit 2 for bad arguments, 1 for a
 scheduler that cannot be reached or a store or ledger file that cannot be read, 3 for a
@@ -24,7 +25,6 @@ peaks are read and printed in `report_peaks`.
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
 import json
 import os
@@ -33,12 +33,12 @@ from typing import Any
 
 from .._admission import peaks as _peaks
 from .._client import filters as _filters
-from .._config import CLUSTER_NAME_MAX
 from .._display import one_line
 from .._exceptions import ReportFailed
 from .._safe_text import safe_name
 from . import report_resolve
 from .layout import key_line, output_width
+from .report_args import cluster_name, parse_shard, parse_since, positive_seconds, store_place
 from .report_default import store_to_read
 from .report_peaks import peaks_from_file, peaks_from_workers, render_peaks
 from .report_source import (
@@ -48,12 +48,18 @@ from .report_source import (
     shard_history,
     store_source,
 )
-from .report_tables import render_deaths, render_events, render_pipelines, render_signatures
+from .report_tables import (
+    render_deaths,
+    render_events,
+    render_incidents,
+    render_pipelines,
+    render_signatures,
+)
 from .terminal import echo, printable
 
 PROG = "oomguard report"
 #: The failure history: printed when no section is asked for.
-HISTORY = ("deaths", "events", "signatures", "pipelines")
+HISTORY = ("incidents", "deaths", "events", "signatures", "pipelines")
 SECTIONS = (*HISTORY, "peaks")
 
 _EPILOG = """\
@@ -70,19 +76,24 @@ examples:
   oomguard report --ledger /tmp/oomguard-1000/memory-ledger.json
   oomguard report --scheduler tcp://scheduler:8786 --resolve 6d4c109d5cf8c83f --note "fix 1.4"
 
-DEATHS has one row per worker death, however many tasks it took: a death is counted once
+INCIDENTS has one row per incident: the worker deaths one cause explains (workers of one
+host, SLURM job or node ended within seconds by one killer), a death alone an incident of
+one. DEATHS has one row per worker death, however many tasks it took: a death is counted once
 there, in its signature's COUNT and in oomguard_worker_deaths_total. EVENTS has one row per
 task a death is blamed on (its culprit, or each suspect), and one per task exception.
+SIGNATURES names under each signature those related to it (the same crash site, or deaths
+of one incident): the first three, and all of them with their titles for --signature ID.
 
 Filters narrow each section they apply to (never the peaks): --kind, --cause, --killer and
---since the events and deaths (and --cause, --since the signatures); --pipeline all four;
---shard and --signature the events and deaths, and the signatures and pipelines to those
-the shown events name. With --shard or --pipeline, a death is shown when the shard (or a
-task of the pipeline) was among its tasks in any role, and ROLE says which: a death it was
-only displaced by says so on a line of its own. --shard alone prints the shard's whole
+--since the incidents, events and deaths (and --cause, --since the signatures); --pipeline
+all five; --shard and --signature the events and deaths, the incidents to those of the
+deaths shown, and the signatures and pipelines to those the shown events name. With --shard
+or --pipeline, a death is shown when the shard (or a task of the pipeline) was among its
+tasks in any role, and ROLE says which: a death it was only displaced by says so on a line
+of its own. --shard alone prints the shard's whole
 history oldest first, with evidence; with other filters or --limit, its newest events.
---limit applies to each section (defaults: 1000 deaths, 1000 events, 100 signatures, 100
-pipelines). Times are local unless an ISO time carries an offset.
+--limit applies to each section (defaults: 1000 incidents, 1000 deaths, 1000 events, 100
+signatures, 100 pipelines). Times are local unless an ISO time carries an offset.
 
 With neither --scheduler nor --store, the report reads a running scheduler when Dask's
 scheduler-address setting names one (DASK_SCHEDULER_ADDRESS); else the store that
@@ -114,10 +125,10 @@ put it (oomguard.worker.admission.ledger, else <crash-dir>/memory-ledger.json). 
 store holds no peaks: with --store, --peaks needs --ledger. --ledger alone prints only the
 peaks.
 
---json prints one document {"deaths": [...], "events": [...], "signatures": [...],
-"pipelines": [...], "peaks": [...]} (the sections asked for) whose rows are Death /
-FailureEvent / SignatureRow / PipelineStatus.to_dict() and {"prefix", "peak" (bytes),
-"hosts", "suggested"}.
+--json prints one document {"incidents": [...], "deaths": [...], "events": [...],
+"signatures": [...], "pipelines": [...], "peaks": [...]} (the sections asked for) whose rows
+are Incident / Death / FailureEvent / SignatureRow / PipelineStatus.to_dict() and {"prefix",
+"peak" (bytes), "hosts", "suggested"}.
 
 SIGNATURES has each signature's STATE: new (first seen in the last 24 h), ongoing,
 escalating (5 or more in the last hour, 3 times its hourly rate before), resolved (--resolve
@@ -132,89 +143,7 @@ and the closest one are printed).
 
 
 # --------------------------------------------------------------------------- arguments
-
-
-def parse_since(text: str, now: float | None = None) -> float:
-    """Seconds since the epoch for `--since`: an ISO time, or a span back from now, checked
-    as `oomguard.Failures` checks `since` (`oomguard._client.filters`).
-
-    >>> parse_since("90m", now=10_000.0)
-    4600.0
-    >>> parse_since("2026-05-01T12:00:00+00:00")
-    1777636800.0
-    """
-    return _filters.for_argparse(_filters.since, now=now)(text)
-
-
-def _is_key(value: Any) -> bool:
-    # Dask's definition (dask.core.iskey): a str, int or float, or a tuple of keys.
-    if type(value) is tuple:
-        return all(_is_key(part) for part in value)
-    return type(value) in (str, int, float)
-
-
-def parse_shard(text: str) -> str:
-    """`--shard`: a task key as `str(key)` writes it; a tuple written another way (other
-    quotes or spacing) is written back as `str(key)` does, so it finds the stored events.
-
-    >>> parse_shard('("load-0a1b",17)')
-    "('load-0a1b', 17)"
-    >>> parse_shard("load-0a1b")
-    'load-0a1b'
-    """
-    s = text.strip()
-    if not s:
-        why = "it is empty"
-    elif any(ord(c) < 32 or ord(c) == 127 for c in s):
-        why = "it holds a control character"
-    elif s.startswith(("(", "[")):
-        # str() of a tuple key; a str key that begins so is never made by Dask's naming.
-        try:
-            key = ast.literal_eval(s)
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            key = None
-        if type(key) is tuple and _is_key(key):
-            return safe_name(str(key))  # as the store keeps it
-        why = "it begins like a tuple but is not a tuple of strings and numbers"
-    elif s.count("(") != s.count(")") or s.count("[") != s.count("]"):
-        why = "its brackets do not pair up, as in a key copied in part"
-    else:
-        return safe_name(s)
-    raise argparse.ArgumentTypeError(
-        f"{text!r} is not a task key: {why}; give the key as str(key) writes it, e.g. "
-        "\"('load-0a1b', 17)\" or load-0a1b"
-    )
-
-
-def _seconds(text: str) -> float:
-    try:
-        s = float(text)
-    except ValueError:
-        s = 0.0
-    if not s > 0 or s == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return s
-
-
-def _cluster(text: str) -> str:
-    """`--cluster`: a name as oomguard.scheduler.cluster-name takes it."""
-    name = text.strip()
-    if not name or len(name) > CLUSTER_NAME_MAX or not name.isprintable():
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a cluster name: printable text of 1 to {CLUSTER_NAME_MAX} "
-            "characters, as oomguard.scheduler.cluster-name sets it"
-        )
-    return name
-
-
-def _store(text: str) -> str:
-    """`--store`: a path, or a URL of a scheme oomguard reads (never a file named "mysql:")."""
-    from .._urls import check
-
-    try:
-        return check(text, "it")
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+# (their types: `report_args`)
 
 
 def _usage_error(message: str) -> None:
@@ -242,13 +171,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     src.add_argument(
         "--store",
-        type=_store,
+        type=store_place,
         metavar="PATH",
         help="a failure store file, or a postgresql:// history of many clusters (read only)",
     )
     p.add_argument(
         "--timeout",
-        type=_seconds,
+        type=positive_seconds,
         default=5.0,
         metavar="SECONDS",
         help="for the connection to the scheduler and each query (default 5)",
@@ -285,7 +214,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--pipeline", type=safe_name, metavar="NAME")
     p.add_argument(
         "--cluster",
-        type=_cluster,
+        type=cluster_name,
         metavar="NAME",
         help="only this cluster's events and pipelines, and the signatures it saw "
         "(default: every cluster in the history)",
@@ -441,6 +370,12 @@ def _print(data: dict[str, Any], sections: tuple[str, ...], args: argparse.Names
     else:
         width = output_width()
         blocks = []
+        if "incidents" in data:
+            alone = "DEATHS below" if "deaths" in data else "oomguard report --deaths"
+            empty = _empty("incidents", args, width)
+            blocks.append(
+                render_incidents(data["incidents"], width=width, empty=empty, deaths=alone)
+            )
         if "deaths" in data:
             blocks.append(
                 render_deaths(

@@ -20,7 +20,13 @@ from .._display import one_line
 from .._exceptions import ReportFailed, StoreError
 
 #: The Python API's defaults, so `--json` without `--limit` equals `Failures(client).events()`.
-DEFAULT_LIMITS = {"deaths": 1000, "events": 1000, "signatures": 100, "pipelines": 100}
+DEFAULT_LIMITS = {
+    "incidents": 1000,
+    "deaths": 1000,
+    "events": 1000,
+    "signatures": 100,
+    "pipelines": 100,
+}
 
 
 # --------------------------------------------------------------------------- sources
@@ -53,6 +59,9 @@ class _SchedulerSource:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             return self.failures.deaths(**filters)
+
+    def incidents(self, **filters: Any) -> Any:
+        return self.failures.incidents(**filters)
 
     def known(self, field: str, value: str) -> tuple[bool, list[str]]:
         answer = self.failures._query("known", field=field, value=value)
@@ -114,6 +123,9 @@ class _StoreSource:
 
     def deaths(self, **filters: Any) -> Any:
         return self.store.deaths(cluster=self.cluster, **filters)
+
+    def incidents(self, **filters: Any) -> Any:
+        return self.store.incidents(cluster=self.cluster, **filters)
 
     def signatures(self, **filters: Any) -> Any:
         return self.store.signatures(cluster=self.cluster, **filters)
@@ -310,7 +322,9 @@ def shard_history(args: argparse.Namespace) -> bool:
 def collect(source: Any, args: argparse.Namespace, sections: tuple[str, ...]) -> dict[str, list]:
     """The rows of each section (model objects), filtered as the arguments say."""
     out: dict[str, list] = {}
-    if "deaths" in sections:
+    # The incidents of the deaths shown, when a shard, pipeline or signature narrows them.
+    by_deaths = any(v is not None for v in (args.shard, args.pipeline, args.signature))
+    if "deaths" in sections or ("incidents" in sections and by_deaths):
         # Every death is infra: --kind user has none. A shard or pipeline in any role.
         out["deaths"] = (
             []
@@ -325,6 +339,21 @@ def collect(source: Any, args: argparse.Namespace, sections: tuple[str, ...]) ->
                 limit=args.limit or DEFAULT_LIMITS["deaths"],
             )
         )
+    if "incidents" in sections:
+        incidents = []
+        if args.kind != "user":
+            incidents = source.incidents(
+                cause=args.cause,
+                killer=args.killer,
+                since=args.since,
+                limit=args.limit or DEFAULT_LIMITS["incidents"],
+            )
+        if by_deaths:
+            shown = {(d.cluster, d.incident or d.id) for d in out["deaths"]}
+            incidents = [i for i in incidents if (i.cluster, i.id) in shown]
+        out["incidents"] = incidents
+    if "deaths" not in sections:
+        out.pop("deaths", None)
     need_events = "events" in sections or args.shard is not None or args.signature is not None
     events: list = []
     if need_events:

@@ -9,6 +9,7 @@ import json
 from .._client.results import blamed, tasks_by_role
 from .._death.record import BLAMED, Death, Role
 from .._display import clock, one_line, utc_offset
+from .._models import Incident, SignatureRow
 from .._words import environment_line, suspects_phrase
 from .layout import PROSE_WIDTH, Column, Layout, key_line, lay_out, wrap
 
@@ -16,6 +17,48 @@ from .layout import PROSE_WIDTH, Column, Layout, key_line, lay_out, wrap
 # pipeline name): each table has layouts from the widest to the narrowest, and the first
 # whose rows fit is printed. Narrower layouts shorten only the events' signature title
 # (SIGNATURES prints it whole) and host, then move keys to lines of their own under the row.
+
+
+# One row per incident of several deaths: worker deaths one cause explains, with its one-line
+# summary under it (its place, and the killer's sentence). An incident of one death is that
+# death: counted on one line, it is in DEATHS (and in --json, as an incident of one).
+_INCIDENT_COLUMNS = [
+    Column("TIME"),
+    Column("DEATHS", right=True),
+    Column("CAUSE"),
+    Column("KILLER"),
+    Column("ID", "incident"),
+]
+_INCIDENT_LAYOUTS = [
+    Layout(("TIME", "DEATHS", "CAUSE", "KILLER", "ID")),
+    Layout(("TIME", "DEATHS", "CAUSE", "KILLER"), below=("ID",)),
+]
+
+
+def render_incidents(
+    incidents: list[Incident],
+    *,
+    width: int | None = None,
+    empty: list[str] | None = None,
+    deaths: str = "DEATHS below",
+) -> list[str]:
+    """The incidents section: a row for each incident of several deaths, newest first, and
+    how many were of one death each (`deaths`: where those are shown)."""
+    head = [f"INCIDENTS: {len(incidents)}, newest first, times {utc_offset()}"]
+    if not incidents:
+        return head + (empty or ["  no incidents recorded"])
+    several = [i for i in incidents if i.deaths > 1]
+    lines = head
+    if several:
+        rows = [[clock(i.start), i.deaths, i.cause, i.killer or "-", i.id] for i in several]
+        _, header, blocks = lay_out(_INCIDENT_COLUMNS, rows, _INCIDENT_LAYOUTS, width)
+        lines += header
+        for i, block in zip(several, blocks, strict=True):
+            lines += block + wrap(i.summary, width, "    ", hold=(i.place,))
+    alone = len(incidents) - len(several)
+    if alone:
+        lines += wrap(f"{alone} of one death each: {deaths}", width, "  ")
+    return lines
 
 
 # One row per worker death. ROLE (with --shard or --pipeline): what that shard, or that
@@ -262,7 +305,9 @@ def render_signatures(
         for s in rows
     ]
     _, header, blocks = lay_out(_SIGNATURE_COLUMNS, body, _SIGNATURE_LAYOUTS, width)
-    lines = [head, *header, *(line for block in blocks for line in block)]
+    lines = [head, *header]
+    for s, block in zip(rows, blocks, strict=True):
+        lines += block + _related(s, width, full=len(rows) == 1)
     for s in rows:
         said = _state_lines(s)
         if said:
@@ -299,6 +344,26 @@ def _state_lines(s) -> list[str]:
     if s.aliases:
         out.append("also " + ", ".join(s.aliases) + " (ids of older grouping versions)")
     return out
+
+
+#: Related signatures shown under each of several signatures (all of them for one).
+RELATED_SHOWN = 3
+
+
+def _related(s: SignatureRow, width: int | None, full: bool) -> list[str]:
+    """A signature's related ones (`SignatureRow.related`), a line each: with their titles
+    when it is the only one shown (`--signature ID`), else the first RELATED_SHOWN."""
+    shown = s.related if full else s.related[:RELATED_SHOWN]
+    lines = []
+    for r in shown:
+        said = f"related {r.get('id')} ({r.get('why')})"
+        if full:
+            said += f": {r.get('title') or '(no longer in the history)'}"
+        lines += wrap(said, width, "    ", hold=(str(r.get("id")),))
+    if len(s.related) > len(shown):
+        more = f"and {len(s.related) - len(shown)} more: oomguard report --signature {s.id}"
+        lines += wrap(more, width, "    ", hold=(s.id,))
+    return lines
 
 
 _COUNTS = ("DONE", "FAILED", "ABORTED", "INFRA", "USER")

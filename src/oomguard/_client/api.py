@@ -1,4 +1,4 @@
-"""The client-side API: `install(client)` and `Failures(client)`."""
+"""The client-side API: `Failures(client)` (`install(client)` is in `install.py`)."""
 
 from __future__ import annotations
 
@@ -8,88 +8,18 @@ from typing import TYPE_CHECKING, Any
 
 from .._death.record import Death
 from .._display import quantity, shorten
-from .._exceptions import ConfigError
-from .._models import FailureEvent, PipelineStatus, SignatureRow
+from .._models import FailureEvent, Incident, PipelineStatus, SignatureRow
 from .._protocol import RESOLVE_HANDLER
 from . import filters as _filters
-from .results import DeathList, EventList, PipelineList, SignatureList
+from .results import DeathList, EventList, IncidentList, PipelineList, SignatureList
 
 if TYPE_CHECKING:
     from distributed import Client
 
 
-def install(client: Client, **config: Any) -> dict[str, tuple[Any, Any]]:
-    """Install oomguard on a running cluster: the scheduler plugin, which installs the
-    nanny and worker plugins on every current and future worker.
-
-    ``config`` takes the keys of ``oomguard.scheduler.*`` (dashes or underscores), e.g.
-    ``oomguard.install(client, max_shard_infra_failures=2)``. A bad key or value raises
-    ConfigError before anything is sent. Where oomguard already runs (a scheduler
-    ``--preload``, or an earlier install), the settings apply to it and the ones that
-    changed come back as ``{key: (old, new)}``; a setting fixed while it runs (the store,
-    the pod lookup) is refused with ConfigError, and nothing changes.
-
-    >>> client = Client(LocalCluster())                          # doctest: +SKIP
-    >>> oomguard.install(client)                                 # doctest: +SKIP
-    {}
-    >>> oomguard.install(client, max_shard_infra_failures=2)     # doctest: +SKIP
-    {'max-shard-infra-failures': (3, 2)}
-    """
-    from ..scheduler_plugin import OomguardSchedulerPlugin
-
-    _filters.client(client)
-    plugin = OomguardSchedulerPlugin(**config)  # validates the given settings
-    changed = client.run_on_scheduler(_apply_settings, config=plugin.config)
-    if changed is None:
-        client.register_plugin(plugin)
-        return {}
-    if _REFUSED in changed:
-        raise ConfigError(changed[_REFUSED])
-    return {k: tuple(v) for k, v in changed.items()}
-
-
-_REFUSED = "refused"  # never a setting's name
-
-
-def _apply_settings(config: dict[str, Any], dask_scheduler=None):
-    """On the scheduler: the running oomguard takes `config`; None where none runs. A
-    refusal comes back as {"refused": message}: raised here, Dask would log "Run Failed"
-    with a traceback in the scheduler's log for what is the caller's mistake."""
-    plugin = dask_scheduler.plugins.get("oomguard")
-    if plugin is None or getattr(plugin, "core", None) is None:
-        return None
-    try:
-        return plugin.apply_settings(config)
-    except ConfigError as e:
-        return {_REFUSED: str(e)}
-
-
-def uninstall(client: Client) -> None:
-    """Remove oomguard from a running cluster: its scheduler plugin is closed (Dask's own
-    `allowed-failures` and handlers come back), and the nanny and worker plugins are
-    torn down on every worker. The failure store file is kept.
-
-    >>> oomguard.uninstall(client)                 # doctest: +SKIP
-    """
-
-    async def remove(dask_scheduler):
-        plugin = dask_scheduler.plugins.pop("oomguard", None)
-        if plugin is not None:
-            await plugin.close()
-
-    client.run_on_scheduler(remove)
-    from ..worker_plugin import OomguardNannyPlugin, OomguardWorkerPlugin
-
-    for name, nanny in ((OomguardWorkerPlugin.name, False), (OomguardNannyPlugin.name, True)):
-        try:
-            client.unregister_worker_plugin(name, nanny=nanny)
-        except ValueError:
-            pass  # never registered there (e.g. loaded by preload only)
-
-
 #: The default limits, as `oomguard report` has them (its `DEFAULT_LIMITS`).
 _EVENTS_LIMIT, _SIGNATURES_LIMIT, _PIPELINES_LIMIT = 1000, 100, 100
-_DEATHS_LIMIT = 1000
+_DEATHS_LIMIT = _INCIDENTS_LIMIT = 1000
 _KNOWN_SHOWN = 10  # pipeline names a KeyError lists
 #: Rows asked for per call; the scheduler may answer fewer (its reply is capped in bytes).
 _PAGE_ROWS = 1000
@@ -300,6 +230,46 @@ class Failures:
         if not rows:
             self._hint(pipeline=pipeline, signature=signature)
         return DeathList((Death.from_dict(r) for r in rows), "newest first")
+
+    def incidents(
+        self,
+        *,
+        cause: str | None = None,
+        killer: str | None = None,
+        since: float | str | datetime.datetime | datetime.timedelta | None = None,
+        limit: int | None = _INCIDENTS_LIMIT,
+    ) -> IncidentList:
+        """Incidents, newest first: worker deaths one cause explains (several workers of
+        one host, SLURM job or node ended at once by one killer), each an `Incident` with
+        its id, start and end, number of deaths, hosts, cause, killer and a one-line
+        summary; a death alone is an incident of one. Each death names its incident
+        (`Death.incident`). Counts do not change: each death of an incident still counts
+        once in its signature, its shard's failures and the abort rules.
+
+        ``cause`` and ``killer`` are those of the incident's first death; ``since`` and
+        ``limit`` as for `events`.
+
+        >>> failures.incidents(since="1h")[0].summary         # doctest: +SKIP
+        'host node-1: 3 workers within 0.4 s, sigkill; SIGKILL from an unknown sender ...'
+        >>> [d for d in failures.deaths() if d.incident == _.id]   # doctest: +SKIP
+        """
+        fetched = [0]
+
+        def next_page(page: list[dict[str, Any]]) -> dict[str, Any]:
+            fetched[0] += len(page)
+            return {"offset": fetched[0]}
+
+        rows = self._pages(
+            "incidents",
+            _filters.limit(limit),
+            next_page,
+            cause=_filters.cause(cause),
+            killer=_filters.killer(killer),
+            since=_filters.since(since),
+        )
+        # A new incident between two pages moves the rows: each once.
+        rows = list({(r.get("cluster"), r["id"]): r for r in rows}.values())
+        return IncidentList((Incident.from_dict(r) for r in rows), "newest first")
 
     def _unknown(self, field: str, value: str) -> str | None:
         """Why a filter on `field` ("pipeline", "signature") matched nothing, when the

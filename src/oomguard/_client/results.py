@@ -18,7 +18,7 @@ from typing import Any, ClassVar, NamedTuple
 
 from .._death.record import BLAMED, Death, Role
 from .._display import cell, clock, html_table, quantity, utc_offset
-from .._models import FailureEvent, PipelineStatus, SignatureRow
+from .._models import FailureEvent, Incident, PipelineStatus, SignatureRow
 from .._words import suspects_phrase
 
 #: A REPL shows at most this many records of a list (the first and the last ones)...
@@ -171,6 +171,29 @@ class DeathList(_Table):
     )
 
 
+class IncidentList(_Table):
+    """Incidents: `Failures.incidents()`, newest first, one row per incident."""
+
+    noun = "incident"
+    record = Incident
+    times = ("start", "end")
+    columns = (
+        Column("start", lambda i: clock(i.start)),
+        Column("deaths", lambda i: i.deaths, numeric=True),
+        Column("place", lambda i: i.place, 40),
+        Column("cause", lambda i: i.cause),
+        Column("killer", lambda i: i.killer),
+        Column("hosts", lambda i: _joined(i.hosts), 40),
+        Column("id", lambda i: i.id, 24),
+        Column("summary", lambda i: i.summary, 300, prose=True),
+    )
+
+
+def related(s: SignatureRow) -> str:
+    """A signature's related ones: "9f1c2e (same crash site), ..."."""
+    return ", ".join(f"{r.get('id', '?')} ({r.get('why', '')})" for r in s.related)
+
+
 class SignatureList(_Table):
     """Crash signatures: `Failures.signatures()`, most frequent first."""
 
@@ -190,6 +213,7 @@ class SignatureList(_Table):
         Column("last seen", lambda s: clock(s.last_seen)),
         # The values its deaths have much more often than the workers (NODE_POOL=spot).
         Column("suspects", lambda s: suspects_phrase(s.environment_suspects), 120, prose=True),
+        Column("related", related, 80),
     )
 
 

@@ -273,6 +273,12 @@ class Death:
     more: Mapping[str, int] = field(default_factory=dict, metadata=spec(wire=False))
     # The worker's environment (issue 40): sent by the nanny.
     environment: Environment | None = field(default=None, metadata=spec(optional=True))
+    #: The incident it is part of: the id of that incident's first death (its own id when
+    #: it is alone; `oomguard._decide.incidents`). An amend keeps it.
+    incident: str = field(default="", metadata=spec(wire=False))
+    #: Its signature's crash sites (`oomguard._signature.crash_sites`): what relates its
+    #: signature to others that crashed in the same place.
+    sites: tuple[str, ...] = field(default=(), metadata=spec(wire=False))
 
     def role_of(self, key: str) -> Role | None:
         return next((t.role for t in self.tasks if t.key == key), None)

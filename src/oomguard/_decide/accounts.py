@@ -16,7 +16,7 @@ from .._causes import Cause, Confidence, Killer, Kind, Known, kind_of
 from .._death.killer import for_cause
 from .._death.record import LIST_MAX, Attribution, Death, Environment, Role, Task
 from .._models import FailureEvent
-from .._signature import scrub
+from .._signature import crash_sites, scrub
 from .._words import (
     NO_REPORT_SOURCE,
     UNASKED_EXIT_SOURCE,
@@ -163,6 +163,7 @@ def decided(
         id=death_id(case.worker, when),
         signature_id=sig.id,
         signature_title=sig.title,
+        sites=crash_sites(sig),
     )
     if suspects:
         pipelines = list(dict.fromkeys(p for s in keys if (p := name_of(s))))
@@ -203,6 +204,7 @@ def late(
         id=death_id(case.worker, case.lost_at or 0.0),
         signature_id=sig.id,
         signature_title=sig.title,
+        sites=crash_sites(sig),
     )
     events = _events(death, [t.key for t in ran] or [""], name_of, attempts)
     record = Record(

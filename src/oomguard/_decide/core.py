@@ -6,7 +6,8 @@ role in a death), `accounts` (what a failure writes: the death as decided and th
 of the tasks it is blamed on), `budget` (deaths
 per key, Dask's bound kept exactly), `memory` and `resize` (after a memory kill: a larger
 worker, waited for a while, or an abort), `isolation` (after a memory kill shared by
-several tasks: each runs alone) and the `FailurePolicy` (per-shard evidence and the abort);
+several tasks: each runs alone), `incidents` (deaths one cause explains, named on each
+death; no count changes) and the `FailurePolicy` (per-shard evidence and the abort);
 `signatures` names each crash, `environments` where its deaths live, and the words a person
 reads come from `oomguard._words`.
 The scheduler plugin turns Dask's hooks into calls here and applies the returned
@@ -41,6 +42,7 @@ from .blame import blame, blamed, memory_kill
 from .budget import DeathBudget
 from .decisions import Decision, Forgive, Hold, Release, Stop
 from .environments import EnvironmentTally, slot
+from .incidents import Incidents
 from .isolation import RUN_ALONE_TIMEOUT, Isolation
 from .pairing import Case, DeathPairing, Removal
 from .policy import FailurePolicy
@@ -87,6 +89,7 @@ class DecisionCore:
         self.held: set = set()
         self.stopped: dict[Any, Stop] = {}  # key -> the Stop that erred it
         self.larger = LargerRetry(self.policy, self.runs)  # retries on a larger worker
+        self.incidents = Incidents()
         self.isolation = Isolation(
             self.held,
             self.stopped,
@@ -312,7 +315,7 @@ class DecisionCore:
         env = self.environments.of(at)  # a death no report described: its worker's
         account = accounts.decided(case, b, keys, self.runs.name_of, attempts, alone, env)
         self.environments.died(account.record.death)
-        out.append(account.record)
+        out.append(self.incidents.named(account.record, self._now))
         decisions: list[tuple[AbortDecision, Any]] = []
         if b.suspected:
             # The one event names none of its suspects: each suspect's run counts the death
@@ -419,7 +422,7 @@ class DecisionCore:
         attempts = {t.key: max(1, self.policy.attempt(t.key) - 1) for t in blamed(case)[0]}
         record = accounts.late(case, self.runs.name_of, attempts).record
         self.environments.died(record.death)
-        return [record]
+        return [self.incidents.named(record, self._now)]
 
     # --- stopping --------------------------------------------------------------------
 

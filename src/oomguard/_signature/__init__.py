@@ -47,11 +47,13 @@ from collections.abc import Sequence
 from ._paths import normalise_path
 from ._records import GROUPING_VERSION, Frame, Signature, unparsed
 from ._scrub import scrub
+from ._sites import crash_sites
 
 __all__ = [
     "GROUPING_VERSION",
     "Frame",
     "Signature",
+    "crash_sites",
     "fingerprint",
     "fingerprint_dask",
     "fingerprint_stack",

@@ -17,7 +17,13 @@ from functools import lru_cache
 from . import _records as R
 from . import _transport
 from ._records import Frame, Signature
-from ._rules import hashed_frames, normalise_frames, normalise_message, normalise_text
+from ._rules import (
+    hashed_frames,
+    innermost,
+    normalise_frames,
+    normalise_message,
+    normalise_text,
+)
 
 MAX_INPUT = 1 << 20  # only the last 1 MiB of a larger input is read (plus its first 4 KiB)
 _HEAD = 4096
@@ -79,7 +85,8 @@ def _bounded(text: str) -> str:
     return text[:_HEAD] + "\n" + text[-MAX_INPUT:]
 
 
-Stack = tuple[tuple[Frame, ...], str]  # the hashed frames, and their `frames_material`
+#: The hashed frames, their `frames_material`, and the innermost frame (in-app or not).
+Stack = tuple[tuple[Frame, ...], str, "Frame | None"]
 
 
 def _parse_stack(region: str, faulthandler: bool) -> Stack:
@@ -89,8 +96,9 @@ def _parse_stack(region: str, faulthandler: bool) -> Stack:
         raw = [(f, None if n[0] == "?" else int(n), fn) for f, n, fn in reversed(found)]
     else:
         raw = [(f, int(n), fn) for f, n, fn in _PY_FRAME.findall(region)]
-    frames = hashed_frames(normalise_frames(raw))
-    return frames, R.frames_material(frames)
+    recs = normalise_frames(raw)
+    frames = hashed_frames(recs)
+    return frames, R.frames_material(frames), innermost(recs)
 
 
 _cached_stack = lru_cache(maxsize=512)(_parse_stack)
@@ -106,9 +114,10 @@ def _stack(region: str, faulthandler: bool = False) -> Stack:
 
 
 def _signature(kind: str, error: str, message: str, stack: Stack) -> Signature:
-    frames, material = stack
+    frames, material, top = stack
     # With no frame, the message is all that tells apart two errors of one type.
-    return R.make_signature(kind, error, message, frames, "", "" if frames else message, material)
+    extra = "" if frames else message
+    return R.make_signature(kind, error, message, frames, "", extra, material, top)
 
 
 def _last_header(text: str) -> tuple[int, bool] | None:
@@ -351,5 +360,6 @@ def stack_signature(error: str, frames: Sequence[tuple[str, int | None, str]]) -
             )
         lineno = fr[1] if isinstance(fr[1], int) and not isinstance(fr[1], bool) else None
         raw.append((fr[0], lineno, fr[2]))
-    frames = hashed_frames(normalise_frames(raw))
-    return R.make_signature(R.STACK, str(error or "unknown"), "", frames)
+    recs = normalise_frames(raw)
+    frames = hashed_frames(recs)
+    return R.make_signature(R.STACK, str(error or "unknown"), "", frames, top=innermost(recs))

@@ -71,6 +71,9 @@ class Signature:
     #: The ids older grouping versions still computed give this input, newest first, as
     #: (id, version): where an upgrade moved it (`_versions.py`).
     previous_ids: tuple[tuple[str, int], ...] = ()
+    # The innermost frame of the stack, in-app or not (never hashed): for a native crash,
+    # the Python function that called into native code, its crash site (`crash_sites`).
+    top: Frame | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict (frames as a list of dicts)."""
@@ -138,6 +141,7 @@ def make_signature(
     reason: str = "",
     extra: str = "",
     material: str | None = None,
+    top: Frame | None = None,
 ) -> Signature:
     return Signature(
         id=signature_id(error, frames, extra, material),
@@ -148,6 +152,7 @@ def make_signature(
         frames=frames,
         grouping_version=GROUPING_VERSION,
         reason=reason,
+        top=top,
     )
 
 

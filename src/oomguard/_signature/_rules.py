@@ -116,6 +116,14 @@ def hashed_frames(recs: list[Rec]) -> tuple[Frame, ...]:
     return tuple([_frame(f, fn, n, a) for f, n, fn, a in chosen])
 
 
+# The innermost frame, in-app or not: where a native crash left Python (`Signature.top`).
+def innermost(recs: list[Rec]) -> Frame | None:
+    if not recs:
+        return None
+    f, n, fn, a = recs[-1]
+    return _frame(f, fn, n, a)
+
+
 # Frames are immutable and recur across traces of the same code: share the instances.
 _frame = lru_cache(maxsize=16384)(Frame)
 

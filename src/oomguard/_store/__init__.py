@@ -40,6 +40,13 @@ lists at most `member_cap` of those, sorted; the `cause` and `pipeline` filters 
 goes unstored, a lower bound after (see there). Rows already stored past the bound (by an
 older oomguard, or a larger `member_rows`) are kept.
 
+Incidents and related signatures (issue 40): each death names its incident, the id of its
+first death; `incidents()` reads incidents from their deaths (`incidents.py`), so they are
+the same after a restart and go whole with retention. The crash sites of the signatures of
+stored deaths, and the links of signatures that share a site or an incident, both ways and
+at most `RELATED_MAX` per signature, are kept per batch (`links.py`); a SignatureRow lists
+them in `related`.
+
 A pipeline is stored per run, keyed by (name, `started`, cluster): a second run of "etl",
 or the name reused by a new scheduler or another cluster, does not overwrite the first.
 

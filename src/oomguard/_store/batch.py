@@ -11,6 +11,7 @@ from . import deaths as _deaths
 from . import environments as _environments
 from . import states as _states
 from .items import DEATH_ROW, ROW
+from .links import SQLITE_FORGET, link_sqlite
 from .schema import PIPELINE_COLUMNS
 
 
@@ -248,6 +249,7 @@ def commit_batch(
             dead += len(deaths.rows) - len(repeats)
             events = deaths.keep(events, repeats)
             _deaths.insert_tasks(conn, dlast)
+            link_sqlite(conn, dlast)  # related signatures: by crash site, by incident
         _insert(conn, _INSERT_EVENT, events)
         count += len(events)
         if events or deaths.rows:
@@ -307,6 +309,8 @@ def _forget_signatures(conn: sqlite3.Connection, n: int) -> int:
     conn.executemany("DELETE FROM signature_members WHERE signature_id = ?", ids)
     conn.executemany("DELETE FROM signature_distinct WHERE signature_id = ?", ids)
     conn.executemany("DELETE FROM signature_aliases WHERE new_id = ?", ids)
+    for statement in SQLITE_FORGET:  # its sites, and its links both ways
+        conn.executemany(statement, ids)
     return len(ids)
 
 

@@ -115,9 +115,14 @@ def insert_tasks(conn: sqlite3.Connection, after: int) -> None:
 
 
 def forget_oldest(conn: sqlite3.Connection, n: int) -> int:
-    """Retention: delete the `n` oldest deaths (by insertion) with their tasks; how many
-    went. Their signatures keep their counts, as for events."""
-    oldest = "SELECT seq FROM deaths ORDER BY seq LIMIT ?"
+    """Retention: delete the `n` oldest deaths (by insertion) with their tasks, and the
+    other deaths of their incidents (an incident goes whole); how many went. Their
+    signatures keep their counts, as for events."""
+    oldest = (
+        "SELECT d.seq FROM deaths AS d JOIN (SELECT DISTINCT cluster, incident FROM deaths"
+        " WHERE seq IN (SELECT seq FROM deaths ORDER BY seq LIMIT ?)) AS o"
+        " ON d.cluster = o.cluster AND d.incident = o.incident"
+    )
     conn.execute(f"DELETE FROM death_tasks WHERE death IN ({oldest})", (n,))
     return conn.execute(f"DELETE FROM deaths WHERE seq IN ({oldest})", (n,)).rowcount
 
@@ -132,5 +137,5 @@ def death_from_row(r: tuple) -> Death:
     if not isinstance(d, dict):
         d = {}
     columns = ("id", "cluster", "time", "worker", "host", "cause", "signature_id")
-    d.update(zip(columns, r[:7], strict=True), signature_title=r[7])
+    d.update(zip(columns, r[:7], strict=True), signature_title=r[7], incident=r[9])
     return Death.from_dict(d)

@@ -90,7 +90,7 @@ _encode_strict = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 #: A death's row, in the column order of deaths.INSERT_DEATH.
 DEATH_COLUMNS = (
     "id, cluster, time, worker, host, cause, killer, signature_id, signature_title, "
-    "grouping_version, record"
+    "grouping_version, record, incident"
 )
 DEATH_ROW = DEATH_COLUMNS.count(",") + 1
 
@@ -133,8 +133,13 @@ def death_item(
     if type(example) is not str:
         raise TypeError(f"example must be a str, got {type(example).__name__}")
     identity, cluster, worker, host, cause, sig, title = texts
+    if not isinstance(death.incident, str):
+        raise TypeError(f"field 'death.incident' must be a str, got {death.incident!r}")
+    # A death no incident was given (stored by other code than the decision core) is one.
+    incident = safe_name(death.incident) or identity
+    death = dataclasses.replace(death, incident=incident)
     row = (identity, cluster, float(t), worker, host, cause, safe_name(killer), sig, title)
-    return ((*row, grouping_version, _death_json(death)), rows, example, amend)
+    return ((*row, grouping_version, _death_json(death), incident), rows, example, amend)
 
 
 def _death_json(death: Death) -> str:

@@ -19,7 +19,7 @@ EVENT_COLUMNS = (
 )
 #: A death's columns as `deaths.death_from_row` reads them.
 DEATH_READ_COLUMNS = (
-    "id, cluster, time, worker, host, cause, signature_id, signature_title, record"
+    "id, cluster, time, worker, host, cause, signature_id, signature_title, record, incident"
 )
 #: The member field codes a signature filter looks in (see schema.MEMBER_FIELDS).
 _SIGNATURE_FILTERS = (("cause", 4), ("pipeline", 3), ("cluster", 5))

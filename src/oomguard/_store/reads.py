@@ -17,6 +17,7 @@ from .._models import FailureEvent, PipelineStatus, SignatureRow
 from . import query
 from .aliases import CANONICAL, signature_ids
 from .deaths import death_from_row
+from .links import SQLITE_RELATED, related_list
 from .schema import MEMBER_FIELDS, PIPELINE_COLUMNS, connect
 from .states import attach
 
@@ -37,7 +38,8 @@ _AMONG_TASKS = {
     "pipeline": "seq IN (SELECT death FROM death_tasks WHERE pipeline = ?)",
 }
 SQLITE = query.Dialect("?", lambda name: f":{name}", _OR_SUSPECT, _AMONG_TASKS)
-# Each member list comes back as one JSON array: one row per signature, not one per member.
+# Each member list comes back as one JSON array: one row per signature, not one per member;
+# then its related signatures (`links.py`).
 _SELECT_SIGNATURE = (
     "SELECT id, title, grouping_version, count, first_seen, last_seen, example, "
     + ", ".join(
@@ -45,7 +47,7 @@ _SELECT_SIGNATURE = (
         f" WHERE signature_id = s.id AND field = {code} ORDER BY value LIMIT :cap))"
         for code in range(len(MEMBER_FIELDS))
     )
-    + " FROM signatures s"
+    + f", {SQLITE_RELATED} FROM signatures s"
 )
 
 
@@ -478,6 +480,7 @@ def _signature(r: tuple) -> SignatureRow:
         last_seen=r[5],
         example=r[6],
         **lists,
+        related=related_list(r[7 + len(MEMBER_FIELDS)]),
     )
 
 

@@ -236,6 +236,33 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # no death (task exceptions): this index counts those without reading a row.
         "CREATE INDEX events_no_death ON events(signature_id, time) WHERE death = ''",
     ),
+    (
+        # Incidents and related signatures (issue 40). Each death names its incident (the
+        # id of the incident's first death): those stored before are each their own. An
+        # incident is read from its deaths, found by its first (`id = incident`) and
+        # gathered by (cluster, incident) (`incidents.py`). The crash sites of the
+        # signatures of stored deaths, and the signatures related by a site or an incident,
+        # each link stored both ways (`links.py`).
+        "ALTER TABLE deaths ADD COLUMN incident TEXT NOT NULL DEFAULT ''",
+        "UPDATE deaths SET incident = id",
+        "CREATE INDEX deaths_incident ON deaths(cluster, incident)",
+        "CREATE INDEX deaths_incidents ON deaths(time) WHERE id = incident",
+        "CREATE INDEX deaths_cluster_incidents ON deaths(cluster, time) WHERE id = incident",
+        """CREATE TABLE signature_sites (
+            site TEXT NOT NULL,
+            signature_id TEXT NOT NULL,
+            PRIMARY KEY (site, signature_id)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX signature_sites_signature ON signature_sites(signature_id)",
+        """CREATE TABLE signature_links (
+            signature_id TEXT NOT NULL,
+            related_id TEXT NOT NULL,
+            site INTEGER NOT NULL,  -- 1: they share a crash site
+            incident INTEGER NOT NULL,  -- 1: deaths of one incident carry them
+            PRIMARY KEY (signature_id, related_id)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX signature_links_related ON signature_links(related_id)",
+    ),
 )
 
 #: The SignatureRow lists kept in signature_members; the position is the stored code.

@@ -16,6 +16,7 @@ from typing import Any
 from .._models import SignatureRow
 from . import environments
 from .batch import CREATE_BATCH_MEMBERS
+from .incidents import read_incidents
 from .reads import Reader, _read
 from .schema import MIGRATIONS, check_file, connect, migrate, require_json
 from .states import resolve as _resolve
@@ -121,6 +122,7 @@ class FailureStore:
     flush_marks = _of("writer", Writer.flush_marks)
     events = _of("reader", Reader.events)
     deaths = _of("reader", Reader.deaths)
+    incidents = _of("reader", read_incidents)
     death_times = _of("reader", Reader.death_times)
     shard = _of("reader", Reader.shard)
     totals = _of("reader", Reader.totals)

@@ -20,6 +20,7 @@ from .deaths import (
     suspects_line,
 )
 from .environments import environment_line, suspects_phrase, suspects_sentence
+from .incidents import incident_summary
 from .summaries import pipeline_summary
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "environment_line",
     "evidence_summary",
     "exception_name",
+    "incident_summary",
     "no_larger_abort_message",
     "no_larger_message",
     "over_budget_message",

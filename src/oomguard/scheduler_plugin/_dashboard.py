@@ -1,6 +1,7 @@
 """oomguard's page in the Dask dashboard: worker deaths (each once) and task exceptions by
-cause over time, the signature table
-with a drill-down to one signature's example trace and evidence, and pipeline statuses.
+cause over time, the incidents (deaths one cause explains), the signature table
+with a drill-down to one signature's example trace, evidence and related signatures, and
+pipeline statuses.
 Read-only.
 
 Two ways onto a scheduler's dashboard:
@@ -33,10 +34,13 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from .._display import quantity
 from ._dashboard_data import (
     CAUSES,
+    MAX_INCIDENTS,
     Snapshot,
     failure_columns,
+    incident_columns,
     pipeline_columns,
     read_detail,
     read_store,
@@ -141,9 +145,29 @@ class OomguardPage:
         self.plot.legend.click_policy = "hide"
         self.plot.add_layout(self.plot.legend[0], "right")
 
-        self.signatures = ColumnDataSource(signature_columns([]), name="oomguard-signatures")
         when = DateFormatter(format="%Y-%m-%d %H:%M:%S")
         whole = HTMLTemplateFormatter(template=HOVER_TEXT)
+        # Deaths one cause explains (a death alone is an incident of one), newest first.
+        self.incidents = ColumnDataSource(incident_columns([]), name="oomguard-incidents")
+        self.incident_table = DataTable(
+            source=self.incidents,
+            columns=[
+                TableColumn(field="start", title="start", formatter=when, width=150),
+                TableColumn(field="deaths", title="deaths", width=50),
+                TableColumn(field="place", title="place", formatter=whole, width=200),
+                TableColumn(field="cause", title="cause", formatter=whole, width=110),
+                TableColumn(field="killer", title="killer", formatter=whole, width=90),
+                TableColumn(field="summary", title="summary", formatter=whole, width=600),
+                TableColumn(field="id", title="incident id", formatter=whole, width=140),
+            ],
+            index_position=None,
+            height=160,
+            sizing_mode="stretch_width",
+            name="oomguard-incident-table",
+            css_classes=["oomguard-incident-table"],
+        )
+
+        self.signatures = ColumnDataSource(signature_columns([]), name="oomguard-signatures")
         self.table = DataTable(
             source=self.signatures,
             columns=[
@@ -204,7 +228,9 @@ class OomguardPage:
         self.root = column(
             self.header,
             self.plot,
-            title("Signatures (select one for its trace and evidence)"),
+            title("Incidents: worker deaths one cause explains (last 24 hours)"),
+            self.incident_table,
+            title("Signatures (select one for its trace, evidence and related signatures)"),
             self.table,
             self.detail,
             title("Pipelines"),
@@ -260,9 +286,12 @@ class OomguardPage:
             self._written = snap.written if names == self._live_names else -2
             self._store_id, self._read_at, self._live_names = id(store), now, names
             self._show(snap, now)
+            n = len(snap.incidents)
+            incidents = f"{n}+ incidents" if n >= MAX_INCIDENTS else quantity(n, "incident")
             self._set_header(
                 f"oomguard, last 24 hours: worker deaths {len(snap.deaths)} (each once, "
-                f"however many tasks it took), task exceptions {len(snap.exceptions)}; "
+                f"however many tasks it took) in {incidents}, task exceptions "
+                f"{len(snap.exceptions)}; "
                 f"signatures {len(snap.signatures)}, live pipelines {len(live)}. Cluster "
                 f"{cluster!r}, history: {store.path}"
             )
@@ -271,6 +300,9 @@ class OomguardPage:
     def _show(self, snap: Snapshot, now: float) -> None:
         self._stored = snap.pipelines
         self.failures.data = failure_columns(snap.failures(), now)
+        incidents = incident_columns(snap.incidents)
+        if incidents != self.incidents.data:
+            self.incidents.data = incidents
         cols = signature_columns(snap.signatures, self._cluster)
         if cols != self.signatures.data:
             self.signatures.data = cols
@@ -283,6 +315,7 @@ class OomguardPage:
         self._written = -2
         self._stored = []
         self.failures.data = failure_columns([], 0.0)
+        self.incidents.data = incident_columns([])
         self.signatures.data = signature_columns([])
         self.pipelines.data = pipeline_columns([], [])
 

@@ -1,6 +1,7 @@
 """The dashboard page's data: worker deaths (each once, as `Failures.deaths()` has them)
-and task exceptions binned by cause, the signature and pipeline tables as column dicts, one
-signature's drill-down text, and the store reads behind them. Pure: no Bokeh, no Dask (the
+and task exceptions binned by cause, the incident, signature and pipeline tables as column
+dicts, one signature's drill-down text (with its related signatures), and the store reads
+behind them. Pure: no Bokeh, no Dask (the
 page in `_dashboard.py` shows what these return).
 """
 
@@ -18,7 +19,7 @@ from .._causes import Cause
 from .._words import environment_line, suspects_phrase
 
 if TYPE_CHECKING:
-    from .._models import FailureEvent, PipelineStatus, SignatureRow
+    from .._models import FailureEvent, Incident, PipelineStatus, SignatureRow
 
 logger = logging.getLogger("oomguard.scheduler")
 
@@ -28,6 +29,7 @@ WINDOW_S = 24 * 3600.0
 MAX_EVENTS = 5000
 MAX_SIGNATURES = 200
 MAX_PIPELINES = 200
+MAX_INCIDENTS = 200
 #: Bin widths for the plot, seconds; the smallest giving at most MAX_BINS bins is used.
 BIN_STEPS = (1, 5, 10, 30, 60, 300, 600, 1800, 3600, 3 * 3600, 6 * 3600, 86400)
 MAX_BINS = 60
@@ -94,6 +96,23 @@ def signature_columns(rows: Sequence[SignatureRow], cluster: str = "") -> dict[s
     }
 
 
+def incident_columns(rows: Sequence[Incident]) -> dict[str, list]:
+    """The incident table's columns (newest first); times in ms since the epoch.
+
+    >>> incident_columns(store.incidents(limit=20))["deaths"]
+    [3, 1]
+    """
+    return {
+        "id": [r.id for r in rows],
+        "start": [r.start * 1000 for r in rows],
+        "deaths": [r.deaths for r in rows],
+        "place": [r.place for r in rows],
+        "cause": [r.cause for r in rows],
+        "killer": [r.killer for r in rows],
+        "summary": [r.summary for r in rows],
+    }
+
+
 def pipeline_columns(
     live: Sequence[PipelineStatus], stored: Sequence[PipelineStatus]
 ) -> dict[str, list]:
@@ -128,6 +147,12 @@ def _members(values: Sequence[str], shown: int = 20) -> str:
     return ", ".join(values[:shown]) + more
 
 
+def _related(row: SignatureRow) -> list[str]:
+    """The related signatures of `row`, one line each (why, id, title)."""
+    lines = [f"{r.get('id')} ({r.get('why')}): {r.get('title') or '-'}" for r in row.related]
+    return [f"{'related' if i == 0 else '':<10} {line}" for i, line in enumerate(lines or "-")]
+
+
 def signature_detail(row: SignatureRow | None, events: Sequence[FailureEvent]) -> str:
     """Plain text (never HTML) for one signature: who, where, the example trace, and the
     evidence of its latest failures.
@@ -152,6 +177,7 @@ def signature_detail(row: SignatureRow | None, events: Sequence[FailureEvent]) -
         f"shards     {_members(row.shards)}",
         f"pipelines  {_members(row.pipelines)}",
         f"clusters   {_members(row.clusters)}",
+        *_related(row),
         "",
         "Where it lives",
         "--------------",
@@ -197,11 +223,12 @@ def _state(row: SignatureRow) -> str:
 @dataclass
 class Snapshot:
     """What one refresh read from the store (in a thread): the window's worker deaths (one
-    each) and task exceptions (and MemoryErrors: failures no worker died of), the
-    signatures and the pipeline runs."""
+    each), task exceptions (and MemoryErrors: failures no worker died of) and incidents,
+    the signatures and the pipeline runs."""
 
     deaths: list[DeathAt] = field(default_factory=list)
     exceptions: list[FailureEvent] = field(default_factory=list)
+    incidents: list[Incident] = field(default_factory=list)
     signatures: list[SignatureRow] = field(default_factory=list)
     pipelines: list[PipelineStatus] = field(default_factory=list)
     written: int = -1
@@ -233,6 +260,7 @@ def read_store(store: Any, now: float, cluster: str | None = None) -> Snapshot:
     return Snapshot(
         deaths=[DeathAt(*d) for d in store.death_times(**window)],
         exceptions=[e for e in exceptions if not e.death],
+        incidents=store.incidents(since=now - WINDOW_S, limit=MAX_INCIDENTS, cluster=cluster),
         signatures=signatures,
         pipelines=store.pipelines(limit=MAX_PIPELINES, cluster=cluster),
         written=written,

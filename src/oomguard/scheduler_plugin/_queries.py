@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from .._models import PipelineStatus
     from .._store import FailureStore
 
-_READS = ("events", "deaths", "signatures", "shard", "signature")
+_READS = ("events", "deaths", "incidents", "signatures", "shard", "signature")
 
 
 class Queries:

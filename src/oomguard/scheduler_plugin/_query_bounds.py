@@ -3,8 +3,8 @@ about QUERY_MAX_BYTES of text, whatever the client asked for (``limit=None`` inc
 longer list is read page by page with a cursor (`oomguard.Failures` and `oomguard report` do):
 ``before`` = [time, id] of the last event of the previous page for "events" (of the last
 death, its id a str, for "deaths"), ``after`` for "shard" (oldest first), ``offset`` for
-"signatures". A cursor or limit that is not one raises ValueError naming the field. The
-names a filter gives (a pipeline, a shard, a signature) are made safe as the store makes
+"signatures" and "incidents". A cursor or limit that is not one raises ValueError naming
+the field. The names a filter gives (a pipeline, a shard, a signature) are made safe as the store makes
 the names it keeps (`safe_filters`), so a filter finds what was stored from the same text.
 "pipelines" is answered from the runs in memory and the store, read only, and capped alike
 (`pipelines_reply`).
@@ -49,7 +49,7 @@ def bounded(what: str, filters: dict[str, Any]) -> dict[str, Any]:
     >>> bounded("events", {"limit": None, "cause": "oom_kill"})
     {'limit': 1000, 'cause': 'oom_kill', 'max_bytes': 4194304}
     """
-    if what not in ("events", "shard", "signatures", "deaths"):
+    if what not in ("events", "shard", "signatures", "deaths", "incidents"):
         return filters
     out = dict(filters)
     out["limit"] = capped(out.get("limit", QUERY_MAX_ROWS))
@@ -59,7 +59,7 @@ def bounded(what: str, filters: dict[str, Any]) -> dict[str, Any]:
     cursor = _CURSORS.get(what)
     if cursor is not None and out.get(cursor) is not None:
         out[cursor] = _cursor(out[cursor], cursor, str if what == "deaths" else int)
-    if what == "signatures" and "offset" in out:
+    if what in ("signatures", "incidents") and "offset" in out:
         out["offset"] = _count(out["offset"], "offset")
     return out
 

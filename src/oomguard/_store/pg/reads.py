@@ -8,9 +8,9 @@ from typing import Any
 
 from ..._death.record import Death
 from ..._exceptions import StoreError
-from ..._models import FailureEvent, PipelineStatus, SignatureRow
+from ..._models import RELATED_MAX, FailureEvent, Incident, PipelineStatus, SignatureRow
 from ..._urls import check_url, redact
-from .. import query
+from .. import incidents, query
 from ..aliases import CANONICAL, signature_ids
 from ..deaths import death_from_row
 from ..environments import attach as attach_environments
@@ -28,6 +28,12 @@ _OR_SUSPECT = {
     "pipeline": "(pipeline = %s OR (pipeline = '' AND shard = ''"
     " AND evidence::jsonb -> 'suspect_pipelines' ? %s))",
 }
+# A signature's related ones, as links.SQLITE_RELATED has them.
+_RELATED = f"""(SELECT coalesce(json_agg(json_build_array(l.related_id, coalesce(r.title, ''),
+        l.site, l.incident) ORDER BY l.related_id), '[]')::text
+    FROM (SELECT related_id, site, incident FROM signature_links WHERE signature_id = s.id
+          ORDER BY related_id LIMIT {RELATED_MAX}) AS l
+    LEFT JOIN signatures AS r ON r.id = l.related_id)"""
 # A death among whose tasks a shard or pipeline is: the GIN index on `tasks`.
 _AMONG_TASKS = {"shard": "tasks @> %s::jsonb", "pipeline": "tasks @> %s::jsonb"}
 POSTGRES = query.Dialect("%s", lambda name: f"%({name})s", _OR_SUSPECT, _AMONG_TASKS, among_tasks)
@@ -39,7 +45,7 @@ _SELECT_SIGNATURE = (
         " ORDER BY value LIMIT %(cap)s) AS m)"
         for code in range(len(MEMBER_FIELDS))
     )
-    + " FROM signatures s"
+    + f", {_RELATED} FROM signatures s"
 )
 _PIPELINE_COLUMNS = (
     "name, status, shards_done, shards_failed, shards_aborted, infra_failures, "
@@ -192,6 +198,30 @@ class PgReader:
         """As FailureStore.shard: one shard's own history, oldest first."""
         sql, args = query.shard(POSTGRES, key, cluster=cluster, after=after, limit=_limit(limit))
         return [_event(r) for r in self._rows(sql, args, max_bytes)]
+
+    def incidents(
+        self,
+        *,
+        cluster: str | None = None,
+        since: float | None = None,
+        cause: str | None = None,
+        killer: str | None = None,
+        limit: int | None = 100,
+        offset: int = 0,
+        max_bytes: int | None = None,
+    ) -> list[Incident]:
+        """As FailureStore.incidents, over every cluster or the one named."""
+        return incidents.read(
+            self._rows,
+            POSTGRES,
+            cluster=cluster,
+            since=since,
+            cause=cause,
+            killer=killer,
+            limit=_limit(limit),
+            offset=offset,
+            max_bytes=max_bytes,
+        )
 
     # -- signatures ------------------------------------------------------------------------
 

@@ -25,7 +25,14 @@ from ..._safe_text import safe_name
 from .schema import CLUSTER_TABLES, NAMESPACE, migrate
 
 #: The history's other tables, read by every role; a writer adds to them too.
-SHARED_TABLES = ("signatures", "signature_members", "signature_fields", "signature_aliases")
+SHARED_TABLES = (
+    "signatures",
+    "signature_members",
+    "signature_fields",
+    "signature_aliases",
+    "signature_sites",
+    "signature_links",
+)
 #: A role's name: an unquoted PostgreSQL identifier, in lower case.
 ROLE_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 

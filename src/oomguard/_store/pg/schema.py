@@ -230,6 +230,42 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             END LOOP;
         END $$""",
     ),
+    (
+        # Incidents and related signatures (issue 40), as the SQLite store keeps them: each
+        # death names its incident (those sent before are each their own); the crash sites
+        # of the signatures of the deaths sent, and the signatures related by a site (across
+        # clusters) or an incident, each link both ways (`deaths.link`). Signatures are
+        # every cluster's, so their sites and links are not under row-level security.
+        "ALTER TABLE deaths ADD COLUMN incident text NOT NULL DEFAULT ''",
+        "UPDATE deaths SET incident = id",
+        "CREATE INDEX deaths_incident ON deaths(cluster, incident)",
+        "CREATE INDEX deaths_incidents ON deaths(time) WHERE id = incident",
+        "CREATE INDEX deaths_cluster_incidents ON deaths(cluster, time) WHERE id = incident",
+        """CREATE TABLE signature_sites (
+            site text NOT NULL,
+            signature_id text NOT NULL,
+            PRIMARY KEY (site, signature_id)
+        )""",
+        "CREATE INDEX signature_sites_signature ON signature_sites(signature_id)",
+        """CREATE TABLE signature_links (
+            signature_id text NOT NULL,
+            related_id text NOT NULL,
+            site integer NOT NULL,
+            incident integer NOT NULL,
+            PRIMARY KEY (signature_id, related_id)
+        )""",
+        "CREATE INDEX signature_links_related ON signature_links(related_id)",
+        # Roles granted before (`oomguard history grant`) get on the new tables what they
+        # have on `signatures`: a cluster's writer keeps sending its deaths.
+        """DO $$ DECLARE g record; BEGIN
+            FOR g IN SELECT DISTINCT grantee, privilege_type FROM information_schema.table_privileges
+                     WHERE table_schema = current_schema() AND table_name = 'signatures'
+                       AND grantee <> current_user LOOP
+                EXECUTE format('GRANT %s ON signature_sites, signature_links TO %I',
+                               g.privilege_type, g.grantee);
+            END LOOP;
+        END $$""",
+    ),
 )
 
 

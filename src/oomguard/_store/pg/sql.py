@@ -149,6 +149,11 @@ WITH old AS (
     DELETE FROM signature_members WHERE signature_id IN (SELECT id FROM old)
 ), aliases AS (
     DELETE FROM signature_aliases WHERE new_id IN (SELECT id FROM old)
+), sites AS (
+    DELETE FROM signature_sites WHERE signature_id IN (SELECT id FROM old)
+), links AS (
+    DELETE FROM signature_links
+    WHERE signature_id IN (SELECT id FROM old) OR related_id IN (SELECT id FROM old)
 )
 DELETE FROM signature_fields WHERE signature_id IN (SELECT id FROM old)
 """
