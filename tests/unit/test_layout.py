@@ -126,3 +126,13 @@ def test_every_package_is_listed_for_the_wheel():
         ".".join(["oomguard", *p.parent.relative_to(SRC).parts]) for p in SRC.rglob("__init__.py")
     }
     assert found - listed == set(), "add these to pyproject.toml's packages"
+
+
+def test_every_test_module_has_a_basename_of_its_own():
+    """pytest imports test modules by basename (no packages under tests/): a second module
+    of one name stops the whole run at collection."""
+    tests = pathlib.Path(__file__).parents[1]
+    seen: dict[str, list[str]] = {}
+    for path in tests.rglob("test_*.py"):
+        seen.setdefault(path.name, []).append(str(path.relative_to(tests)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
