@@ -146,6 +146,21 @@ class PostgresLab(Lab):
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+def store_on(request, tmp_path) -> object:
+    """For a fixture parametrised over ``BACKENDS``: a FailureStore in tmp_path, or ("postgresql")
+    the same store's API over a PostgreSQL history (`ShippedStore`); not started."""
+    from oomguard._store import FailureStore
+
+    s = FailureStore(str(tmp_path / "store.sqlite3"), batch_interval=0.01)
+    if request.param == "postgresql":
+        return ShippedStore(s, request.getfixturevalue("pg_url"))
+    return s
+
+
+#: The backends a store's tests run on.
+BACKENDS = ["sqlite", "postgresql"]
+
+
 class ShippedStore:
     """The FailureStore API over the PostgreSQL path: writes go to a spool (a real
     FailureStore) and its Shipper, reads come from the history (PgReader); `flush` waits

@@ -13,8 +13,8 @@ import pytest
 
 from oomguard import FailureEvent
 from oomguard._death.record import Attribution, Death, Role, Task
-from oomguard._store import FailureStore
 from oomguard._store import states as S
+from pg_lab import BACKENDS, store_on
 
 T0 = 1_790_000_000.0
 H = 3600.0
@@ -65,13 +65,9 @@ def test_the_hourly_baseline_is_over_the_day_or_since_first_seen():
 # -- the store ----------------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=BACKENDS)
 def store(request, tmp_path):
-    s = FailureStore(str(tmp_path / "store.sqlite3"), batch_interval=0.01)
-    if request.param == "postgresql":
-        from pg_lab import ShippedStore
-
-        s = ShippedStore(s, request.getfixturevalue("pg_url"))
+    s = store_on(request, tmp_path)
     s.start()
     yield s
     s.close()

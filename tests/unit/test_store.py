@@ -19,6 +19,7 @@ import pytest
 from oomguard import Cause, FailureEvent, PipelineStatus
 from oomguard._exceptions import StoreError
 from oomguard._store import APPLICATION_ID, MEMBER_FIELDS, MIGRATIONS, FailureStore
+from pg_lab import BACKENDS, store_on
 
 T0 = 1_790_000_000.0
 
@@ -41,15 +42,11 @@ def ev(n: int = 0, **kw) -> FailureEvent:
     return FailureEvent(**fields)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=BACKENDS)
 def store(request, tmp_path):
     """The store's API on both backends: the SQLite file, and PostgreSQL (written through a
     spool and its shipper, read from the history: tests/pg_lab.py)."""
-    s = FailureStore(str(tmp_path / "store.sqlite3"), batch_interval=0.01)
-    if request.param == "postgresql":
-        from pg_lab import ShippedStore
-
-        s = ShippedStore(s, request.getfixturevalue("pg_url"))
+    s = store_on(request, tmp_path)
     s.start()
     yield s
     s.close()

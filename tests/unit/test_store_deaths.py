@@ -15,19 +15,16 @@ import pytest
 from oomguard import FailureEvent
 from oomguard._death.record import Attribution, Crash, Death, Role, Task
 from oomguard._store import MIGRATIONS, FailureStore
+from pg_lab import BACKENDS, store_on
 
 T0 = 1_790_000_000.0
 KERNEL = Attribution("kernel", "kernel log", "confirmed", "the kernel's OOM killer")
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=BACKENDS)
 def unstarted(request, tmp_path):
     """The store on both backends, not started: what is queued now is one batch."""
-    s = FailureStore(str(tmp_path / "store.sqlite3"), batch_interval=0.01)
-    if request.param == "postgresql":
-        from pg_lab import ShippedStore
-
-        s = ShippedStore(s, request.getfixturevalue("pg_url"))
+    s = store_on(request, tmp_path)
     yield s
     s.close()
 

@@ -13,17 +13,14 @@ from oomguard import FailureEvent
 from oomguard._death.record import Death, Environment
 from oomguard._store import FailureStore
 from oomguard._store import environments as store_environments
+from pg_lab import BACKENDS, store_on
 
 T0 = 1_790_000_000.0
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=BACKENDS)
 def store(request, tmp_path):
-    s = FailureStore(str(tmp_path / "store.sqlite3"), batch_interval=0.01)
-    if request.param == "postgresql":
-        from pg_lab import ShippedStore
-
-        s = ShippedStore(s, request.getfixturevalue("pg_url"))
+    s = store_on(request, tmp_path)
     s.start()
     yield s
     s.close()

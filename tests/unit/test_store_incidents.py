@@ -15,19 +15,16 @@ from oomguard._death.record import Attribution, Death, Task
 from oomguard._models import RELATED_MAX
 from oomguard._store import MIGRATIONS, FailureStore
 from oomguard._store.links import FAN
+from pg_lab import BACKENDS, store_on
 
 T0 = 1_790_000_000.0
 UNKNOWN = Attribution("unknown", "inferred", "likely", "SIGKILL from an unknown sender")
 SEGV = Attribution("task", "exit status", "confirmed", "the worker's own code: it crashed")
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=BACKENDS)
 def store(request, tmp_path):
-    s = FailureStore(str(tmp_path / "store.sqlite3"), batch_interval=0.01)
-    if request.param == "postgresql":
-        from pg_lab import ShippedStore
-
-        s = ShippedStore(s, request.getfixturevalue("pg_url"))
+    s = store_on(request, tmp_path)
     s.start()
     yield s
     s.close()
